@@ -1,0 +1,384 @@
+import Crypto
+import Logging
+
+/// Who is calling, as the bus daemon reports it. `exe` comes from /proc and is a hint, not proof.
+public struct CallerInfo: Sendable, Equatable {
+  public var busName: String
+  public var pid: UInt32?
+  public var uid: UInt32?
+  public var exe: String?
+  public init(busName: String, pid: UInt32? = nil, uid: UInt32? = nil, exe: String? = nil) {
+    self.busName = busName
+    self.pid = pid
+    self.uid = uid
+    self.exe = exe
+  }
+}
+
+/// Everything the broker needs from outside, so tests can pass fakes.
+public struct BrokerDependencies: Sendable {
+  public var http: any HTTPClient
+  public var store: any SecretStore
+  public var browser: any BrowserLauncher
+  public var listeners: any RedirectListenerFactory
+  public var events: any BrokerEvents
+  public var clock: any BrokerClock
+
+  public init(
+    http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
+    events: any BrokerEvents, clock: any BrokerClock
+  ) {
+    self.http = http
+    self.store = store
+    self.browser = browser
+    self.listeners = listeners
+    self.events = events
+    self.clock = clock
+  }
+}
+
+/// The token engine: owns accounts and tokens, serves silent requests from memory, refreshes with
+/// single flight, and runs interactive sign-ins without blocking anyone else (actor reentrancy: every
+/// network or store wait is a suspension point).
+public actor Broker {
+  public let config: BrokerConfig
+  let deps: BrokerDependencies
+  let logger: Logger
+  let policy: AuthorityPolicy
+  let directory: OIDCDirectory
+
+  var cache = TokenCache()
+  var loading: Task<Void, any Error>?
+  var loaded = false
+  /// Store operations that failed and are retried before the next request touches the store.
+  var pendingStoreOperations: [TokenCache.StoreOperation] = []
+  var refreshes: [String: Task<TokenResult, any Error>] = [:]
+
+  public static let defaultBrowserTimeout: UInt32 = 300
+  public static let defaultDeviceCodeTimeout: UInt32 = 900
+
+  public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
+    self.config = config
+    self.deps = dependencies
+    self.logger = logger
+    self.policy = config.authorityPolicy
+    self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
+  }
+
+  /// What a token request returns.
+  public struct TokenResult: Sendable {
+    public var accessToken: AccessTokenRecord
+    public var grantedScopes: [String]
+    public var account: Account
+
+    func busValue(correlationID: String) -> [String: BusValue] {
+      var result: [String: BusValue] = [
+        "access_token": .string(accessToken.secret), "token_type": .string(accessToken.tokenType),
+        "expires_on": .int64(accessToken.expiresOn), "scopes": .strings(grantedScopes),
+        "account": .dict(account.busValue), "correlation_id": .string(correlationID),
+      ]
+      if let idToken = accessToken.idToken { result["id_token"] = .string(idToken) }
+      return result
+    }
+  }
+
+  // MARK: - Store
+
+  func ensureLoaded() async throws {
+    if loaded {
+      try await flushPending()
+      return
+    }
+    if let loading { return try await loading.value }
+    let task = Task { [deps] in
+      let items = try await deps.store.loadAll()
+      self.finishLoading(items)
+    }
+    loading = task
+    do {
+      try await task.value
+    } catch {
+      loading = nil
+      throw error
+    }
+  }
+
+  private func finishLoading(_ items: [StoredItem]) {
+    let (cache, skipped) = TokenCache.load(items)
+    self.cache = cache
+    loaded = true
+    loading = nil
+    logger.info(
+      "Loaded the token store",
+      metadata: [
+        "accounts": "\(cache.accounts.count)", "refresh_tokens": "\(cache.refreshTokens.count)",
+        "access_tokens": "\(cache.accessTokens.count)", "skipped_items": "\(skipped)",
+      ])
+  }
+
+  private func flushPending() async throws {
+    guard !pendingStoreOperations.isEmpty else { return }
+    let operations = pendingStoreOperations
+    pendingStoreOperations = []
+    try await apply(operations)
+  }
+
+  /// Writes to the Secret Service. On failure the in-memory state stays (nothing is lost while the
+  /// daemon runs) and the remaining operations are retried before the next store access.
+  private func apply(_ operations: [TokenCache.StoreOperation]) async throws {
+    for (index, operation) in operations.enumerated() {
+      do {
+        switch operation {
+        case .save(let item): try await deps.store.save(item)
+        case .delete(let attributes): try await deps.store.delete(matching: attributes)
+        }
+      } catch {
+        pendingStoreOperations.append(contentsOf: operations[index...])
+        throw error
+      }
+    }
+  }
+
+  // MARK: - Defaults and lookups
+
+  func resolveClientID(_ clientID: String) throws -> String {
+    if !clientID.isEmpty { return clientID }
+    guard !config.defaultClientID.isEmpty else {
+      throw TesseraError.invalidArgument(
+        "No client id was given and no default_client_id is configured. Pass your app's client id, or set default_client_id in config.toml.")
+    }
+    return config.defaultClientID
+  }
+
+  func resolveScopes(_ scopes: [String]) throws -> [String] {
+    if !scopes.isEmpty { return scopes }
+    guard !config.defaultScopes.isEmpty else {
+      throw TesseraError.invalidArgument(
+        "No scopes were given and no default_scopes are configured. Pass the scopes you need (e.g. User.Read), or set default_scopes in config.toml.")
+    }
+    return config.defaultScopes
+  }
+
+  func resolveAuthority(_ authority: String?) throws -> Authority {
+    try policy.validate(authority ?? config.defaultAuthority)
+  }
+
+  static let commonTenants: Set<String> = ["common", "organizations", "consumers"]
+
+  func accounts(in authority: Authority) -> [Account] {
+    cache.accounts.values.filter { account in
+      account.environment == authority.environment
+        && (Self.commonTenants.contains(authority.tenant.lowercased()) || authority.tenant.isEmpty
+          || account.realm == authority.tenant || (try? Authority(parsing: account.authority))?.tenant == authority.tenant)
+    }.sorted { $0.username < $1.username }
+  }
+
+  func resolveAccount(_ accountID: String, authority: Authority) throws -> Account {
+    if !accountID.isEmpty {
+      guard let account = cache.accounts[accountID] else {
+        throw TesseraError.noSuchAccount(
+          "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken.")
+      }
+      guard account.environment == authority.environment else {
+        throw TesseraError.noSuchAccount(
+          "Account '\(account.username)' belongs to \(account.environment), not to \(authority.environment). Use its own authority.")
+      }
+      return account
+    }
+    let candidates = accounts(in: authority)
+    guard let only = candidates.first else {
+      throw TesseraError.noSuchAccount(
+        "No account is signed in for \(authority.url). Sign in first with AcquireToken (or `tessera login`).")
+    }
+    guard candidates.count == 1 else {
+      throw TesseraError.invalidArgument(
+        "\(candidates.count) accounts are signed in for \(authority.url) (\(candidates.map(\.username).joined(separator: ", "))). Pass an account id to choose one.")
+    }
+    return only
+  }
+
+  // MARK: - AcquireTokenSilent
+
+  public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
+    let clientID = try resolveClientID(request.clientID)
+    let scopes = try resolveScopes(request.scopes)
+    let authority = try resolveAuthority(request.authority)
+    try await ensureLoaded()
+    let account = try resolveAccount(request.accountID, authority: authority)
+    let realm = Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant
+
+    if !request.forceRefresh && request.claims == nil,
+      let cached = cache.accessToken(
+        accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID, scopes: scopes),
+      Double(cached.expiresOn) - deps.clock.now().timeIntervalSince1970 >= Double(request.minValidity)
+    {
+      return TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
+        .busValue(correlationID: request.correlationID)
+    }
+    guard let refreshToken = cache.refreshToken(accountID: account.id, environment: authority.environment, clientID: clientID) else {
+      throw TesseraError.interactionRequired(
+        "\(account.username) has not signed in to client \(clientID) yet. Run an interactive sign-in (AcquireToken, or `tessera login --client-id \(clientID)`).")
+    }
+    let key = [account.id, authority.environment, realm, clientID, ScopeSet.normalize(scopes).joined(separator: " "), request.claims ?? ""]
+      .joined(separator: "\u{1F}")
+    if let running = refreshes[key] {
+      return try await running.value.busValue(correlationID: request.correlationID)
+    }
+    let task = Task {
+      try await self.redeemRefreshToken(
+        refreshToken, account: account, authority: authority, clientID: clientID, scopes: scopes, request: request)
+    }
+    refreshes[key] = task
+    defer { refreshes[key] = nil }
+    return try await task.value.busValue(correlationID: request.correlationID)
+  }
+
+  /// Sends the refresh token to the token endpoint of the environment that issued it.
+  func redeemRefreshToken(
+    _ record: RefreshTokenRecord, account: Account, authority: Authority, clientID: String, scopes: [String],
+    request: TokenRequest
+  ) async throws -> TokenResult {
+    let tokenAuthority = authority.environment == record.environment ? authority : try Authority(parsing: record.authority)
+    let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
+    var fields = [
+      ("grant_type", "refresh_token"), ("client_id", clientID), ("refresh_token", record.secret),
+      ("scope", Self.requestScopes(scopes)), ("client_info", "1"),
+    ]
+    if let claims = request.claims { fields.append(("claims", claims)) }
+    let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: request.correlationID)
+    return try await accept(
+      response, metadata: metadata, authority: tokenAuthority, clientID: clientID, scopes: scopes, nonce: nil,
+      knownAccount: account, previousRefreshToken: record)
+  }
+
+  static func requestScopes(_ scopes: [String]) -> String {
+    var all = scopes
+    for oidc in ["openid", "profile", "offline_access"] where !all.contains(where: { $0.lowercased() == oidc }) {
+      all.append(oidc)
+    }
+    return all.joined(separator: " ")
+  }
+
+  func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws -> TokenResponse {
+    let response = try await deps.http.send(
+      .form(endpoint, fields, headers: [("client-request-id", correlationID), ("return-client-request-id", "true")]))
+    guard response.status == 200 else {
+      throw OAuthErrorResponse.map(
+        status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
+    }
+    return try TokenResponse.parse(response.body, endpoint: endpoint)
+  }
+
+  /// Validates a token response, stores what it carries (the new refresh token first), and returns it.
+  func accept(
+    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, scopes: [String],
+    nonce: String?, knownAccount: Account?, previousRefreshToken: RefreshTokenRecord?
+  ) async throws -> TokenResult {
+    var claims: IDTokenClaims?
+    if let idToken = response.idToken {
+      claims = try await directory.validate(idToken: idToken, metadata: metadata, clientID: clientID, nonce: nonce)
+    }
+    let account: Account
+    if let claims {
+      account = Self.account(from: claims, clientInfo: response.clientInfo, authority: authority, issuer: metadata.issuer)
+      if let knownAccount, knownAccount.id != account.id {
+        throw TesseraError.provider("The identity provider answered for a different user than \(knownAccount.username). Sign in again.")
+      }
+    } else if let knownAccount {
+      account = knownAccount
+    } else {
+      throw TesseraError.provider(
+        "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client.")
+    }
+    var operations: [TokenCache.StoreOperation] = []
+    let isNewAccount = cache.accounts[account.id] == nil
+    if cache.accounts[account.id] != account { operations += cache.upsert(account: account) }
+    if let newRefreshToken = response.refreshToken {
+      operations += cache.upsert(
+        refreshToken: RefreshTokenRecord(
+          accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
+          secret: newRefreshToken))
+    }
+    let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
+    let realm = claims?.tid ?? (Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant)
+    let accessToken = AccessTokenRecord(
+      accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID,
+      scopes: ScopeSet.normalize(granted), secret: response.accessToken, tokenType: response.tokenType,
+      expiresOn: Int64(deps.clock.now().timeIntervalSince1970) + response.expiresIn,
+      idToken: response.idToken ?? cache.accessToken(accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?.idToken)
+    operations += cache.insert(accessToken: accessToken)
+    if isNewAccount { deps.events.accountsChanged() }
+    // The refresh token is saved first: a crash after this costs at most the access token.
+    try await apply(operations)
+    return TokenResult(accessToken: accessToken, grantedScopes: granted, account: account)
+  }
+
+  static func account(from claims: IDTokenClaims, clientInfo: String?, authority: Authority, issuer: String) -> Account {
+    let id: String
+    if let info = clientInfo.flatMap(ClientInfo.decode) {
+      id = "\(info.uid).\(info.utid)"
+    } else {
+      // Stable across sign-ins and unique across issuers: sub plus a short digest of the issuer.
+      let digest = SHA256.hash(data: Array(claims.iss.utf8)).prefix(6).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+      id = "\(claims.sub).\(digest)"
+    }
+    return Account(
+      id: id, username: claims.username, name: claims.name ?? claims.username, authority: authority.url,
+      environment: authority.environment, realm: claims.tid ?? authority.tenant, localAccountID: claims.oid ?? claims.sub)
+  }
+
+  // MARK: - GetAccounts
+
+  public func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
+    try await ensureLoaded()
+    var accounts = Array(cache.accounts.values)
+    if let authority = filter.authority {
+      let wanted = try Authority(parsing: authority)
+      accounts = accounts.filter { $0.environment == wanted.environment && ((try? Authority(parsing: $0.authority)).map { $0.isWithin(wanted) || wanted.isWithin($0) } ?? false || Self.commonTenants.contains(wanted.tenant.lowercased())) }
+    }
+    if let clientID = filter.clientID {
+      let withTokens = Set(cache.refreshTokens.filter { $0.clientID == clientID }.map(\.accountID))
+      accounts = accounts.filter { withTokens.contains($0.id) }
+    }
+    if let username = filter.username?.lowercased() {
+      accounts = accounts.filter { $0.username.lowercased() == username }
+    }
+    return accounts.sorted { ($0.username, $0.id) < ($1.username, $1.id) }.map(\.busValue)
+  }
+
+  // MARK: - SignOut
+
+  public func signOut(_ request: SignOutRequest) async throws {
+    try await ensureLoaded()
+    guard let account = cache.accounts[request.accountID] else {
+      throw TesseraError.noSuchAccount(
+        "No account with id '\(RequestParser.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
+    }
+    let targets = cache.refreshTokens.filter { $0.accountID == account.id && (request.clientID == nil || $0.clientID == request.clientID) }
+    if request.revoke {
+      for record in targets { await revoke(record, correlationID: request.correlationID) }
+    }
+    let operations = cache.remove(accountID: account.id, clientID: request.clientID)
+    if request.clientID == nil { deps.events.accountsChanged() }
+    try await apply(operations)
+  }
+
+  /// RFC 7009 revocation; failures are logged, never fatal to a sign-out.
+  func revoke(_ record: RefreshTokenRecord, correlationID: String) async {
+    do {
+      let authority = try Authority(parsing: record.authority)
+      guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
+        logger.info("The identity provider has no revocation endpoint; removing the token locally", metadata: ["correlation_id": "\(correlationID)"])
+        return
+      }
+      let response = try await deps.http.send(
+        .form(endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
+          headers: [("client-request-id", correlationID)]))
+      if response.status != 200 {
+        logger.warning("The identity provider refused to revoke a refresh token", metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
+      }
+    } catch {
+      logger.warning("Could not revoke a refresh token at the identity provider", metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(correlationID)"])
+    }
+  }
+}

@@ -1,0 +1,38 @@
+/// A D-Bus value as the broker sees it: the subset of types its interface uses, plus a marker for
+/// anything else a caller may send (so the broker can name the offending key).
+public indirect enum BusValue: Sendable, Equatable {
+  case string(String)
+  case bool(Bool)
+  case uint32(UInt32)
+  case int32(Int32)
+  case int64(Int64)
+  case uint64(UInt64)
+  case double(Double)
+  case strings([String])
+  case stringMap([String: String])
+  case dict([String: BusValue])
+  case dicts([[String: BusValue]])
+  /// A value of a type the broker does not use; carries its D-Bus signature.
+  case other(signature: String)
+
+  /// The D-Bus type signature of this value.
+  public var signature: String {
+    switch self {
+    case .string: "s"
+    case .bool: "b"
+    case .uint32: "u"
+    case .int32: "i"
+    case .int64: "x"
+    case .uint64: "t"
+    case .double: "d"
+    case .strings: "as"
+    case .stringMap: "a{ss}"
+    case .dict: "a{sv}"
+    case .dicts: "aa{sv}"
+    case .other(let signature): signature
+    }
+  }
+
+  public var stringValue: String? { if case .string(let s) = self { s } else { nil } }
+  public var dictValue: [String: BusValue]? { if case .dict(let d) = self { d } else { nil } }
+}

@@ -1,0 +1,122 @@
+import TOMLKit
+
+/// The daemon's configuration: `$XDG_CONFIG_HOME/tessera/config.toml`.
+public struct BrokerConfig: Sendable, Equatable {
+  public var defaultAuthority: String = "https://login.microsoftonline.com/common"
+  public var defaultClientID: String = ""
+  public var defaultScopes: [String] = []
+  public var trustedAuthorities: [String] = []
+  public var caFile: String?
+  public var browser: String?
+  public var redirectPort: UInt16 = 0
+  public var allowInsecureLoopback = false
+  public var logLevel: String = "info"
+
+  public init() {}
+
+  public static let keys: [String] = [
+    "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file", "browser",
+    "redirect_port", "allow_insecure_loopback", "log_level",
+  ]
+  public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+  public struct ParseError: Error, CustomStringConvertible, Equatable {
+    public var path: String
+    public var line: Int?
+    public var key: String?
+    public var reason: String
+    public var description: String {
+      var where_ = path
+      if let line { where_ += ":\(line)" }
+      return "\(where_): " + (key.map { "key '\($0)': " } ?? "") + reason
+    }
+  }
+
+  /// The default location, honouring XDG_CONFIG_HOME.
+  public static func defaultPath(environment: [String: String]) -> String {
+    if let xdg = environment["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return xdg + "/tessera/config.toml" }
+    return (environment["HOME"] ?? "") + "/.config/tessera/config.toml"
+  }
+
+  /// Parses a config file's text. Errors name the line and the key.
+  public static func parse(_ text: String, path: String = "config.toml") throws(ParseError) -> BrokerConfig {
+    let table: TOMLTable
+    do {
+      table = try TOMLTable(string: text)
+    } catch let error as TOMLParseError {
+      throw ParseError(path: path, line: error.source.begin.line, key: nil, reason: error.description)
+    } catch {
+      throw ParseError(path: path, line: nil, key: nil, reason: "\(error)")
+    }
+    func fail(_ key: String, _ reason: String) -> ParseError {
+      ParseError(path: path, line: lineOf(key: key, in: text), key: key, reason: reason)
+    }
+    var config = BrokerConfig()
+    for key in table.keys.sorted() {
+      guard let value = table[key] else { continue }
+      switch key {
+      case "default_authority":
+        guard let s = value.string else { throw fail(key, "must be a string URL") }
+        do { _ = try Authority(parsing: s) } catch { throw fail(key, (error as? TesseraError)?.message ?? "\(error)") }
+        config.defaultAuthority = s
+      case "default_client_id":
+        guard let s = value.string else { throw fail(key, "must be a string") }
+        config.defaultClientID = s
+      case "default_scopes", "trusted_authorities":
+        guard let array = value.array else { throw fail(key, "must be an array of strings") }
+        var strings: [String] = []
+        for element in array {
+          guard let s = element.string else { throw fail(key, "must be an array of strings") }
+          strings.append(s)
+        }
+        if key == "default_scopes" {
+          config.defaultScopes = strings
+        } else {
+          for s in strings {
+            do { _ = try Authority(parsing: s) } catch { throw fail(key, "'\(s)' is not an https URL") }
+          }
+          config.trustedAuthorities = strings
+        }
+      case "ca_file":
+        guard let s = value.string, s.hasPrefix("/") else { throw fail(key, "must be an absolute path") }
+        config.caFile = s
+      case "browser":
+        guard let s = value.string, s.contains(where: { !$0.isWhitespace }) else {
+          throw fail(key, "must be a non-empty command")
+        }
+        config.browser = s
+      case "redirect_port":
+        guard let n = value.int, (0...65535).contains(n) else { throw fail(key, "must be a port number 0–65535") }
+        config.redirectPort = UInt16(n)
+      case "allow_insecure_loopback":
+        guard let b = value.bool else { throw fail(key, "must be true or false") }
+        config.allowInsecureLoopback = b
+      case "log_level":
+        guard let s = value.string, logLevels.contains(s) else {
+          throw fail(key, "must be one of \(logLevels.joined(separator: ", "))")
+        }
+        config.logLevel = s
+      default:
+        throw fail(key, "unknown key; known keys are \(keys.joined(separator: ", "))")
+      }
+    }
+    return config
+  }
+
+  /// Finds the line where `key` is assigned (TOMLKit does not keep positions for values).
+  static func lineOf(key: String, in text: String) -> Int? {
+    for (index, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+      let trimmed = line.drop(while: { $0 == " " || $0 == "\t" })
+      if trimmed.hasPrefix(key) {
+        let rest = trimmed.dropFirst(key.count).drop(while: { $0 == " " || $0 == "\t" })
+        if rest.hasPrefix("=") { return index + 1 }
+      }
+    }
+    return nil
+  }
+
+  public var authorityPolicy: AuthorityPolicy {
+    AuthorityPolicy(
+      trusted: trustedAuthorities.compactMap { try? Authority(parsing: $0) }, allowInsecureLoopback: allowInsecureLoopback)
+  }
+}

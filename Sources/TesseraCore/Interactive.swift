@@ -1,0 +1,172 @@
+import Logging
+
+extension Broker {
+  // MARK: - AcquireToken (interactive)
+
+  public func acquireTokenInteractive(_ request: TokenRequest, caller: CallerInfo) async throws -> [String: BusValue] {
+    let clientID = try resolveClientID(request.clientID)
+    let scopes = try resolveScopes(request.scopes)
+    let authority = try resolveAuthority(request.authority)
+    if request.prompt == Prompt.none && request.flow == .deviceCode {
+      throw TesseraError.invalidArgument("prompt 'none' cannot be used with the device_code flow, which always needs the user.")
+    }
+    try await ensureLoaded()
+    var loginHint = request.loginHint
+    var knownAccount: Account?
+    if !request.accountID.isEmpty {
+      let account = try resolveAccount(request.accountID, authority: authority)
+      knownAccount = account
+      if loginHint == nil { loginHint = account.username }
+    }
+    let metadata = try await directory.metadata(for: authority, policy: policy)
+    let result: TokenResult
+    switch request.flow {
+    case .browser:
+      result = try await browserSignIn(
+        request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, loginHint: loginHint,
+        caller: caller)
+    case .deviceCode:
+      result = try await deviceCodeSignIn(
+        request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
+    }
+    if let knownAccount, knownAccount.id != result.account.id {
+      logger.notice("Interactive sign-in for one account ended with another", metadata: ["correlation_id": "\(request.correlationID)"])
+    }
+    return result.busValue(correlationID: request.correlationID)
+  }
+
+  func browserSignIn(
+    _ request: TokenRequest, clientID: String, scopes: [String], authority: Authority, metadata: OIDCMetadata,
+    loginHint: String?, caller: CallerInfo
+  ) async throws -> TokenResult {
+    let pkce = PKCE()
+    let listener = try deps.listeners.listen(port: config.redirectPort)
+    defer { listener.close() }
+    var query: [(String, String)] = [
+      ("client_id", clientID), ("response_type", "code"), ("redirect_uri", listener.redirectURI),
+      ("scope", Self.requestScopes(scopes)), ("state", pkce.state), ("nonce", pkce.nonce),
+      ("code_challenge", pkce.challenge), ("code_challenge_method", "S256"), ("client_info", "1"),
+      ("client-request-id", request.correlationID),
+    ]
+    if let prompt = request.prompt { query.append(("prompt", prompt.rawValue)) }
+    if let loginHint { query.append(("login_hint", loginHint)) }
+    if let claims = request.claims { query.append(("claims", claims)) }
+    query += request.extraQuery.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    let separator = metadata.authorizationEndpoint.contains("?") ? "&" : "?"
+    let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
+    let timeout = request.timeout ?? Self.defaultBrowserTimeout
+
+    deps.events.interactionPending(
+      destination: caller.busName, correlationID: request.correlationID,
+      info: [
+        "flow": .string("browser"), "verification_uri": .string(url), "expires_in": .uint32(timeout),
+        "message": .string("Sign in in the browser window that opened. If none opened, open the verification_uri yourself."),
+      ])
+    do {
+      try deps.browser.open(url)
+    } catch {
+      logger.warning(
+        "Could not start the browser; the caller was given the sign-in URL",
+        metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(request.correlationID)"])
+    }
+    let parameters = try await listener.waitForRedirect(timeoutSeconds: Double(timeout))
+    guard parameters["state"] == pkce.state else {
+      throw TesseraError.accessDenied(
+        "The sign-in redirect did not carry this request's state, so it was refused (a stale or forged redirect). Try again.")
+    }
+    if let error = parameters["error"] {
+      let description = parameters["error_description"].map { ": " + String($0.prefix(300)) } ?? ""
+      switch error {
+      case "access_denied":
+        throw TesseraError.accessDenied("Sign-in was declined at the identity provider (\(error)\(description)).")
+      case "login_required", "interaction_required", "consent_required", "account_selection_required":
+        throw TesseraError.interactionRequired(
+          "The identity provider needs the user to interact (\(error)\(description)). Retry without prompt=none.")
+      default:
+        throw TesseraError.provider("The identity provider returned an error to the redirect (\(error)\(description)).")
+      }
+    }
+    guard let code = parameters["code"], !code.isEmpty else {
+      throw TesseraError.provider("The sign-in redirect carried neither a code nor an error. Try again.")
+    }
+    var fields = [
+      ("grant_type", "authorization_code"), ("client_id", clientID), ("code", code),
+      ("redirect_uri", listener.redirectURI), ("code_verifier", pkce.verifier), ("client_info", "1"),
+      ("scope", Self.requestScopes(scopes)),
+    ]
+    if let claims = request.claims { fields.append(("claims", claims)) }
+    let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: request.correlationID)
+    return try await accept(
+      response, metadata: metadata, authority: authority, clientID: clientID, scopes: scopes, nonce: pkce.nonce,
+      knownAccount: nil, previousRefreshToken: nil)
+  }
+
+  struct DeviceAuthorization: Decodable {
+    var device_code: String
+    var user_code: String
+    var verification_uri: String?
+    var verification_url: String?
+    var verification_uri_complete: String?
+    var expires_in: TokenResponse.FlexibleInt
+    var interval: TokenResponse.FlexibleInt?
+    var message: String?
+  }
+
+  /// RFC 8628: show the code to the caller, then poll politely.
+  func deviceCodeSignIn(
+    _ request: TokenRequest, clientID: String, scopes: [String], authority: Authority, metadata: OIDCMetadata,
+    caller: CallerInfo
+  ) async throws -> TokenResult {
+    guard let endpoint = metadata.deviceAuthorizationEndpoint else {
+      throw TesseraError.invalidArgument(
+        "The identity provider at \(authority.url) does not offer the device code flow. Use flow 'browser'.")
+    }
+    let response = try await deps.http.send(
+      .form(endpoint, [("client_id", clientID), ("scope", Self.requestScopes(scopes))],
+        headers: [("client-request-id", request.correlationID)]))
+    guard response.status == 200 else {
+      throw OAuthErrorResponse.map(status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
+    }
+    guard let device = try? JSONDecoder().decode(DeviceAuthorization.self, from: Data(response.body)),
+      let verificationURI = device.verification_uri ?? device.verification_url
+    else {
+      throw TesseraError.provider("The device authorization endpoint \(endpoint) gave an answer without a code or link.")
+    }
+    let expiresIn = UInt32(clamping: max(1, device.expires_in.value))
+    let message = device.message ?? "To sign in, open \(verificationURI) and enter the code \(device.user_code)."
+    var info: [String: BusValue] = [
+      "flow": .string("device_code"), "verification_uri": .string(verificationURI), "user_code": .string(device.user_code),
+      "expires_in": .uint32(expiresIn), "message": .string(message),
+    ]
+    if let complete = device.verification_uri_complete { info["verification_uri_complete"] = .string(complete) }
+    deps.events.interactionPending(destination: caller.busName, correlationID: request.correlationID, info: info)
+
+    let deadline = deps.clock.now().addingTimeInterval(Double(min(expiresIn, request.timeout ?? Self.defaultDeviceCodeTimeout)))
+    var interval = Double(max(1, device.interval?.value ?? 5))
+    while true {
+      try await deps.clock.sleep(seconds: interval)
+      guard deps.clock.now() < deadline else {
+        throw TesseraError.timedOut("Nobody entered the device code in time. Start the sign-in again.")
+      }
+      let poll = try await deps.http.send(
+        .form(metadata.tokenEndpoint,
+          [("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
+            ("device_code", device.device_code), ("client_info", "1")],
+          headers: [("client-request-id", request.correlationID)]))
+      if poll.status == 200 {
+        let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
+        return try await accept(
+          token, metadata: metadata, authority: authority, clientID: clientID, scopes: scopes, nonce: nil,
+          knownAccount: nil, previousRefreshToken: nil)
+      }
+      let error = (try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(poll.body)))?.error
+      switch error {
+      case "authorization_pending": continue
+      case "slow_down": interval += 5
+      case "expired_token": throw TesseraError.timedOut("The device code expired before sign-in finished. Start again.")
+      default:
+        throw OAuthErrorResponse.map(status: poll.status, body: poll.body, endpoint: metadata.tokenEndpoint, retryAfter: poll.headers["retry-after"])
+      }
+    }
+  }
+}

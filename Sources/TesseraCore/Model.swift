@@ -1,0 +1,81 @@
+/// A signed-in identity, owned by the broker and shown to every caller.
+public struct Account: Codable, Sendable, Equatable {
+  /// Stable home account id: `uid.utid` from Entra's client_info, else derived from issuer and `sub`.
+  public var id: String
+  public var username: String
+  public var name: String
+  /// The authority the account signed in with.
+  public var authority: String
+  /// The identity provider's host (with port when not 443).
+  public var environment: String
+  /// The tenant: `tid` from the id_token, else the authority's first path segment.
+  public var realm: String
+  /// The IdP's id for the user in the realm (`oid`, else `sub`).
+  public var localAccountID: String
+
+  public init(
+    id: String, username: String, name: String, authority: String, environment: String, realm: String,
+    localAccountID: String
+  ) {
+    self.id = id
+    self.username = username
+    self.name = name
+    self.authority = authority
+    self.environment = environment
+    self.realm = realm
+    self.localAccountID = localAccountID
+  }
+
+  /// The account as the D-Bus API describes it.
+  public var busValue: [String: BusValue] {
+    [
+      "id": .string(id), "username": .string(username), "name": .string(name), "authority": .string(authority),
+      "environment": .string(environment), "realm": .string(realm), "local_account_id": .string(localAccountID),
+    ]
+  }
+}
+
+/// A refresh token, kept per (account, environment, client id). Never leaves the daemon.
+public struct RefreshTokenRecord: Codable, Sendable, Equatable {
+  public var accountID: String
+  public var environment: String
+  public var clientID: String
+  /// The token endpoint's authority that issued it: the token is only ever sent there.
+  public var authority: String
+  public var secret: String
+}
+
+/// A cached access token.
+public struct AccessTokenRecord: Codable, Sendable, Equatable {
+  public var accountID: String
+  public var environment: String
+  public var realm: String
+  public var clientID: String
+  /// Granted scopes, normalised (see `ScopeSet`).
+  public var scopes: [String]
+  public var secret: String
+  public var tokenType: String
+  /// Unix seconds.
+  public var expiresOn: Int64
+  public var idToken: String?
+}
+
+/// Scope handling: comparisons are case-insensitive; OIDC scopes are not resource scopes.
+public enum ScopeSet {
+  public static let oidcScopes: Set<String> = ["openid", "profile", "offline_access", "email"]
+
+  /// Lowercased, de-duplicated, sorted.
+  public static func normalize(_ scopes: [String]) -> [String] {
+    Array(Set(scopes.map { $0.lowercased() })).sorted()
+  }
+
+  /// The scopes that a cached access token must cover: resource scopes, without OIDC ones.
+  public static func resourceScopes(_ scopes: [String]) -> Set<String> {
+    Set(normalize(scopes)).subtracting(oidcScopes)
+  }
+
+  /// Does a token granted `granted` satisfy a request for `requested`?
+  public static func covers(granted: [String], requested: [String]) -> Bool {
+    resourceScopes(requested).isSubset(of: Set(normalize(granted)))
+  }
+}

@@ -1,0 +1,113 @@
+// The ports through which the core reaches the outside world. TesseraPlatform implements them
+// with sd-bus, libsecret, libcurl, sockets and processes; unit tests implement them with fakes.
+
+/// Wall-clock time and sleeping, injectable so tests control expiry and polling.
+public protocol BrokerClock: Sendable {
+  /// Current time (wall clock, which keeps counting while the machine is suspended).
+  func now() -> Date
+  /// Sleeps for `seconds`; throws CancellationError when the task is cancelled.
+  func sleep(seconds: Double) async throws
+}
+
+public struct SystemClock: BrokerClock {
+  public init() {}
+  public func now() -> Date { Date() }
+  public func sleep(seconds: Double) async throws {
+    try await Task.sleep(nanoseconds: UInt64(max(0, seconds) * 1_000_000_000))
+  }
+}
+
+public struct HTTPRequest: Sendable {
+  public var method: String
+  public var url: String
+  public var headers: [(String, String)]
+  public var body: [UInt8]?
+  /// Whole-request timeout in seconds.
+  public var timeout: Double
+
+  public init(method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 30) {
+    self.method = method
+    self.url = url
+    self.headers = headers
+    self.body = body
+    self.timeout = timeout
+  }
+
+  /// A form POST (`application/x-www-form-urlencoded`).
+  public static func form(_ url: String, _ fields: [(String, String)], headers: [(String, String)] = []) -> HTTPRequest {
+    HTTPRequest(
+      method: "POST", url: url,
+      headers: [("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json")] + headers,
+      body: Array(FormEncoding.encode(fields).utf8))
+  }
+}
+
+public struct HTTPResponse: Sendable {
+  public var status: Int
+  /// Header names lowercased.
+  public var headers: [String: String]
+  public var body: [UInt8]
+
+  public init(status: Int, headers: [String: String] = [:], body: [UInt8]) {
+    self.status = status
+    self.headers = headers
+    self.body = body
+  }
+}
+
+/// HTTPS transport. Transport failures (DNS, TLS, connect, timeout) throw `TesseraError.network`.
+public protocol HTTPClient: Sendable {
+  func send(_ request: HTTPRequest) async throws -> HTTPResponse
+}
+
+/// One item in the secret store: searchable attributes plus a secret (JSON text).
+public struct StoredItem: Sendable, Equatable {
+  public var attributes: [String: String]
+  public var secret: String
+  public var label: String
+
+  public init(attributes: [String: String], secret: String, label: String) {
+    self.attributes = attributes
+    self.secret = secret
+    self.label = label
+  }
+}
+
+/// The Secret Service. Unavailable or locked stores throw `TesseraError.storeUnavailable`;
+/// a locked store is never reported as empty.
+public protocol SecretStore: Sendable {
+  func loadAll() async throws -> [StoredItem]
+  /// Creates or replaces the item with exactly these attributes.
+  func save(_ item: StoredItem) async throws
+  /// Deletes every item whose attributes include all of `attributes`.
+  func delete(matching attributes: [String: String]) async throws
+}
+
+/// Opens a URL in the user's browser.
+public protocol BrowserLauncher: Sendable {
+  func open(_ url: String) throws
+}
+
+/// What arrived at the loopback redirect URI: the query parameters.
+public typealias RedirectParameters = [String: String]
+
+/// A loopback HTTP listener for the authorization-code redirect (RFC 8252 §7.3).
+public protocol RedirectListener: Sendable {
+  /// `http://127.0.0.1:PORT/` (or `http://localhost:PORT/`).
+  var redirectURI: String { get }
+  /// Waits for the browser's redirect; answers it with a small page. Throws TimedOut/Cancelled.
+  func waitForRedirect(timeoutSeconds: Double) async throws -> RedirectParameters
+  func close()
+}
+
+public protocol RedirectListenerFactory: Sendable {
+  /// Listens on 127.0.0.1 at `port` (0 for any free port).
+  func listen(port: UInt16) throws -> any RedirectListener
+}
+
+/// Signals the broker emits.
+public protocol BrokerEvents: Sendable {
+  /// Sent only to `destination`, the unique bus name of the caller that started the flow.
+  func interactionPending(destination: String, correlationID: String, info: [String: BusValue])
+  func accountsChanged()
+}

@@ -1,0 +1,162 @@
+import Crypto
+
+/// Base64url without padding (RFC 7515 §2).
+public enum Base64URL {
+  public static func encode(_ bytes: some Sequence<UInt8>) -> String {
+    Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+      .replacingOccurrences(of: "=", with: "")
+  }
+
+  public static func decode(_ text: String) -> Data? {
+    var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    while s.count % 4 != 0 { s += "=" }
+    return Data(base64Encoded: s)
+  }
+}
+
+/// PKCE (RFC 7636, S256) plus `state` and `nonce`, all from the system's CSPRNG.
+public struct PKCE: Sendable {
+  public let verifier: String
+  public let challenge: String
+  public let state: String
+  public let nonce: String
+
+  public init() {
+    var rng = SystemRandomNumberGenerator()
+    func random(_ count: Int) -> String { Base64URL.encode((0..<count).map { _ in UInt8.random(in: .min ... .max, using: &rng) }) }
+    let verifier = random(32)
+    self.init(verifier: verifier, state: random(16), nonce: random(16))
+  }
+
+  public init(verifier: String, state: String, nonce: String) {
+    self.verifier = verifier
+    self.challenge = Base64URL.encode(SHA256.hash(data: Array(verifier.utf8)))
+    self.state = state
+    self.nonce = nonce
+  }
+}
+
+/// The parts of an OpenID Provider's discovery document the broker uses.
+public struct OIDCMetadata: Codable, Sendable, Equatable {
+  public var issuer: String
+  public var authorizationEndpoint: String
+  public var tokenEndpoint: String
+  public var jwksURI: String
+  public var deviceAuthorizationEndpoint: String?
+  public var revocationEndpoint: String?
+
+  enum CodingKeys: String, CodingKey {
+    case issuer
+    case authorizationEndpoint = "authorization_endpoint"
+    case tokenEndpoint = "token_endpoint"
+    case jwksURI = "jwks_uri"
+    case deviceAuthorizationEndpoint = "device_authorization_endpoint"
+    case revocationEndpoint = "revocation_endpoint"
+  }
+}
+
+/// A token endpoint answer (RFC 6749 §5.1, plus Entra's and OIDC's fields).
+public struct TokenResponse: Sendable {
+  public var accessToken: String
+  public var tokenType: String
+  public var expiresIn: Int64
+  public var scope: String?
+  public var refreshToken: String?
+  public var idToken: String?
+  public var clientInfo: String?
+
+  struct Wire: Decodable {
+    var access_token: String?
+    var token_type: String?
+    var expires_in: FlexibleInt?
+    var scope: String?
+    var refresh_token: String?
+    var id_token: String?
+    var client_info: String?
+  }
+
+  /// Entra sends some numbers as strings.
+  struct FlexibleInt: Decodable {
+    var value: Int64
+    init(from decoder: any Decoder) throws {
+      let c = try decoder.singleValueContainer()
+      if let n = try? c.decode(Int64.self) {
+        value = n
+      } else if let s = try? c.decode(String.self), let n = Int64(s) {
+        value = n
+      } else {
+        throw DecodingError.dataCorruptedError(in: c, debugDescription: "not a number")
+      }
+    }
+  }
+
+  public static func parse(_ body: [UInt8], endpoint: String) throws -> TokenResponse {
+    guard let wire = try? JSONDecoder().decode(Wire.self, from: Data(body)) else {
+      throw TesseraError.provider("The token endpoint \(endpoint) answered with something that is not a token response (not JSON). Check the authority.")
+    }
+    guard let token = wire.access_token, !token.isEmpty else {
+      throw TesseraError.provider("The token endpoint \(endpoint) answered without an access_token. Check the authority and client id.")
+    }
+    return TokenResponse(
+      accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: wire.expires_in?.value ?? 3600,
+      scope: wire.scope, refreshToken: wire.refresh_token, idToken: wire.id_token, clientInfo: wire.client_info)
+  }
+}
+
+/// An OAuth error answer (RFC 6749 §5.2, plus Entra's fields).
+public struct OAuthErrorResponse: Decodable, Sendable {
+  public var error: String
+  public var error_description: String?
+  public var suberror: String?
+  public var correlation_id: String?
+  public var trace_id: String?
+
+  static let interactionErrors: Set<String> = ["invalid_grant", "interaction_required", "consent_required", "login_required"]
+
+  /// Maps an error answer from a token endpoint to what the caller gets.
+  public static func map(status: Int, body: [UInt8], endpoint: String, retryAfter: String?) -> TesseraError {
+    if status >= 500 || status == 429 {
+      let wait = retryAfter.map { " The IdP asked to wait \($0) s before retrying." } ?? " Try again in a moment."
+      return .network("The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)")
+    }
+    guard let parsed = try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(body)) else {
+      return .provider("The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
+    }
+    var detail = parsed.error
+    if let description = parsed.error_description {
+      let firstLine = description.split(separator: "\n").first.map(String.init) ?? description
+      detail += ": " + String(firstLine.prefix(300))
+    }
+    if let suberror = parsed.suberror { detail += " (suberror \(suberror))" }
+    if let correlation = parsed.correlation_id { detail += " [IdP correlation id \(correlation)]" }
+    if let trace = parsed.trace_id { detail += " [trace id \(trace)]" }
+    if interactionErrors.contains(parsed.error) {
+      return .interactionRequired("The identity provider needs you to sign in again (\(detail)). Run an interactive sign-in (AcquireToken, or `tessera login`).")
+    }
+    switch parsed.error {
+    case "access_denied":
+      return .accessDenied("The identity provider denied the request (\(detail)).")
+    case "authorization_pending", "slow_down":
+      return .provider("Unexpected \(parsed.error) outside a device-code flow (\(detail)).")
+    case "expired_token":
+      return .timedOut("The device code expired before sign-in finished (\(detail)). Start again.")
+    case "invalid_scope":
+      return .invalidArgument("The identity provider rejected the scopes (\(detail)). Check the scopes your app is allowed.")
+    case "invalid_client", "unauthorized_client":
+      return .invalidArgument("The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant).")
+    default:
+      return .provider("The identity provider refused the request (\(detail)).")
+    }
+  }
+}
+
+/// Entra's `client_info`: base64url JSON {uid, utid}.
+public struct ClientInfo: Decodable, Sendable {
+  public var uid: String
+  public var utid: String
+
+  public static func decode(_ text: String) -> ClientInfo? {
+    guard let data = Base64URL.decode(text) else { return nil }
+    return try? JSONDecoder().decode(ClientInfo.self, from: data)
+  }
+}

@@ -1,0 +1,86 @@
+import Logging
+
+/// Turns a D-Bus method call into a broker operation and its reply, and logs every request:
+/// correlation id, caller, client id, scopes and outcome. Never a token.
+public struct RequestHandler: Sendable {
+  let broker: Broker
+  let logger: Logger
+  let clock: any BrokerClock
+
+  public init(broker: Broker, logger: Logger, clock: any BrokerClock = SystemClock()) {
+    self.broker = broker
+    self.logger = logger
+    self.clock = clock
+  }
+
+  public func handle(method: String, arguments: [BusValue], caller: CallerInfo) async -> Result<[BusValue], TesseraError> {
+    let started = ContinuousClock.now
+    var metadata: Logger.Metadata = [
+      "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
+      "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
+    ]
+    let result: Result<[BusValue], TesseraError>
+    do {
+      result = .success(try await dispatch(method, arguments, caller, &metadata))
+    } catch {
+      result = .failure(TesseraError.wrap(error))
+    }
+    let elapsed = ContinuousClock.now - started
+    metadata["duration_ms"] = "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)"
+    switch result {
+    case .success:
+      metadata["outcome"] = "ok"
+      logger.info("\(method) succeeded", metadata: metadata)
+    case .failure(let error):
+      metadata["outcome"] = "\(error.code.rawValue)"
+      logger.notice("\(method) failed: \(error.message)", metadata: metadata)
+    }
+    return result
+  }
+
+  private func dispatch(_ method: String, _ args: [BusValue], _ caller: CallerInfo, _ metadata: inout Logger.Metadata) async throws -> [BusValue] {
+    let signature = args.map(\.signature).joined()
+    guard let spec = BrokerInterface.method(named: method), spec.inputSignature == signature else {
+      let expected = BrokerInterface.method(named: method).map { "(\($0.inputSignature))" } ?? "nothing: it is not a method of org.tessera.Broker1"
+      throw TesseraError.invalidArgument(
+        "\(method) was called with arguments of type (\(signature)); it takes \(expected). Fix the call's argument types.")
+    }
+    func string(_ i: Int) -> String { args[i].stringValue ?? "" }
+    func strings(_ i: Int) -> [String] { if case .strings(let v) = args[i] { v } else { [] } }
+    func dict(_ i: Int) -> [String: BusValue] { args[i].dictValue ?? [:] }
+    switch method {
+    case "AcquireToken":
+      let request = try RequestParser.tokenRequest(clientID: string(0), scopes: strings(1), accountID: "", options: dict(2))
+      describe(request, into: &metadata)
+      return [.dict(try await broker.acquireTokenInteractive(request, caller: caller))]
+    case "AcquireTokenSilent":
+      let request = try RequestParser.tokenRequest(clientID: string(0), scopes: strings(1), accountID: string(2), options: dict(3))
+      describe(request, into: &metadata)
+      return [.dict(try await broker.acquireTokenSilent(request))]
+    case "GetAccounts":
+      let parsed = try RequestParser.accountFilter(dict(0))
+      if let clientID = parsed.clientID { metadata["client_id"] = "\(clientID)" }
+      let accounts = try await broker.accounts(matching: parsed)
+      metadata["accounts"] = "\(accounts.count)"
+      return [.dicts(accounts)]
+    case "SignOut":
+      let request = try RequestParser.signOutRequest(accountID: string(0), options: dict(1))
+      metadata["correlation_id"] = "\(request.correlationID)"
+      metadata["account_id"] = "\(request.accountID)"
+      if let clientID = request.clientID { metadata["client_id"] = "\(clientID)" }
+      try await broker.signOut(request)
+      return []
+    default:
+      throw TesseraError.internal("\(method) is declared but not implemented. Please report this.")
+    }
+  }
+
+  private func describe(_ request: TokenRequest, into metadata: inout Logger.Metadata) {
+    metadata["correlation_id"] = "\(request.correlationID)"
+    metadata["client_id"] = "\(request.clientID.isEmpty ? "(default)" : request.clientID)"
+    metadata["scopes"] = "\(request.scopes.isEmpty ? "(default)" : request.scopes.joined(separator: " "))"
+    if !request.accountID.isEmpty { metadata["account_id"] = "\(request.accountID)" }
+    if request.forceRefresh { metadata["force_refresh"] = "true" }
+    if request.flow == .deviceCode { metadata["flow"] = "device_code" }
+  }
+}

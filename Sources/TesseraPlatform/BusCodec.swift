@@ -1,0 +1,164 @@
+import CSystemd
+import Glibc
+import TesseraCore
+
+/// Reads and writes `BusValue`s on sd-bus messages. Bus-thread only, like the messages themselves.
+enum BusCodec {
+  struct Failure: Error {
+    let errno: Int32
+    let what: String
+  }
+
+  static func check(_ r: Int32, _ what: @autoclosure () -> String) throws {
+    if r < 0 { throw Failure(errno: -r, what: what()) }
+  }
+
+  // MARK: Reading
+
+  /// Reads all remaining arguments of `m`.
+  static func readAll(_ m: OpaquePointer) throws -> [BusValue] {
+    var values: [BusValue] = []
+    while try hasMore(m) { values.append(try read(m)) }
+    return values
+  }
+
+  static func hasMore(_ m: OpaquePointer) throws -> Bool {
+    var type: CChar = 0
+    var contents: UnsafePointer<CChar>?
+    let r = sd_bus_message_peek_type(m, &type, &contents)
+    try check(r, "peek")
+    return r > 0
+  }
+
+  /// Reads the next complete value. Variants are unwrapped; types the broker never uses are skipped
+  /// and reported as `.other(signature:)`.
+  static func read(_ m: OpaquePointer) throws -> BusValue {
+    var type: CChar = 0
+    var contentsPointer: UnsafePointer<CChar>?
+    try check(sd_bus_message_peek_type(m, &type, &contentsPointer), "peek")
+    let contents = contentsPointer.map { String(cString: $0) } ?? ""
+    switch UInt8(bitPattern: type) {
+    case UInt8(ascii: "s"), UInt8(ascii: "o"), UInt8(ascii: "g"):
+      var p: UnsafePointer<CChar>?
+      try check(sd_bus_message_read_basic(m, type, &p), "read string")
+      return .string(p.map { String(cString: $0) } ?? "")
+    case UInt8(ascii: "b"):
+      var v: Int32 = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read bool")
+      return .bool(v != 0)
+    case UInt8(ascii: "u"):
+      var v: UInt32 = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read u")
+      return .uint32(v)
+    case UInt8(ascii: "i"):
+      var v: Int32 = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read i")
+      return .int32(v)
+    case UInt8(ascii: "x"):
+      var v: Int64 = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read x")
+      return .int64(v)
+    case UInt8(ascii: "t"):
+      var v: UInt64 = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read t")
+      return .uint64(v)
+    case UInt8(ascii: "d"):
+      var v: Double = 0
+      try check(sd_bus_message_read_basic(m, type, &v), "read d")
+      return .double(v)
+    case UInt8(ascii: "v"):
+      try check(sd_bus_message_enter_container(m, type, contents), "enter variant")
+      let inner = try read(m)
+      try check(sd_bus_message_exit_container(m), "exit variant")
+      return inner
+    case UInt8(ascii: "a"):
+      switch contents {
+      case "s":
+        try check(sd_bus_message_enter_container(m, type, contents), "enter as")
+        var strings: [String] = []
+        while try hasMore(m) {
+          if case .string(let s) = try read(m) { strings.append(s) }
+        }
+        try check(sd_bus_message_exit_container(m), "exit as")
+        return .strings(strings)
+      case "{ss}", "{sv}":
+        try check(sd_bus_message_enter_container(m, type, contents), "enter dict")
+        var dict: [String: BusValue] = [:]
+        var stringMap: [String: String] = [:]
+        while try hasMore(m) {
+          try check(sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), String(contents.dropFirst().dropLast())), "enter entry")
+          let key = try read(m).stringValue ?? ""
+          let value = try read(m)
+          try check(sd_bus_message_exit_container(m), "exit entry")
+          if contents == "{ss}" { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
+        }
+        try check(sd_bus_message_exit_container(m), "exit dict")
+        return contents == "{ss}" ? .stringMap(stringMap) : .dict(dict)
+      case "a{sv}":
+        try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
+        var dicts: [[String: BusValue]] = []
+        while try hasMore(m) {
+          if case .dict(let d) = try read(m) { dicts.append(d) }
+        }
+        try check(sd_bus_message_exit_container(m), "exit aa{sv}")
+        return .dicts(dicts)
+      default:
+        try check(sd_bus_message_skip(m, nil), "skip")
+        return .other(signature: "a" + contents)
+      }
+    default:
+      let signature = contents.isEmpty ? String(UnicodeScalar(UInt8(bitPattern: type))) : "(\(contents))"
+      try check(sd_bus_message_skip(m, nil), "skip")
+      return .other(signature: signature)
+    }
+  }
+
+  // MARK: Writing
+
+  static func append(_ m: OpaquePointer, _ value: BusValue) throws {
+    switch value {
+    case .string(let s):
+      try check(s.withCString { sd_bus_message_append_basic(m, CChar(UInt8(ascii: "s")), $0) }, "append s")
+    case .bool(let b):
+      var v: Int32 = b ? 1 : 0
+      try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "b")), &v), "append b")
+    case .uint32(var v): try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "u")), &v), "append u")
+    case .int32(var v): try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "i")), &v), "append i")
+    case .int64(var v): try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "x")), &v), "append x")
+    case .uint64(var v): try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "t")), &v), "append t")
+    case .double(var v): try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "d")), &v), "append d")
+    case .strings(let strings):
+      try container(m, "a", "s") { for s in strings { try append(m, .string(s)) } }
+    case .stringMap(let map):
+      try container(m, "a", "{ss}") {
+        for (k, v) in map.sorted(by: { $0.key < $1.key }) {
+          try container(m, "e", "ss") {
+            try append(m, .string(k))
+            try append(m, .string(v))
+          }
+        }
+      }
+    case .dict(let dict):
+      try container(m, "a", "{sv}") {
+        for (k, v) in dict.sorted(by: { $0.key < $1.key }) {
+          try container(m, "e", "sv") {
+            try append(m, .string(k))
+            try container(m, "v", v.signature) { try append(m, v) }
+          }
+        }
+      }
+    case .dicts(let dicts):
+      try container(m, "a", "a{sv}") { for d in dicts { try append(m, .dict(d)) } }
+    case .other(let signature):
+      throw Failure(errno: EINVAL, what: "cannot send a value of type \(signature)")
+    }
+  }
+
+  private static func container(_ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: String, _ body: () throws -> Void) throws {
+    try check(sd_bus_message_open_container(m, CChar(UInt8(ascii: type)), contents), "open \(type)\(contents)")
+    try body()
+    try check(sd_bus_message_close_container(m), "close \(type)\(contents)")
+  }
+
+  static func errnoString(_ code: Int32) -> String { String(cString: strerror(code)) }
+}

@@ -1,0 +1,287 @@
+import CSystemd
+import CTesseraShim
+import Dispatch
+import Glibc
+import Logging
+import Synchronization
+import TesseraCore
+
+/// Serves org.tessera.Broker1 on the session bus.
+///
+/// Threading: one dedicated thread owns the sd-bus connection and its sd-event loop; every sd-bus
+/// object is touched only there. A method call is parsed on that thread, handed to `onCall` (which
+/// runs the request as a Swift task), and answered later: the task posts the result to a mailbox
+/// and wakes the loop through an eventfd, and the bus thread sends the reply. No caller ever waits
+/// behind another's slow sign-in.
+public final class BusServer: BrokerEvents, @unchecked Sendable {
+  // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache` are used only
+  // on the bus thread; `mailbox` is a Mutex; `eventFD` is written from any thread (write(2) is safe).
+  private var bus: OpaquePointer?
+  private var event: OpaquePointer?
+  private var pending: [UInt64: OpaquePointer] = [:]
+  private var nextID: UInt64 = 0
+  private var callerCache: [String: CallerInfo] = [:]
+  private let mailbox = Mutex<[Mail]>([])
+  private let eventFD: Int32
+  private let logger: Logger
+
+  public typealias CallHandler = @Sendable (_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ reply: ReplyToken) -> Void
+  private let onCall: CallHandler
+
+  /// Identifies a pending call; pass it back to `reply`.
+  public struct ReplyToken: Sendable {
+    let id: UInt64
+  }
+
+  enum Mail {
+    case reply(UInt64, Result<[BusValue], TesseraError>)
+    case signal(destination: String?, member: String, arguments: [BusValue])
+    case exit
+  }
+
+  public struct StartError: Error, CustomStringConvertible {
+    public let description: String
+  }
+
+  public init(logger: Logger, onCall: @escaping CallHandler) {
+    self.logger = logger
+    self.onCall = onCall
+    self.eventFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+  }
+
+  /// Connects, exports the object, takes the well-known name, and runs the loop on its own thread.
+  /// Returns once the name is owned (or throws why not). `onExit` runs when the loop ends.
+  public func start(onExit: @escaping @Sendable (String?) -> Void) throws {
+    let ready = DispatchSemaphore(value: 0)
+    let startResult = Mutex<String?>(nil)
+    startThread(name: "tessera-bus") { [self] in
+      do {
+        try self.connect()
+      } catch {
+        startResult.withLock { $0 = "\(error)" }
+        ready.signal()
+        return
+      }
+      ready.signal()
+      let r = sd_event_loop(self.event)
+      self.logger.info("Bus loop ended", metadata: ["code": "\(r)"])
+      onExit(r < 0 ? "the bus loop failed: \(BusCodec.errnoString(-r))" : nil)
+    }
+    ready.wait()
+    if let failure = startResult.withLock({ $0 }) { throw StartError(description: failure) }
+  }
+
+  /// Asks the loop to finish; pending calls are dropped (their callers see the name vanish).
+  public func stop() { post(.exit) }
+
+  /// Sends the result of a call. Thread-safe.
+  public func reply(_ token: ReplyToken, _ result: Result<[BusValue], TesseraError>) { post(.reply(token.id, result)) }
+
+  public func interactionPending(destination: String, correlationID: String, info: [String: BusValue]) {
+    post(.signal(destination: destination, member: "InteractionPending", arguments: [.string(correlationID), .dict(info)]))
+  }
+
+  public func accountsChanged() { post(.signal(destination: nil, member: "AccountsChanged", arguments: [])) }
+
+  private func post(_ mail: Mail) {
+    mailbox.withLock { $0.append(mail) }
+    var one: UInt64 = 1
+    _ = write(eventFD, &one, 8)
+  }
+
+  // MARK: - Bus thread
+
+  private func connect() throws {
+    func check(_ r: Int32, _ what: String) throws {
+      if r < 0 { throw StartError(description: "\(what): \(BusCodec.errnoString(-r))") }
+    }
+    try check(sd_bus_open_user(&bus), "Could not connect to the session bus (is DBUS_SESSION_BUS_ADDRESS set?)")
+    try check(sd_bus_set_exit_on_disconnect(bus, 1), "sd_bus_set_exit_on_disconnect")
+    try check(sd_event_new(&event), "sd_event_new")
+    try check(sd_bus_attach_event(bus, event, 0), "sd_bus_attach_event")
+    let me = Unmanaged.passUnretained(self).toOpaque()
+    try check(sd_bus_add_filter(bus, nil, signatureFilter, me), "sd_bus_add_filter")
+    try check(
+      sd_bus_add_object_vtable(bus, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, Self.vtable, me),
+      "Could not export \(BrokerInterface.objectPath)")
+    try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
+    let r = sd_bus_request_name(bus, BrokerInterface.busName, 0)
+    if r == -EEXIST || r == -EALREADY {
+      throw StartError(description: "\(BrokerInterface.busName) is already owned on this bus: another tesserad is running. Stop it first.")
+    }
+    try check(r, "Could not own \(BrokerInterface.busName)")
+  }
+
+  /// The vtable, built once from `BrokerInterface`. Its strings live as long as the process.
+  nonisolated(unsafe) static let vtable: UnsafeMutablePointer<sd_bus_vtable> = {
+    let count = 2 + BrokerInterface.methods.count + BrokerInterface.properties.count + BrokerInterface.signals.count
+    let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: count)
+    func keep(_ s: String) -> UnsafePointer<CChar> { UnsafePointer(strdup(s)!) }
+    func names(_ args: [BrokerInterface.Argument]) -> UnsafePointer<CChar> {
+      let bytes: [CChar] = args.flatMap { Array($0.name.utf8CString) } + [0]
+      let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count)
+      buffer.initialize(from: bytes, count: bytes.count)
+      return UnsafePointer(buffer)
+    }
+    var i = 0
+    tessera_vtable_start(table + i, 0)
+    i += 1
+    for method in BrokerInterface.methods {
+      tessera_vtable_method(
+        table + i, keep(method.name), keep(method.inputSignature), keep(method.outputSignature),
+        names(method.inputs + method.outputs), methodHandler, 0)
+      i += 1
+    }
+    for property in BrokerInterface.properties {
+      tessera_vtable_property(table + i, keep(property.name), keep(property.signature), propertyGetter, tessera_vtable_property_const())
+      i += 1
+    }
+    for signal in BrokerInterface.signals {
+      tessera_vtable_signal(table + i, keep(signal.name), keep(signal.signature), names(signal.arguments), 0)
+      i += 1
+    }
+    tessera_vtable_end(table + i)
+    return table
+  }()
+
+  fileprivate func handleMethodCall(_ message: OpaquePointer, _ error: UnsafeMutablePointer<sd_bus_error>?) -> Int32 {
+    let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
+    let arguments: [BusValue]
+    do {
+      arguments = try BusCodec.readAll(message)
+    } catch {
+      return replyError(message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
+    }
+    let caller = callerInfo(message)
+    nextID &+= 1
+    pending[nextID] = sd_bus_message_ref(message)
+    onCall(member, arguments, caller, ReplyToken(id: nextID))
+    return 1
+  }
+
+  /// Rejects calls whose argument types do not match the contract with our own error name
+  /// (sd-bus would answer org.freedesktop.DBus.Error.InvalidArgs).
+  fileprivate func filter(_ message: OpaquePointer) -> Int32 {
+    guard sd_bus_message_is_method_call(message, BrokerInterface.interfaceName, nil) > 0,
+      let member = sd_bus_message_get_member(message).map({ String(cString: $0) }),
+      let method = BrokerInterface.method(named: member),
+      sd_bus_message_has_signature(message, method.inputSignature) == 0
+    else { return 0 }
+    let given = sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? ""
+    let names = method.inputs.map { "\($0.name): \($0.signature)" }.joined(separator: ", ")
+    return replyError(
+      message,
+      .invalidArgument(
+        "\(member) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."))
+  }
+
+  @discardableResult
+  private func replyError(_ message: OpaquePointer, _ failure: TesseraError) -> Int32 {
+    var error = sd_bus_error()
+    sd_bus_error_set(&error, failure.code.dbusName, failure.message)
+    let r = sd_bus_reply_method_error(message, &error)
+    sd_bus_error_free(&error)
+    return r < 0 ? r : 1
+  }
+
+  private func callerInfo(_ message: OpaquePointer) -> CallerInfo {
+    let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+    if let cached = callerCache[sender] { return cached }
+    var info = CallerInfo(busName: sender)
+    var creds: OpaquePointer?
+    let mask = UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EXE | SD_BUS_CREDS_AUGMENT)
+    if sd_bus_query_sender_creds(message, mask, &creds) >= 0, let creds {
+      var pid: pid_t = 0
+      if sd_bus_creds_get_pid(creds, &pid) >= 0 { info.pid = UInt32(pid) }
+      var uid: uid_t = 0
+      if sd_bus_creds_get_euid(creds, &uid) >= 0 { info.uid = uid }
+      var exe: UnsafePointer<CChar>?
+      if sd_bus_creds_get_exe(creds, &exe) >= 0, let exe { info.exe = String(cString: exe) }
+      sd_bus_creds_unref(creds)
+    }
+    if callerCache.count > 512 { callerCache.removeAll() }
+    callerCache[sender] = info
+    return info
+  }
+
+  fileprivate func drainMailbox() {
+    var counter: UInt64 = 0
+    _ = read(eventFD, &counter, 8)
+    let mails = mailbox.withLock { mails -> [Mail] in
+      defer { mails.removeAll(keepingCapacity: true) }
+      return mails
+    }
+    for mail in mails {
+      switch mail {
+      case .reply(let id, let result):
+        guard let message = pending.removeValue(forKey: id) else { continue }
+        send(reply: result, to: message)
+        sd_bus_message_unref(message)
+      case .signal(let destination, let member, let arguments):
+        emit(member, arguments, to: destination)
+      case .exit:
+        sd_event_exit(event, 0)
+      }
+    }
+  }
+
+  private func send(reply result: Result<[BusValue], TesseraError>, to call: OpaquePointer) {
+    switch result {
+    case .failure(let failure):
+      replyError(call, failure)
+    case .success(let values):
+      var reply: OpaquePointer?
+      guard sd_bus_message_new_method_return(call, &reply) >= 0, let reply else { return }
+      defer { sd_bus_message_unref(reply) }
+      do {
+        for value in values { try BusCodec.append(reply, value) }
+      } catch {
+        logger.error("Could not build a reply", metadata: ["error": "\(error)"])
+        replyError(call, .internal("The broker could not encode its reply. Please report this with the daemon's log."))
+        return
+      }
+      let r = sd_bus_send(bus, reply, nil)
+      if r < 0 { logger.notice("Could not send a reply (caller gone?)", metadata: ["error": "\(BusCodec.errnoString(-r))"]) }
+    }
+  }
+
+  private func emit(_ member: String, _ arguments: [BusValue], to destination: String?) {
+    var signal: OpaquePointer?
+    guard sd_bus_message_new_signal(bus, &signal, BrokerInterface.objectPath, BrokerInterface.interfaceName, member) >= 0,
+      let signal
+    else { return }
+    defer { sd_bus_message_unref(signal) }
+    if let destination, sd_bus_message_set_destination(signal, destination) < 0 { return }
+    do {
+      for argument in arguments { try BusCodec.append(signal, argument) }
+    } catch {
+      logger.error("Could not build a signal", metadata: ["signal": "\(member)", "error": "\(error)"])
+      return
+    }
+    _ = sd_bus_send(bus, signal, nil)
+  }
+}
+
+private func server(_ userdata: UnsafeMutableRawPointer?) -> BusServer {
+  Unmanaged<BusServer>.fromOpaque(userdata!).takeUnretainedValue()
+}
+
+private let methodHandler: sd_bus_message_handler_t = { message, userdata, error in
+  guard let message else { return 0 }
+  return server(userdata).handleMethodCall(message, error)
+}
+
+private let signatureFilter: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  return server(userdata).filter(message)
+}
+
+private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, _, _ in
+  guard let reply, let property, String(cString: property) == "Version" else { return -EINVAL }
+  return BrokerInterface.version.withCString { sd_bus_message_append_basic(reply, CChar(UInt8(ascii: "s")), $0) }
+}
+
+private let mailboxReady: sd_event_io_handler_t = { _, _, _, userdata in
+  server(userdata).drainMailbox()
+  return 0
+}

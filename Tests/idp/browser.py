@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Headless stand-in for the user's web browser, for Tessera's tests.
+
+Usage: browser.py AUTHORIZATION_URL   (the URL is the last argument)
+
+Signs in at the test IdP (user from login_hint, else $TESSERA_TEST_USER, else alice), answers a
+consent page if one appears, follows redirects until the IdP sends the browser to the loopback
+redirect URI (http://127.0.0.1:PORT/... or http://localhost:PORT/...), then GETs that URL, which
+hands the code (or error) to the waiting app.
+
+Mode: $TESSERA_TEST_BROWSER, or the first line of the file $TESSERA_TEST_BROWSER_FILE if set and
+present (the file wins, so a test can switch modes while the daemon runs):
+  allow (default)  approve consent;  deny  press Deny on consent (-> error=access_denied);
+  ignore           do nothing and exit 0 (to test timeouts and cancel).
+"""
+import os
+import sys
+from urllib.parse import parse_qs, urljoin, urlsplit
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from webform import forms, is_login_page, log, login, pick_user, session, submit  # noqa: E402
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def mode():
+    path = os.environ.get("TESSERA_TEST_BROWSER_FILE")
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return (f.readline().strip() or "allow").lower()
+    return os.environ.get("TESSERA_TEST_BROWSER", "allow").strip().lower() or "allow"
+
+
+def is_loopback(url):
+    parts = urlsplit(url)
+    return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+
+
+def consent_form(resp):
+    """DOT's consent form: the one with an "allow" submit button."""
+    return next((f for f in forms(resp.text) if any(b[0] == "allow" for b in f["buttons"])), None)
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: browser.py AUTHORIZATION_URL")
+    url = sys.argv[-1]
+    m = mode()
+    if m == "ignore":
+        log("mode ignore: doing nothing")
+        return 0
+    user = pick_user(parse_qs(urlsplit(url).query).get("login_hint", [None])[0])
+    s = session()
+    resp = s.get(url, allow_redirects=False)
+    for _ in range(20):
+        if resp.is_redirect:
+            target = urljoin(resp.url, resp.headers["Location"])
+            if is_loopback(target):
+                log("delivering the IdP's answer to the loopback redirect URI")
+                # The app may answer with a page or close the connection: either is fine.
+                try:
+                    s.get(target, timeout=30, allow_redirects=False)
+                except Exception as e:  # noqa: BLE001
+                    log(f"loopback GET ended with {type(e).__name__}")
+                return 0
+            resp = s.get(target, allow_redirects=False)
+        elif resp.status_code == 200 and is_login_page(resp):
+            resp = login(s, resp, user)
+        elif resp.status_code == 200 and (form := consent_form(resp)):
+            if m == "deny":
+                log("consent page: pressing Cancel (deny)")
+                resp = submit(s, resp, form)  # no "allow" field == deny
+            else:
+                log("consent page: pressing Authorize")
+                resp = submit(s, resp, form, {"allow": "Authorize"})
+        else:
+            log(f"unexpected page: HTTP {resp.status_code} at {urlsplit(resp.url).path}")
+            return 1
+    log("too many steps")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
