@@ -40,7 +40,8 @@ extension Broker {
     loginHint: String?, caller: CallerInfo
   ) async throws -> TokenResult {
     let pkce = PKCE()
-    let listener = try deps.listeners.listen(port: config.redirectPort)
+    let listener = try deps.listeners.listen(
+      port: config.redirectPort, hostName: authority.isMicrosoft ? "localhost" : "127.0.0.1")
     defer { listener.close() }
     var query: [(String, String)] = [
       ("client_id", clientID), ("response_type", "code"), ("redirect_uri", listener.redirectURI),

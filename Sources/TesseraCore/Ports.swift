@@ -101,8 +101,9 @@ public protocol RedirectListener: Sendable {
 }
 
 public protocol RedirectListenerFactory: Sendable {
-  /// Listens on 127.0.0.1 at `port` (0 for any free port).
-  func listen(port: UInt16) throws -> any RedirectListener
+  /// Listens on 127.0.0.1 at `port` (0 for any free port); `hostName` (`127.0.0.1` or `localhost`)
+  /// is what the redirect URI names.
+  func listen(port: UInt16, hostName: String) throws -> any RedirectListener
 }
 
 /// Signals the broker emits.

@@ -1,0 +1,96 @@
+import CSystemd
+import Glibc
+import TesseraCore
+
+/// A D-Bus error reply, as received.
+public struct BusCallError: Error, Sendable, CustomStringConvertible {
+  public let name: String
+  public let message: String
+  public var description: String { "\(name): \(message)" }
+}
+
+/// A session-bus client connection for calling org.tessera.Broker1. Not thread-safe: use it from
+/// one thread. While a call is pending, signals from the broker are delivered to `onSignal`.
+public final class BusClient {
+  private var bus: OpaquePointer?
+
+  public init() throws {
+    let r = sd_bus_open_user(&bus)
+    guard r >= 0 else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.NoServer",
+        message: "Cannot connect to the session bus (\(BusCodec.errnoString(-r))). Run inside a desktop or `dbus-run-session` session.")
+    }
+  }
+
+  deinit { sd_bus_flush_close_unref(bus) }
+
+  final class CallState {
+    var reply: Result<[BusValue], BusCallError>?
+    var onSignal: ((String, [BusValue]) -> Void)?
+  }
+
+  /// Calls a method and waits for the reply, dispatching the broker's signals meanwhile.
+  public func call(
+    destination: String = BrokerInterface.busName, path: String = BrokerInterface.objectPath,
+    interface: String = BrokerInterface.interfaceName, member: String, arguments: [BusValue],
+    timeoutSeconds: Double = 25, onSignal: ((String, [BusValue]) -> Void)? = nil
+  ) throws -> [BusValue] {
+    var message: OpaquePointer?
+    try check(sd_bus_message_new_method_call(bus, &message, destination, path, interface, member), "create call")
+    defer { sd_bus_message_unref(message) }
+    for argument in arguments { try BusCodec.append(message!, argument) }
+
+    let state = CallState()
+    state.onSignal = onSignal
+    let userdata = Unmanaged.passUnretained(state).toOpaque()
+    var matchSlot: OpaquePointer?
+    if onSignal != nil {
+      try check(
+        sd_bus_match_signal(bus, &matchSlot, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived, userdata),
+        "subscribe to signals")
+    }
+    defer { sd_bus_slot_unref(matchSlot) }
+    var callSlot: OpaquePointer?
+    try check(
+      sd_bus_call_async(bus, &callSlot, message, replyReceived, userdata, UInt64(timeoutSeconds * 1_000_000)), "send call")
+    defer { sd_bus_slot_unref(callSlot) }
+    while state.reply == nil {
+      let r = sd_bus_process(bus, nil)
+      try check(r, "process")
+      if r > 0 { continue }
+      try check(sd_bus_wait(bus, UInt64.max), "wait")
+    }
+    return try withExtendedLifetime(state) { try state.reply!.get() }
+  }
+
+  private func check(_ r: Int32, _ what: String) throws {
+    if r < 0 {
+      throw BusCallError(name: "org.freedesktop.DBus.Error.Failed", message: "D-Bus \(what) failed: \(BusCodec.errnoString(-r))")
+    }
+  }
+}
+
+private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
+  let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
+  guard let message else { return 0 }
+  if let error = sd_bus_message_get_error(message), error.pointee.name != nil {
+    state.reply = .failure(
+      BusCallError(
+        name: String(cString: error.pointee.name), message: error.pointee.message.map { String(cString: $0) } ?? ""))
+  } else {
+    do {
+      state.reply = .success(try BusCodec.readAll(message))
+    } catch {
+      state.reply = .failure(BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Unreadable reply: \(error)"))
+    }
+  }
+  return 1
+}
+
+private let signalReceived: sd_bus_message_handler_t = { message, userdata, _ in
+  let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
+  guard let message, let member = sd_bus_message_get_member(message) else { return 0 }
+  if let values = try? BusCodec.readAll(message) { state.onSignal?(String(cString: member), values) }
+  return 0
+}

@@ -1,0 +1,170 @@
+import CCurl
+import CTesseraShim
+import Dispatch
+import Glibc
+import Synchronization
+import TesseraCore
+
+/// HTTPS through libcurl. `curl_easy_perform` blocks, so requests run on a dispatch queue of their
+/// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
+public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
+  // Invariant for @unchecked Sendable: a pooled handle is used by one request at a time (taken from
+  // and returned to `idle` under its mutex); `caBundle` is immutable.
+  private struct Handle: @unchecked Sendable { let pointer: UnsafeMutableRawPointer }
+  private let idle = Mutex<[Handle]>([])
+  private let queue = DispatchQueue(label: "tessera.http", attributes: .concurrent)
+  private let caBundle: [UInt8]?
+  private let protocols: String
+  /// Larger answers are refused: no IdP document is anywhere near this.
+  public static let maxResponseBytes = 1 << 20
+  static let userAgent = "tessera/\(BrokerInterface.version)"
+
+  public struct SetupError: Error, CustomStringConvertible {
+    public let description: String
+  }
+
+  /// `caFile` is added to the system's trusted CAs. Plain http is allowed only to loopback hosts,
+  /// and only when `allowInsecureLoopback` is set (the broker checks hosts before calling).
+  public init(caFile: String?, allowInsecureLoopback: Bool) throws {
+    curl_global_init(Int(CURL_GLOBAL_DEFAULT))
+    if let caFile {
+      guard let extra = readFile(caFile) else {
+        throw SetupError(description: "ca_file \(caFile) cannot be read. Fix the path in config.toml.")
+      }
+      let system = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"].lazy.compactMap { readFile($0) }.first ?? []
+      caBundle = system + [UInt8(ascii: "\n")] + extra
+    } else {
+      caBundle = nil
+    }
+    protocols = allowInsecureLoopback ? "https,http" : "https"
+  }
+
+  final class Exchange {
+    var body: [UInt8] = []
+    var headers: [String: String] = [:]
+    var tooLarge = false
+  }
+
+  public func send(_ request: HTTPRequest) async throws -> HTTPResponse {
+    try await withCheckedThrowingContinuation { continuation in
+      queue.async { continuation.resume(with: Result { try self.perform(request) }) }
+    }
+  }
+
+  private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
+    let handle = idle.withLock { $0.popLast() } ?? curl_easy_init().map { Handle(pointer: $0) }
+    guard let handle else { throw TesseraError.internal("libcurl could not create a handle (out of memory?).") }
+    defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { curl_easy_cleanup(handle.pointer) } } }
+    let curl = handle.pointer
+    curl_easy_reset(curl)
+
+    var headerList: UnsafeMutablePointer<curl_slist>?
+    for (name, value) in request.headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
+    headerList = curl_slist_append(headerList, "Expect:")
+    defer { curl_slist_free_all(headerList) }
+
+    let exchange = Exchange()
+    let exchangePointer = Unmanaged.passUnretained(exchange).toOpaque()
+    var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+
+    let code: CURLcode = withExtendedLifetime(exchange) {
+      errorBuffer.withUnsafeMutableBufferPointer { errorPointer in
+        _ = tessera_curl_setopt_string(curl, CURLOPT_URL, request.url)
+        _ = tessera_curl_setopt_long(curl, CURLOPT_NOSIGNAL, 1)
+        _ = tessera_curl_setopt_long(curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000))
+        _ = tessera_curl_setopt_long(curl, CURLOPT_CONNECTTIMEOUT_MS, 10_000)
+        _ = tessera_curl_setopt_long(curl, CURLOPT_FOLLOWLOCATION, 0)
+        _ = tessera_curl_setopt_string(curl, CURLOPT_PROTOCOLS_STR, protocols)
+        _ = tessera_curl_setopt_string(curl, CURLOPT_USERAGENT, Self.userAgent)
+        _ = tessera_curl_setopt_pointer(curl, CURLOPT_HTTPHEADER, headerList)
+        _ = tessera_curl_setopt_pointer(curl, CURLOPT_ERRORBUFFER, errorPointer.baseAddress)
+        _ = tessera_curl_setopt_data_callback(curl, CURLOPT_WRITEFUNCTION, writeBody)
+        _ = tessera_curl_setopt_pointer(curl, CURLOPT_WRITEDATA, exchangePointer)
+        _ = tessera_curl_setopt_data_callback(curl, CURLOPT_HEADERFUNCTION, writeHeader)
+        _ = tessera_curl_setopt_pointer(curl, CURLOPT_HEADERDATA, exchangePointer)
+        if request.method == "POST" {
+          let body = request.body ?? []
+          _ = tessera_curl_setopt_long(curl, CURLOPT_POST, 1)
+          _ = tessera_curl_setopt_long(curl, CURLOPT_POSTFIELDSIZE, body.count)
+          _ = body.withUnsafeBytes { tessera_curl_setopt_pointer(curl, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!)) }
+        }
+        if let caBundle {
+          return caBundle.withUnsafeBytes { bytes in
+            var blob = curl_blob(data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count, flags: UInt32(CURL_BLOB_NOCOPY))
+            _ = tessera_curl_setopt_pointer(curl, CURLOPT_CAINFO_BLOB, &blob)
+            return curl_easy_perform(curl)
+          }
+        }
+        return curl_easy_perform(curl)
+      }
+    }
+    if exchange.tooLarge {
+      throw TesseraError.provider("\(Self.host(request.url)) sent an answer larger than \(Self.maxResponseBytes) bytes; it was refused.")
+    }
+    guard code == CURLE_OK else {
+      let detail = String(cString: errorBuffer).isEmpty ? String(cString: curl_easy_strerror(code)) : String(cString: errorBuffer)
+      throw Self.networkError(code, detail: detail, url: request.url)
+    }
+    var status = 0
+    _ = tessera_curl_getinfo_long(curl, CURLINFO_RESPONSE_CODE, &status)
+    return HTTPResponse(status: status, headers: exchange.headers, body: exchange.body)
+  }
+
+  static func host(_ url: String) -> String {
+    (try? Authority(parsing: url))?.environment ?? "the server"
+  }
+
+  static func networkError(_ code: CURLcode, detail: String, url: String) -> TesseraError {
+    let host = host(url)
+    switch code {
+    case CURLE_COULDNT_RESOLVE_HOST:
+      return .network("Cannot resolve \(host) (\(detail)). Check your network connection and DNS.")
+    case CURLE_COULDNT_CONNECT:
+      return .network("Cannot connect to \(host) (\(detail)). Check your network connection, proxy or firewall.")
+    case CURLE_OPERATION_TIMEDOUT:
+      return .network("\(host) did not answer in time (\(detail)). Try again; check your network if it persists.")
+    case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CONNECT_ERROR:
+      return .network(
+        "The TLS connection to \(host) failed (\(detail)). If the IdP uses a private CA, set ca_file in config.toml.")
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      return .untrustedAuthority("\(host) would need a protocol other than https (\(detail)); refused.")
+    default:
+      return .network("The request to \(host) failed (\(detail)). Try again.")
+    }
+  }
+}
+
+private let writeBody: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int, UnsafeMutableRawPointer?) -> Int = {
+  data, size, count, userdata in
+  let exchange = Unmanaged<CurlHTTPClient.Exchange>.fromOpaque(userdata!).takeUnretainedValue()
+  let length = size * count
+  guard exchange.body.count + length <= CurlHTTPClient.maxResponseBytes else {
+    exchange.tooLarge = true
+    return 0
+  }
+  if let data, length > 0 {
+    data.withMemoryRebound(to: UInt8.self, capacity: length) { exchange.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length)) }
+  }
+  return length
+}
+
+private let writeHeader: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int, UnsafeMutableRawPointer?) -> Int = {
+  data, size, count, userdata in
+  let exchange = Unmanaged<CurlHTTPClient.Exchange>.fromOpaque(userdata!).takeUnretainedValue()
+  let length = size * count
+  guard let data, length > 0 else { return length }
+  let line = data.withMemoryRebound(to: UInt8.self, capacity: length) { String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self) }
+  if line.hasPrefix("HTTP/") { exchange.headers.removeAll() }  // a new response (after 100-continue)
+  if let colon = line.firstIndex(of: ":") {
+    let name = line[..<colon].lowercased()
+    let value = line[line.index(after: colon)...].trimmingSpaces()
+    exchange.headers[name] = value
+  }
+  return length
+}
+
+extension Substring {
+  func trimmingSpaces() -> String {
+    String(drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }).reversed())
+  }
+}

@@ -1,0 +1,228 @@
+import ArgumentParser
+import TesseraClient
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+struct Tessera: ParsableCommand {
+  static let configuration = CommandConfiguration(
+    commandName: "tessera",
+    abstract: "Get OAuth 2.0 / OpenID Connect access tokens from the Tessera broker.",
+    discussion: """
+      Sign in once with `tessera login`; after that any program can get a fresh access token \
+      without a prompt:
+
+        curl -H "Authorization: Bearer $(tessera token)" https://graph.microsoft.com/v1.0/me
+
+      Without --client-id, --authority or --scope, the broker's defaults from config.toml apply \
+      (see tessera-config(5)). Refresh tokens never leave the broker.
+
+      EXIT STATUS
+        0 success, 1 unexpected failure, 3 invalid argument, 4 interaction required (run \
+      `tessera login`), 5 no such account, 6 untrusted authority, 7 cancelled, 8 timed out, \
+      9 network, 10 identity provider error, 11 keyring unavailable or locked, 12 access denied, \
+      13 internal broker error, 14 broker not running, 64 usage error.
+      """,
+    version: "0.1.0",
+    subcommands: [Login.self, Token.self, Accounts.self, Logout.self, Status.self])
+}
+
+struct Target: ParsableArguments {
+  @Option(name: .long, help: ArgumentHelp("The app's client id (default: default_client_id).", valueName: "id"))
+  var clientId: String = ""
+
+  @Option(name: .long, help: ArgumentHelp("The authority, e.g. https://login.microsoftonline.com/<tenant>.", valueName: "url"))
+  var authority: String?
+
+  @Option(name: .customLong("scope"), help: ArgumentHelp("A scope to request; repeat for several (default: default_scopes).", valueName: "scope"))
+  var scopes: [String] = []
+}
+
+struct Output: ParsableArguments {
+  @Flag(name: .long, help: "Print the result as JSON.")
+  var json = false
+}
+
+/// Runs a client call and turns its failure into a message and the documented exit status.
+func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) throws -> T {
+  do {
+    let broker = try TesseraBroker()
+    return try body(broker)
+  } catch {
+    fail(error)
+  }
+}
+
+func fail(_ error: TesseraClientError) -> Never {
+  var line = "tessera: \(error.description)"
+  if case .broker(let e) = error { line = "tessera: \(e.code.rawValue): \(e.message)" }
+  printError(line)
+  exit(error.exitCode)
+}
+
+func printError(_ text: String) {
+  let line = Array((text + "\n").utf8)
+  _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+}
+
+func printJSON(_ value: some Encodable) {
+  let encoder = JSONEncoder()
+  encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+  print(String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self))
+}
+
+/// Resolves --account: an account id, or a username (case-insensitive).
+func resolveAccount(_ value: String?, broker: TesseraBroker, authority: String?) throws(TesseraClientError) -> String {
+  guard let value, !value.isEmpty else { return "" }
+  let accounts = try broker.accounts(authority: authority)
+  if accounts.contains(where: { $0.id == value }) { return value }
+  let matches = accounts.filter { $0.username.lowercased() == value.lowercased() }
+  if matches.count == 1 { return matches[0].id }
+  if matches.isEmpty {
+    throw .broker(TesseraError(.noSuchAccount, "No signed-in account is '\(value)'. Run `tessera accounts` to list them, or `tessera login`."))
+  }
+  throw .broker(TesseraError(.invalidArgument, "Several accounts are named '\(value)'. Pass an account id (see `tessera accounts`)."))
+}
+
+extension Tessera {
+  struct Login: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Sign in interactively (browser, or a device code with --device-code).",
+      discussion: """
+        Opens your browser at the identity provider. On a machine without a browser (SSH), use \
+        --device-code: tessera prints a link and a code to enter on any other device.
+        """)
+    @OptionGroup var target: Target
+    @Flag(name: .long, help: "Use the device code flow: sign in on another device.") var deviceCode = false
+    @Option(name: .long, help: ArgumentHelp("select_account, login, consent or none.", valueName: "prompt")) var prompt: String?
+    @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username")) var loginHint: String?
+    @Option(name: .long, help: ArgumentHelp("Seconds to wait for the sign-in (default 300, device code 900).", valueName: "seconds")) var timeout: UInt32?
+    @OptionGroup var output: Output
+
+    func run() throws {
+      var options = TesseraTokenOptions()
+      options.authority = target.authority
+      options.deviceCode = deviceCode
+      options.prompt = prompt
+      options.loginHint = loginHint
+      options.timeout = timeout
+      let token = try withBroker { broker throws(TesseraClientError) in
+        try broker.acquireToken(clientID: target.clientId, scopes: target.scopes, options: options) { interaction in
+          if interaction.flow == "device_code" {
+            printError(interaction.message)
+          } else {
+            printError("Opening your browser to sign in. If it does not open, visit:\n  \(interaction.verificationURI)")
+          }
+        }
+      }
+      if output.json {
+        printJSON(token.account)
+      } else {
+        print("Signed in as \(token.account.username) (\(token.account.name)); account id \(token.account.id)")
+      }
+    }
+  }
+
+  struct Token: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Print an access token (from the cache, or refreshed silently).",
+      discussion: """
+        Prints the bare token, for `Authorization: Bearer $(tessera token)`. Never prompts: when \
+        a sign-in is needed it exits with status 4; run `tessera login` then.
+        """)
+    @OptionGroup var target: Target
+    @Option(name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account")) var account: String?
+    @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
+    @Option(name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds")) var minValidity: UInt32?
+    @OptionGroup var output: Output
+
+    func run() throws {
+      var options = TesseraTokenOptions()
+      options.authority = target.authority
+      options.forceRefresh = forceRefresh
+      options.minValidity = minValidity
+      let token = try withBroker { broker throws(TesseraClientError) in
+        let accountID = try resolveAccount(account, broker: broker, authority: target.authority)
+        return try broker.acquireTokenSilent(clientID: target.clientId, scopes: target.scopes, accountID: accountID, options: options)
+      }
+      if output.json { printJSON(token) } else { print(token.accessToken) }
+    }
+  }
+
+  struct Accounts: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List the signed-in accounts.")
+    @Option(name: .long, help: ArgumentHelp("Only accounts signed in to this client id.", valueName: "id")) var clientId: String?
+    @Option(name: .long, help: ArgumentHelp("Only accounts of this authority.", valueName: "url")) var authority: String?
+    @OptionGroup var output: Output
+
+    func run() throws {
+      let accounts = try withBroker { broker throws(TesseraClientError) in try broker.accounts(clientID: clientId, authority: authority) }
+      if output.json {
+        printJSON(accounts)
+      } else if accounts.isEmpty {
+        printError("No accounts. Sign in with `tessera login`.")
+      } else {
+        for a in accounts { print("\(a.username)\t\(a.name)\t\(a.environment)\t\(a.id)") }
+      }
+    }
+  }
+
+  struct Logout: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Sign out: forget an account and revoke its refresh tokens.",
+      discussion: "With --client-id only that app's tokens are removed and the account stays.")
+    @Option(name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account")) var account: String?
+    @Option(name: .long, help: ArgumentHelp("Remove only this app's tokens.", valueName: "id")) var clientId: String?
+    @Flag(name: .long, help: "Do not revoke the refresh tokens at the identity provider.") var noRevoke = false
+
+    func run() throws {
+      let username = try withBroker { broker throws(TesseraClientError) -> String in
+        var accountID = try resolveAccount(account, broker: broker, authority: nil)
+        let all = try broker.accounts()
+        if accountID.isEmpty {
+          guard all.count == 1 else {
+            throw .broker(
+              TesseraError(
+                all.isEmpty ? .noSuchAccount : .invalidArgument,
+                all.isEmpty ? "No account is signed in." : "Several accounts are signed in; pass --account (see `tessera accounts`)."))
+          }
+          accountID = all[0].id
+        }
+        try broker.signOut(accountID: accountID, clientID: clientId, revoke: !noRevoke)
+        return all.first { $0.id == accountID }?.username ?? accountID
+      }
+      print(clientId == nil ? "Signed out \(username)." : "Removed the tokens of \(clientId!) for \(username).")
+    }
+  }
+
+  struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show whether the broker runs, its version and accounts.")
+    @OptionGroup var output: Output
+
+    struct Report: Encodable {
+      var running: Bool
+      var version: String
+      var accounts: [TesseraAccount]
+    }
+
+    func run() throws {
+      let report = try withBroker { broker throws(TesseraClientError) in
+        Report(running: true, version: try broker.version(), accounts: try broker.accounts())
+      }
+      if output.json {
+        printJSON(report)
+      } else {
+        print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
+        for a in report.accounts { print("  \(a.username) (\(a.environment))") }
+      }
+    }
+  }
+}
+
+Tessera.main()

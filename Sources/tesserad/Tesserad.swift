@@ -1,0 +1,115 @@
+import ArgumentParser
+import Logging
+import ServiceLifecycle
+import TesseraCore
+import TesseraPlatform
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
+@main
+struct Tesserad: AsyncParsableCommand {
+  static let configuration = CommandConfiguration(
+    commandName: "tesserad",
+    abstract: "The Tessera authentication broker daemon.",
+    discussion: """
+      tesserad owns your OAuth 2.0 / OpenID Connect accounts and refresh tokens, keeps them in the \
+      Secret Service, and hands access tokens to local programs over the session bus as \
+      org.tessera.Broker1. It normally starts by D-Bus activation or as the systemd user unit \
+      tessera.service; run it by hand to debug.
+
+      Configuration: $XDG_CONFIG_HOME/tessera/config.toml (see tessera-config(5)), or the file \
+      named by --config or $TESSERA_CONFIG.
+      """,
+    version: BrokerInterface.version)
+
+  @Option(name: .long, help: ArgumentHelp("Read the configuration from this file.", valueName: "path"))
+  var config: String?
+
+  @Option(
+    name: .long,
+    help: ArgumentHelp(
+      "Override log_level: trace, debug, info, notice, warning, error or critical.", valueName: "level"))
+  var logLevel: String?
+
+  func validate() throws {
+    if let logLevel, !BrokerConfig.logLevels.contains(logLevel) {
+      throw ValidationError("--log-level must be one of \(BrokerConfig.logLevels.joined(separator: ", ")).")
+    }
+  }
+
+  func run() async throws {
+    let environment = ProcessInfo.processInfo.environment
+    let path = config ?? environment["TESSERA_CONFIG"] ?? BrokerConfig.defaultPath(environment: environment)
+    var brokerConfig = BrokerConfig()
+    if let text = readTextFile(path) {
+      do {
+        brokerConfig = try BrokerConfig.parse(text, path: path)
+      } catch {
+        printError("tesserad: bad configuration: \(error)")
+        throw ExitCode(78)
+      }
+    } else if config != nil || environment["TESSERA_CONFIG"] != nil {
+      printError("tesserad: cannot read the configuration file \(path). Check the path.")
+      throw ExitCode(78)
+    }
+    let level = Logger.Level(rawValue: logLevel ?? brokerConfig.logLevel) ?? .info
+    LoggingSystem.bootstrap { label in
+      if JournalLogHandler.isJournalStream { return JournalLogHandler(identifier: "tesserad", level: level) }
+      var handler = StreamLogHandler.standardError(label: label)
+      handler.logLevel = level
+      return handler
+    }
+    let logger = Logger(label: "tesserad")
+
+    let http: CurlHTTPClient
+    do {
+      http = try CurlHTTPClient(caFile: brokerConfig.caFile, allowInsecureLoopback: brokerConfig.allowInsecureLoopback)
+    } catch {
+      printError("tesserad: \(error)")
+      throw ExitCode(78)
+    }
+    let requests = RequestRouter()
+    let server = BusServer(logger: logger) { method, arguments, caller, token in
+      requests.dispatch(method, arguments, caller, token)
+    }
+    let broker = Broker(
+      config: brokerConfig,
+      dependencies: BrokerDependencies(
+        http: http, store: SecretServiceStore(),
+        browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
+        listeners: LoopbackListenerFactory(), events: server, clock: SystemClock()),
+      logger: logger)
+    requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))
+
+    let service = BusService(server: server, logger: logger, configPath: path)
+    let group = ServiceGroup(
+      configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+    try await group.run()
+    if let failure = service.failure.withLock({ $0 }) {
+      printError("tesserad: \(failure)")
+      throw ExitCode(1)
+    }
+  }
+}
+
+func printError(_ message: String) {
+  var stderr = StandardError()
+  print(message, to: &stderr)
+}
+
+struct StandardError: TextOutputStream {
+  mutating func write(_ string: String) {
+    let bytes = Array(string.utf8)
+    _ = bytes.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
+  }
+}
+
+
