@@ -1,0 +1,227 @@
+import JWTKit
+import Logging
+import Synchronization
+import XCTest
+
+@testable import TesseraCore
+
+/// A clock the test moves; `sleep` advances it instead of waiting.
+final class FakeClock: BrokerClock, Sendable {
+  let current = Mutex<Date>(Date(timeIntervalSince1970: 1_800_000_000))
+  let sleeps = Mutex<[Double]>([])
+  func now() -> Date { current.withLock { $0 } }
+  func advance(_ seconds: Double) { current.withLock { $0 = $0.addingTimeInterval(seconds) } }
+  func sleep(seconds: Double) async throws {
+    try Task.checkCancellation()
+    sleeps.withLock { $0.append(seconds) }
+    advance(seconds)
+    await Task.yield()
+  }
+}
+
+/// An in-memory Secret Service that can be "locked".
+final class FakeStore: SecretStore, Sendable {
+  let items = Mutex<[StoredItem]>([])
+  let locked = Mutex(false)
+
+  func loadAll() async throws -> [StoredItem] {
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    return items.withLock { $0 }
+  }
+  func save(_ item: StoredItem) async throws {
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    items.withLock { items in
+      items.removeAll { $0.attributes == item.attributes }
+      items.append(item)
+    }
+  }
+  func delete(matching attributes: [String: String]) async throws {
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    items.withLock { items in items.removeAll { item in attributes.allSatisfy { item.attributes[$0.key] == $0.value } } }
+  }
+  func secrets(kind: String) -> [String] {
+    items.withLock { $0.filter { $0.attributes["kind"] == kind }.map(\.secret) }
+  }
+}
+
+struct NoBrowser: BrowserLauncher {
+  func open(_ url: String) throws {}
+}
+
+/// Records signals.
+final class RecordingEvents: BrokerEvents, Sendable {
+  let pending = Mutex<[(String, [String: BusValue])]>([])
+  let accountsChangedCount = Mutex(0)
+  func interactionPending(destination: String, correlationID: String, info: [String: BusValue]) {
+    pending.withLock { $0.append((destination, info)) }
+  }
+  func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
+}
+
+/// A redirect listener that answers with what the test says, given the authorization URL.
+final class FakeListeners: RedirectListenerFactory, Sendable {
+  let lastAuthorizationURL = Mutex<String?>(nil)
+  let answer: @Sendable (_ state: String) -> RedirectParameters
+  init(answer: @escaping @Sendable (_ state: String) -> RedirectParameters) { self.answer = answer }
+
+  struct Listener: RedirectListener {
+    let redirectURI = "http://127.0.0.1:4711/"
+    let owner: FakeListeners
+    func waitForRedirect(timeoutSeconds: Double) async throws -> RedirectParameters {
+      // The broker has announced the URL (InteractionPending) before waiting; the test's IdP reads state from it.
+      guard let url = owner.lastAuthorizationURL.withLock({ $0 }) else { throw TesseraError.timedOut("no url") }
+      let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
+      return owner.answer(query["state"] ?? "")
+    }
+    func close() {}
+  }
+  func listen(port: UInt16, hostName: String) throws -> any RedirectListener { Listener(owner: self) }
+}
+
+/// Browser that records the URL, so the fake listener can echo `state`.
+struct RecordingBrowser: BrowserLauncher {
+  let listeners: FakeListeners
+  let idp: FakeIdP
+  func open(_ url: String) throws {
+    listeners.lastAuthorizationURL.withLock { $0 = url }
+    let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
+    idp.lastNonce.withLock { $0 = query["nonce"] }
+  }
+}
+
+/// A scripted OpenID provider: discovery, JWKS, token endpoint; id_tokens signed with ES256.
+final class FakeIdP: HTTPClient, Sendable {
+  static let authority = "https://idp.test/tenant1"
+  let keys: JWTKeyCollection
+  let jwks: String
+  let clock: FakeClock
+  let requests = Mutex<[HTTPRequest]>([])
+  /// Answers for token-endpoint POSTs, in order; when empty, a fresh token is issued.
+  let scriptedTokenAnswers = Mutex<[HTTPResponse]>([])
+  let tokenCounter = Mutex(0)
+  /// Awaited before answering a token request (to hold concurrent requests in flight).
+  let tokenDelay = Mutex<Double>(0)
+  let subject = Mutex("alice-sub")
+  let audienceOverride = Mutex<String?>(nil)
+
+  init(clock: FakeClock) async {
+    let key = ES256PrivateKey()
+    keys = JWTKeyCollection()
+    await keys.add(ecdsa: key, kid: "k1")
+    let p = key.parameters!
+    jwks = #"{"keys":[{"kty":"EC","crv":"P-256","use":"sig","alg":"ES256","kid":"k1","x":"\#(p.x)","y":"\#(p.y)"}]}"#
+    self.clock = clock
+  }
+
+  var tokenRequests: [HTTPRequest] { requests.withLock { $0.filter { $0.url.hasSuffix("/token") } } }
+  func form(_ r: HTTPRequest) -> [String: String] { FormEncoding.decode(String(decoding: r.body ?? [], as: UTF8.self)) }
+
+  struct Claims: JWTPayload {
+    var iss: String
+    var sub: String
+    var aud: String
+    var exp: Double
+    var iat: Double
+    var nonce: String?
+    var preferred_username: String
+    var name: String
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
+  }
+
+  func idToken(nonce: String?, clientID: String) async throws -> String {
+    let now = clock.now().timeIntervalSince1970
+    return try await keys.sign(
+      Claims(
+        iss: Self.authority, sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID, exp: now + 3600,
+        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice"), kid: "k1")
+  }
+
+  /// Nonce of the last authorization request (set by tests that drive the browser flow).
+  let lastNonce = Mutex<String?>(nil)
+
+  func send(_ request: HTTPRequest) async throws -> HTTPResponse {
+    requests.withLock { $0.append(request) }
+    let url = request.url
+    if url.hasSuffix("/.well-known/openid-configuration") {
+      return HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"issuer":"\#(Self.authority)","authorization_endpoint":"\#(Self.authority)/authorize","token_endpoint":"\#(Self.authority)/token","jwks_uri":"\#(Self.authority)/jwks","device_authorization_endpoint":"\#(Self.authority)/device","revocation_endpoint":"\#(Self.authority)/revoke"}"#
+            .utf8))
+    }
+    if url.hasSuffix("/jwks") { return HTTPResponse(status: 200, body: Array(jwks.utf8)) }
+    if url.hasSuffix("/revoke") { return HTTPResponse(status: 200, body: []) }
+    if url.hasSuffix("/device") {
+      return HTTPResponse(
+        status: 200,
+        body: Array(#"{"device_code":"dc","user_code":"ABCD-EFGH","verification_uri":"https://idp.test/device","expires_in":600,"interval":5}"#.utf8))
+    }
+    if url.hasSuffix("/token") {
+      let delay = tokenDelay.withLock { $0 }
+      if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
+      if let scripted = scriptedTokenAnswers.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return scripted }
+      let fields = form(request)
+      let n = tokenCounter.withLock { $0 += 1; return $0 }
+      let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
+      let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "")
+      let body = #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"}"#
+      return HTTPResponse(status: 200, body: Array(body.utf8))
+    }
+    return HTTPResponse(status: 404, body: [])
+  }
+}
+
+/// A broker wired to fakes, with helpers to sign in.
+struct Harness {
+  let clock = FakeClock()
+  let store = FakeStore()
+  let events = RecordingEvents()
+  let idp: FakeIdP
+  let listeners: FakeListeners
+  let broker: Broker
+
+  init(config: BrokerConfig? = nil, redirect: (@Sendable (String) -> RedirectParameters)? = nil) async {
+    idp = await FakeIdP(clock: clock)
+    let answer = redirect ?? { state in ["code": "the-code", "state": state] }
+    listeners = FakeListeners(answer: answer)
+    var cfg = config ?? BrokerConfig()
+    if config == nil {
+      cfg.defaultAuthority = FakeIdP.authority
+      cfg.defaultClientID = "app1"
+      cfg.defaultScopes = ["read"]
+      cfg.trustedAuthorities = ["https://idp.test"]
+    }
+    broker = Broker(
+      config: cfg,
+      dependencies: BrokerDependencies(
+        http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners, events: events,
+        clock: clock),
+      logger: Logger(label: "test"))
+  }
+
+  func request(clientID: String = "", scopes: [String] = [], options: [String: BusValue] = [:]) throws -> TokenRequest {
+    try RequestParser.tokenRequest(clientID: clientID, scopes: scopes, accountID: "", options: options)
+  }
+
+  /// Interactive sign-in through the fake browser and listener; returns the result dictionary.
+  @discardableResult
+  func signIn(clientID: String = "", options: [String: BusValue] = [:]) async throws -> [String: BusValue] {
+    listeners.lastAuthorizationURL.withLock { $0 = nil }
+    return try await broker.acquireTokenInteractive(
+      request(clientID: clientID, options: options), caller: CallerInfo(busName: ":1.42"))
+  }
+}
+
+func XCTAssertThrowsTessera(
+  _ code: TesseraError.Code, _ body: () async throws -> Void, file: StaticString = #filePath, line: UInt = #line
+) async {
+  do {
+    try await body()
+    XCTFail("expected \(code.rawValue), got success", file: file, line: line)
+  } catch let error as TesseraError {
+    XCTAssertEqual(error.code, code, error.message, file: file, line: line)
+    XCTAssertFalse(error.message.isEmpty, file: file, line: line)
+  } catch {
+    XCTFail("expected \(code.rawValue), got \(error)", file: file, line: line)
+  }
+}

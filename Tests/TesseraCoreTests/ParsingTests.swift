@@ -1,0 +1,227 @@
+import XCTest
+
+@testable import TesseraCore
+
+final class RequestParserTests: XCTestCase {
+  func testUnknownOptionNamesTheKey() {
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["colour": .string("x")])) {
+      let e = $0 as! TesseraError
+      XCTAssertEqual(e.code, .invalidArgument)
+      XCTAssertTrue(e.message.contains("'colour'"))
+    }
+  }
+
+  func testWrongOptionTypeNamesKeyAndType() {
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["force_refresh": .string("yes")])
+    ) {
+      let e = $0 as! TesseraError
+      XCTAssertEqual(e.code, .invalidArgument)
+      XCTAssertTrue(e.message.contains("force_refresh") && e.message.contains("'b'"))
+    }
+  }
+
+  func testHugeStringsAreRefused() {
+    let huge = String(repeating: "a", count: 1 << 20)
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: huge, scopes: [], accountID: "", options: [:]))
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [huge], accountID: "", options: [:]))
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["claims": .string(huge)]))
+  }
+
+  func testOptionsAreParsed() throws {
+    let r = try RequestParser.tokenRequest(
+      clientID: "c", scopes: ["User.Read"], accountID: "",
+      options: [
+        "prompt": .string("login"), "flow": .string("device_code"), "force_refresh": .bool(true),
+        "min_validity": .uint32(60), "timeout": .uint32(30), "correlation_id": .string("abc"),
+        "extra_query": .stringMap(["domain_hint": "contoso.com"]), "login_hint": .string("a@b"),
+      ])
+    XCTAssertEqual(r.prompt, .login)
+    XCTAssertEqual(r.flow, .deviceCode)
+    XCTAssertTrue(r.forceRefresh)
+    XCTAssertEqual(r.minValidity, 60)
+    XCTAssertEqual(r.timeout, 30)
+    XCTAssertEqual(r.correlationID, "abc")
+    XCTAssertEqual(r.extraQuery, ["domain_hint": "contoso.com"])
+    XCTAssertEqual(r.loginHint, "a@b")
+  }
+
+  func testCorrelationIDIsGeneratedWhenMissing() throws {
+    let a = try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: [:])
+    let b = try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: [:])
+    XCTAssertEqual(a.correlationID.count, 36)
+    XCTAssertNotEqual(a.correlationID, b.correlationID)
+  }
+
+  func testBadEnumValuesAndReservedQueryKeys() {
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["prompt": .string("always")]))
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["flow": .string("magic")]))
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["extra_query": .stringMap(["state": "x"])]))
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c\n", scopes: [], accountID: "", options: [:]))
+    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: ["a b"], accountID: "", options: [:]))
+  }
+
+  func testSignOutAndFilter() throws {
+    XCTAssertThrowsError(try RequestParser.signOutRequest(accountID: "", options: [:]))
+    let r = try RequestParser.signOutRequest(accountID: "id", options: ["revoke": .bool(false), "client_id": .string("x")])
+    XCTAssertFalse(r.revoke)
+    XCTAssertEqual(r.clientID, "x")
+    XCTAssertThrowsError(try RequestParser.accountFilter(["tenant": .string("x")]))
+    XCTAssertEqual(try RequestParser.accountFilter(["username": .string("a")]).username, "a")
+  }
+}
+
+final class AuthorityTests: XCTestCase {
+  let policy = AuthorityPolicy(trusted: [try! Authority(parsing: "https://idp.example.com/realms/x")], allowInsecureLoopback: false)
+
+  func testMicrosoftIsTrustedByDefault() throws {
+    let a = try policy.validate("https://login.microsoftonline.com/Common/")
+    XCTAssertEqual(a.url, "https://login.microsoftonline.com/Common")
+    XCTAssertEqual(a.environment, "login.microsoftonline.com")
+    XCTAssertThrowsError(try policy.validate("https://login.microsoftonline.com/")) {
+      XCTAssertEqual(($0 as! TesseraError).code, .invalidArgument)
+    }
+  }
+
+  func testTrustedPrefixOnly() throws {
+    XCTAssertNoThrow(try policy.validate("https://idp.example.com/realms/x"))
+    XCTAssertThrowsError(try policy.validate("https://idp.example.com/realms/y")) {
+      XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
+    }
+    XCTAssertThrowsError(try policy.validate("https://idp.example.com.evil.test/realms/x")) {
+      XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
+    }
+  }
+
+  func testHTTPOnlyForLoopbackWhenAllowed() throws {
+    let loopback = try Authority(parsing: "http://127.0.0.1:8080/t")
+    XCTAssertThrowsError(try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: false).validate("http://127.0.0.1:8080/t")) {
+      XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
+    }
+    XCTAssertNoThrow(try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: true).validate("http://127.0.0.1:8080/t"))
+    XCTAssertThrowsError(try AuthorityPolicy(trusted: [], allowInsecureLoopback: true).validate("http://login.microsoftonline.com/common"))
+    XCTAssertEqual(loopback.environment, "127.0.0.1:8080")
+  }
+
+  func testMalformedAuthorities() {
+    for bad in ["", "login.microsoftonline.com/common", "ftp://x/y", "https://x/y?q=1", "https://u:p@x/y", "https://x/../y"] {
+      XCTAssertThrowsError(try Authority(parsing: bad), bad)
+    }
+  }
+}
+
+final class ConfigTests: XCTestCase {
+  func testFullConfig() throws {
+    let config = try BrokerConfig.parse(
+      """
+      default_authority = "https://login.microsoftonline.com/organizations"
+      default_client_id = "abc"
+      default_scopes = ["User.Read"]
+      trusted_authorities = ["https://idp.example.com"]
+      ca_file = "/etc/ca.pem"
+      browser = "firefox --new-window"
+      redirect_port = 8400
+      allow_insecure_loopback = true
+      log_level = "debug"
+      """)
+    XCTAssertEqual(config.defaultClientID, "abc")
+    XCTAssertEqual(config.defaultScopes, ["User.Read"])
+    XCTAssertEqual(config.redirectPort, 8400)
+    XCTAssertTrue(config.allowInsecureLoopback)
+    XCTAssertEqual(config.browser, "firefox --new-window")
+  }
+
+  func testErrorsNameLineAndKey() {
+    XCTAssertThrowsError(try BrokerConfig.parse("log_level = \"info\"\nredirect_port = \"eighty\"\n", path: "c.toml")) {
+      XCTAssertEqual("\($0)", "c.toml:2: key 'redirect_port': must be a port number 0–65535")
+    }
+    XCTAssertThrowsError(try BrokerConfig.parse("\n\ncolour = 1\n", path: "c.toml")) {
+      let e = $0 as! BrokerConfig.ParseError
+      XCTAssertEqual(e.line, 3)
+      XCTAssertEqual(e.key, "colour")
+    }
+    XCTAssertThrowsError(try BrokerConfig.parse("a = = 1", path: "c.toml")) {
+      XCTAssertEqual(($0 as! BrokerConfig.ParseError).line, 1)
+    }
+    XCTAssertThrowsError(try BrokerConfig.parse("default_authority = \"not a url\"", path: "c.toml"))
+  }
+
+  func testDefaultPathHonoursXDG() {
+    XCTAssertEqual(BrokerConfig.defaultPath(environment: ["XDG_CONFIG_HOME": "/x", "HOME": "/h"]), "/x/tessera/config.toml")
+    XCTAssertEqual(BrokerConfig.defaultPath(environment: ["HOME": "/h"]), "/h/.config/tessera/config.toml")
+  }
+}
+
+final class CacheAndScopeTests: XCTestCase {
+  func testScopeCoverageIgnoresCaseAndOIDCScopes() {
+    XCTAssertTrue(ScopeSet.covers(granted: ["user.read", "mail.read"], requested: ["User.Read", "openid", "offline_access"]))
+    XCTAssertFalse(ScopeSet.covers(granted: ["user.read"], requested: ["Mail.Send"]))
+  }
+
+  func testCacheRoundTripsThroughStoredItemsAndReplacesOverlappingTokens() {
+    var cache = TokenCache()
+    let account = Account(id: "u.t", username: "a", name: "A", authority: "https://x/t", environment: "x", realm: "t", localAccountID: "u")
+    var ops = cache.upsert(account: account)
+    ops += cache.upsert(refreshToken: RefreshTokenRecord(accountID: "u.t", environment: "x", clientID: "c", authority: "https://x/t", secret: "rt"))
+    let token = AccessTokenRecord(
+      accountID: "u.t", environment: "x", realm: "t", clientID: "c", scopes: ["a", "b"], secret: "at", tokenType: "Bearer", expiresOn: 10,
+      idToken: nil)
+    ops += cache.insert(accessToken: token)
+    var replacement = token
+    replacement.scopes = ["b", "c"]
+    replacement.secret = "at2"
+    ops += cache.insert(accessToken: replacement)
+    XCTAssertEqual(cache.accessTokens.map(\.secret), ["at2"], "overlapping scopes replace the older token")
+    var items: [StoredItem] = []
+    for op in ops {
+      switch op {
+      case .save(let item): items.removeAll { $0.attributes == item.attributes }; items.append(item)
+      case .delete(let attrs): items.removeAll { i in attrs.allSatisfy { i.attributes[$0.key] == $0.value } }
+      }
+    }
+    let (loaded, skipped) = TokenCache.load(items + [StoredItem(attributes: ["tessera_schema": "9"], secret: "{}", label: "")])
+    XCTAssertEqual(skipped, 1)
+    XCTAssertEqual(loaded.accounts, cache.accounts)
+    XCTAssertEqual(loaded.refreshTokens, cache.refreshTokens)
+    XCTAssertEqual(loaded.accessTokens, cache.accessTokens)
+    XCTAssertFalse(items.contains { $0.label.contains("rt") || $0.label.contains("at2") }, "labels hold no secrets")
+  }
+}
+
+final class ErrorTableTests: XCTestCase {
+  func testEveryCodeHasADistinctNameAndExitCode() {
+    XCTAssertEqual(Set(TesseraError.Code.allCases.map(\.dbusName)).count, TesseraError.Code.allCases.count)
+    XCTAssertEqual(Set(TesseraError.Code.allCases.map(\.exitCode)).count, TesseraError.Code.allCases.count)
+    for code in TesseraError.Code.allCases { XCTAssertEqual(TesseraError.Code(dbusName: code.dbusName), code) }
+  }
+
+  /// dbus/org.tessera.Broker1.xml documents exactly the errors the daemon can send.
+  func testErrorNamesMatchTheContract() throws {
+    let xmlPath = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+      .appendingPathComponent("dbus/org.tessera.Broker1.xml")
+    let xml = try String(contentsOf: xmlPath, encoding: .utf8)
+    let prefix = TesseraError.Code.dbusPrefix
+    var names = Set<String>()
+    var rest = xml[...]
+    while let range = rest.range(of: prefix) {
+      let name = rest[range.upperBound...].prefix { $0.isLetter }
+      names.insert(prefix + name)
+      rest = rest[range.upperBound...]
+    }
+    XCTAssertEqual(names, Set(TesseraError.Code.allCases.map(\.dbusName)))
+  }
+
+  func testOAuthErrorMapping() {
+    func map(_ status: Int, _ body: String) -> TesseraError.Code {
+      OAuthErrorResponse.map(status: status, body: Array(body.utf8), endpoint: "e", retryAfter: nil).code
+    }
+    XCTAssertEqual(map(400, #"{"error":"invalid_grant"}"#), .interactionRequired)
+    XCTAssertEqual(map(400, #"{"error":"interaction_required","suberror":"basic_action"}"#), .interactionRequired)
+    XCTAssertEqual(map(400, #"{"error":"consent_required"}"#), .interactionRequired)
+    XCTAssertEqual(map(500, "oops"), .network)
+    XCTAssertEqual(map(429, ""), .network)
+    XCTAssertEqual(map(400, "not json"), .provider)
+    XCTAssertEqual(map(400, #"{"error":"invalid_client"}"#), .invalidArgument)
+  }
+}

@@ -1,0 +1,128 @@
+import Foundation
+import Glibc
+import TesseraCore
+import XCTest
+
+@testable import TesseraPlatform
+
+final class LoopbackListenerTests: XCTestCase {
+  /// Sends a raw HTTP request to the listener and returns the response text.
+  static func get(_ port: UInt16, _ target: String) -> String {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = port.bigEndian
+    address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
+    _ = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    let request = Array("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+    _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+    var response: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+      let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+      if n <= 0 { break }
+      response += buffer[0..<n]
+    }
+    return String(decoding: response, as: UTF8.self)
+  }
+
+  func testDeliversTheRedirectQueryAndShowsAPage() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    defer { listener.close() }
+    let port = try XCTUnwrap(UInt16(listener.redirectURI.split(separator: ":").last!.dropLast()))
+    XCTAssertTrue(listener.redirectURI.hasPrefix("http://127.0.0.1:"))
+    let waiting = Task { try await listener.waitForRedirect(timeoutSeconds: 10) }
+    let pages = await Task.detached {
+      (LoopbackListenerTests.get(port, "/favicon.ico"), LoopbackListenerTests.get(port, "/?code=abc%2Fd&state=s1"))
+    }.value
+    XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 404"))
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 200"))
+    XCTAssertTrue(pages.1.contains("You can close this window"))
+    XCTAssertFalse(pages.1.contains("abc"), "the page does not echo the code")
+    let received = try await waiting.value
+    XCTAssertEqual(received, ["code": "abc/d", "state": "s1"])
+  }
+
+  func testTimesOut() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "localhost")
+    XCTAssertTrue(listener.redirectURI.hasPrefix("http://localhost:"))
+    do {
+      _ = try await listener.waitForRedirect(timeoutSeconds: 0.3)
+      XCTFail("expected a timeout")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .timedOut)
+    }
+  }
+
+  func testCancellationEndsTheWait() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    let wait = Task { try await listener.waitForRedirect(timeoutSeconds: 30) }
+    try await Task.sleep(nanoseconds: 100_000_000)
+    wait.cancel()
+    do {
+      _ = try await wait.value
+      XCTFail("expected cancellation")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .cancelled)
+    }
+  }
+
+  func testFixedPortInUseIsExplained() throws {
+    let first = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    let port = UInt16(first.redirectURI.split(separator: ":").last!.dropLast())!
+    XCTAssertThrowsError(try LoopbackListenerFactory().listen(port: port, hostName: "127.0.0.1")) {
+      XCTAssertTrue(($0 as! TesseraError).message.contains("redirect_port"))
+    }
+  }
+}
+
+final class BrowserLauncherTests: XCTestCase {
+  func testCommandChoice() {
+    XCTAssertEqual(CommandBrowserLauncher(configured: "firefox --new-window", environment: ["BROWSER": "x"]).command, ["firefox", "--new-window"])
+    XCTAssertEqual(CommandBrowserLauncher(configured: nil, environment: ["BROWSER": "w3m:lynx"]).command, ["w3m"])
+    XCTAssertEqual(CommandBrowserLauncher(configured: nil, environment: [:]).command, ["xdg-open"])
+  }
+
+  func testLaunchesTheCommandWithTheURL() throws {
+    let dir = "/tmp/tessera-browser-test-\(getpid())"
+    mkdir(dir, 0o700)
+    let out = dir + "/url"
+    let script = dir + "/browser.sh"
+    FileManager.default.createFile(atPath: script, contents: Data("#!/bin/sh\nprintf '%s' \"$1\" > \(out)\n".utf8))
+    chmod(script, 0o700)
+    try CommandBrowserLauncher(configured: script, environment: [:]).open("https://example.test/a?b=c&d=e")
+    for _ in 0..<100 where readTextFile(out) == nil { usleep(20_000) }
+    XCTAssertEqual(readTextFile(out), "https://example.test/a?b=c&d=e")
+    XCTAssertThrowsError(try CommandBrowserLauncher(configured: "/nonexistent/browser", environment: [:]).open("https://x"))
+  }
+}
+
+final class CurlHTTPClientTests: XCTestCase {
+  func testRefusedConnectionIsANetworkError() async throws {
+    let client = try CurlHTTPClient(caFile: nil, allowInsecureLoopback: false)
+    do {
+      _ = try await client.send(HTTPRequest(method: "GET", url: "https://127.0.0.1:1/x", timeout: 5))
+      XCTFail("expected an error")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .network)
+      XCTAssertTrue(error.message.contains("127.0.0.1:1"))
+    }
+  }
+
+  func testPlainHTTPIsRefusedUnlessAllowed() async throws {
+    let client = try CurlHTTPClient(caFile: nil, allowInsecureLoopback: false)
+    do {
+      _ = try await client.send(HTTPRequest(method: "GET", url: "http://127.0.0.1:1/x", timeout: 5))
+      XCTFail("expected an error")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .untrustedAuthority)
+    }
+  }
+
+  func testUnreadableCAFileIsAConfigurationError() {
+    XCTAssertThrowsError(try CurlHTTPClient(caFile: "/nonexistent/ca.pem", allowInsecureLoopback: false))
+  }
+}
