@@ -1,6 +1,7 @@
-@_exported import struct TesseraCore.TesseraError
 import TesseraCore
 import TesseraPlatform
+
+@_exported import struct TesseraCore.TesseraError
 
 /// An account the broker knows, as any app may see it.
 public struct TesseraAccount: Sendable, Equatable, Codable {
@@ -143,7 +144,8 @@ public final class TesseraBroker {
     interface: String = BrokerInterface.interfaceName
   ) throws(TesseraClientError) -> [BusValue] {
     do {
-      return try client.call(interface: interface, member: member, arguments: arguments, timeoutSeconds: timeout, onSignal: onSignal)
+      return try client.call(
+        interface: interface, member: member, arguments: arguments, timeoutSeconds: timeout, onSignal: onSignal)
     } catch let error as BusCallError {
       if let code = TesseraError.Code(dbusName: error.name) { throw .broker(TesseraError(code, error.message)) }
       switch error.name {
@@ -151,7 +153,8 @@ public final class TesseraBroker {
         "org.freedesktop.DBus.Error.NoServer", "org.freedesktop.DBus.Error.Spawn.ChildExited",
         "org.freedesktop.DBus.Error.Spawn.ExecFailed", "org.freedesktop.DBus.Error.Disconnected":
         throw .unreachable(
-          "The Tessera broker is not running (\(error.message)). Start it with `tesserad` or `systemctl --user start tessera`.")
+          "The Tessera broker is not running (\(error.message)). Start it with `tesserad` or `systemctl --user start tessera`."
+        )
       case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout":
         throw .broker(.timedOut("The broker did not answer in time (\(error.message)). Try again."))
       default:
@@ -167,7 +170,8 @@ public final class TesseraBroker {
     clientID: String = "", scopes: [String] = [], options: TesseraTokenOptions = .init(),
     onInteraction: ((TesseraInteraction) -> Void)? = nil
   ) throws(TesseraClientError) -> TesseraToken {
-    let flowTimeout = options.timeout ?? (options.deviceCode ? Broker.defaultDeviceCodeTimeout : Broker.defaultBrowserTimeout)
+    let flowTimeout =
+      options.timeout ?? (options.deviceCode ? Broker.defaultDeviceCodeTimeout : Broker.defaultBrowserTimeout)
     let reply = try call(
       "AcquireToken", [.string(clientID), .strings(scopes), .dict(options.busValue)],
       timeout: Double(flowTimeout + Self.interactiveSlack),
@@ -186,11 +190,14 @@ public final class TesseraBroker {
   public func acquireTokenSilent(
     clientID: String = "", scopes: [String] = [], accountID: String = "", options: TesseraTokenOptions = .init()
   ) throws(TesseraClientError) -> TesseraToken {
-    let reply = try call("AcquireTokenSilent", [.string(clientID), .strings(scopes), .string(accountID), .dict(options.busValue)])
+    let reply = try call(
+      "AcquireTokenSilent", [.string(clientID), .strings(scopes), .string(accountID), .dict(options.busValue)])
     return TesseraToken(reply.first?.dictValue ?? [:])
   }
 
-  public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil) throws(TesseraClientError) -> [TesseraAccount] {
+  public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
+    throws(TesseraClientError) -> [TesseraAccount]
+  {
     var filter: [String: BusValue] = [:]
     if let clientID { filter["client_id"] = .string(clientID) }
     if let authority { filter["authority"] = .string(authority) }

@@ -73,7 +73,8 @@ public struct AuthorityPolicy: Sendable {
       guard authority.isLoopback, allowInsecureLoopback else {
         throw TesseraError.untrustedAuthority(
           "Authority \(authority.url) uses plain http. Tokens are only sent over https"
-            + (authority.isLoopback ? "; for a local test IdP set allow_insecure_loopback = true in config.toml." : "."))
+            + (authority.isLoopback ? "; for a local test IdP set allow_insecure_loopback = true in config.toml." : ".")
+        )
       }
     }
     if authority.isMicrosoft {

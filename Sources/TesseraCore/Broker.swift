@@ -145,7 +145,8 @@ public actor Broker {
     if !clientID.isEmpty { return clientID }
     guard !config.defaultClientID.isEmpty else {
       throw TesseraError.invalidArgument(
-        "No client id was given and no default_client_id is configured. Pass your app's client id, or set default_client_id in config.toml.")
+        "No client id was given and no default_client_id is configured. Pass your app's client id, or set default_client_id in config.toml."
+      )
     }
     return config.defaultClientID
   }
@@ -154,7 +155,8 @@ public actor Broker {
     if !scopes.isEmpty { return scopes }
     guard !config.defaultScopes.isEmpty else {
       throw TesseraError.invalidArgument(
-        "No scopes were given and no default_scopes are configured. Pass the scopes you need (e.g. User.Read), or set default_scopes in config.toml.")
+        "No scopes were given and no default_scopes are configured. Pass the scopes you need (e.g. User.Read), or set default_scopes in config.toml."
+      )
     }
     return config.defaultScopes
   }
@@ -169,7 +171,8 @@ public actor Broker {
     cache.accounts.values.filter { account in
       account.environment == authority.environment
         && (Self.commonTenants.contains(authority.tenant.lowercased()) || authority.tenant.isEmpty
-          || account.realm == authority.tenant || (try? Authority(parsing: account.authority))?.tenant == authority.tenant)
+          || account.realm == authority.tenant
+          || (try? Authority(parsing: account.authority))?.tenant == authority.tenant)
     }.sorted { $0.username < $1.username }
   }
 
@@ -177,11 +180,13 @@ public actor Broker {
     if !accountID.isEmpty {
       guard let account = cache.accounts[accountID] else {
         throw TesseraError.noSuchAccount(
-          "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken.")
+          "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken."
+        )
       }
       guard account.environment == authority.environment else {
         throw TesseraError.noSuchAccount(
-          "Account '\(account.username)' belongs to \(account.environment), not to \(authority.environment). Use its own authority.")
+          "Account '\(account.username)' belongs to \(account.environment), not to \(authority.environment). Use its own authority."
+        )
       }
       return account
     }
@@ -192,7 +197,8 @@ public actor Broker {
     }
     guard candidates.count == 1 else {
       throw TesseraError.invalidArgument(
-        "\(candidates.count) accounts are signed in for \(authority.url) (\(candidates.map(\.username).joined(separator: ", "))). Pass an account id to choose one.")
+        "\(candidates.count) accounts are signed in for \(authority.url) (\(candidates.map(\.username).joined(separator: ", "))). Pass an account id to choose one."
+      )
     }
     return only
   }
@@ -215,12 +221,19 @@ public actor Broker {
       return TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
         .busValue(correlationID: request.correlationID)
     }
-    guard let refreshToken = cache.refreshToken(accountID: account.id, environment: authority.environment, clientID: clientID) else {
+    guard
+      let refreshToken = cache.refreshToken(
+        accountID: account.id, environment: authority.environment, clientID: clientID)
+    else {
       throw TesseraError.interactionRequired(
-        "\(account.username) has not signed in to client \(clientID) yet. Run an interactive sign-in (AcquireToken, or `tessera login --client-id \(clientID)`).")
+        "\(account.username) has not signed in to client \(clientID) yet. Run an interactive sign-in (AcquireToken, or `tessera login --client-id \(clientID)`)."
+      )
     }
-    let key = [account.id, authority.environment, realm, clientID, ScopeSet.normalize(scopes).joined(separator: " "), request.claims ?? ""]
-      .joined(separator: "\u{1F}")
+    let key = [
+      account.id, authority.environment, realm, clientID, ScopeSet.normalize(scopes).joined(separator: " "),
+      request.claims ?? "",
+    ]
+    .joined(separator: "\u{1F}")
     if let running = refreshes[key] {
       return try await running.value.busValue(correlationID: request.correlationID)
     }
@@ -238,7 +251,8 @@ public actor Broker {
     _ record: RefreshTokenRecord, account: Account, authority: Authority, clientID: String, scopes: [String],
     request: TokenRequest
   ) async throws -> TokenResult {
-    let tokenAuthority = authority.environment == record.environment ? authority : try Authority(parsing: record.authority)
+    let tokenAuthority =
+      authority.environment == record.environment ? authority : try Authority(parsing: record.authority)
     let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
     var fields = [
       ("grant_type", "refresh_token"), ("client_id", clientID), ("refresh_token", record.secret),
@@ -259,7 +273,8 @@ public actor Broker {
     return all.joined(separator: " ")
   }
 
-  func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws -> TokenResponse {
+  func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws -> TokenResponse
+  {
     let response = try await deps.http.send(
       .form(endpoint, fields, headers: [("client-request-id", correlationID), ("return-client-request-id", "true")]))
     guard response.status == 200 else {
@@ -280,15 +295,18 @@ public actor Broker {
     }
     let account: Account
     if let claims {
-      account = Self.account(from: claims, clientInfo: response.clientInfo, authority: authority, issuer: metadata.issuer)
+      account = Self.account(
+        from: claims, clientInfo: response.clientInfo, authority: authority, issuer: metadata.issuer)
       if let knownAccount, knownAccount.id != account.id {
-        throw TesseraError.provider("The identity provider answered for a different user than \(knownAccount.username). Sign in again.")
+        throw TesseraError.provider(
+          "The identity provider answered for a different user than \(knownAccount.username). Sign in again.")
       }
     } else if let knownAccount {
       account = knownAccount
     } else {
       throw TesseraError.provider(
-        "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client.")
+        "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client."
+      )
     }
     var operations: [TokenCache.StoreOperation] = []
     let isNewAccount = cache.accounts[account.id] == nil
@@ -300,12 +318,16 @@ public actor Broker {
           secret: newRefreshToken))
     }
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
-    let realm = claims?.tid ?? (Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant)
+    let realm =
+      claims?.tid ?? (Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant)
     let accessToken = AccessTokenRecord(
       accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID,
       scopes: ScopeSet.normalize(granted), secret: response.accessToken, tokenType: response.tokenType,
       expiresOn: Int64(deps.clock.now().timeIntervalSince1970) + response.expiresIn,
-      idToken: response.idToken ?? cache.accessToken(accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?.idToken)
+      idToken: response.idToken
+        ?? cache.accessToken(
+          accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?
+        .idToken)
     operations += cache.insert(accessToken: accessToken)
     if isNewAccount { deps.events.accountsChanged() }
     // The refresh token is saved first: a crash after this costs at most the access token.
@@ -313,18 +335,22 @@ public actor Broker {
     return TokenResult(accessToken: accessToken, grantedScopes: granted, account: account)
   }
 
-  static func account(from claims: IDTokenClaims, clientInfo: String?, authority: Authority, issuer: String) -> Account {
+  static func account(from claims: IDTokenClaims, clientInfo: String?, authority: Authority, issuer: String) -> Account
+  {
     let id: String
     if let info = clientInfo.flatMap(ClientInfo.decode) {
       id = "\(info.uid).\(info.utid)"
     } else {
       // Stable across sign-ins and unique across issuers: sub plus a short digest of the issuer.
-      let digest = SHA256.hash(data: Array(claims.iss.utf8)).prefix(6).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+      let digest = SHA256.hash(data: Array(claims.iss.utf8)).prefix(6).map {
+        ($0 < 16 ? "0" : "") + String($0, radix: 16)
+      }.joined()
       id = "\(claims.sub).\(digest)"
     }
     return Account(
       id: id, username: claims.username, name: claims.name ?? claims.username, authority: authority.url,
-      environment: authority.environment, realm: claims.tid ?? authority.tenant, localAccountID: claims.oid ?? claims.sub)
+      environment: authority.environment, realm: claims.tid ?? authority.tenant,
+      localAccountID: claims.oid ?? claims.sub)
   }
 
   // MARK: - GetAccounts
@@ -334,7 +360,11 @@ public actor Broker {
     var accounts = Array(cache.accounts.values)
     if let authority = filter.authority {
       let wanted = try Authority(parsing: authority)
-      accounts = accounts.filter { $0.environment == wanted.environment && ((try? Authority(parsing: $0.authority)).map { $0.isWithin(wanted) || wanted.isWithin($0) } ?? false || Self.commonTenants.contains(wanted.tenant.lowercased())) }
+      accounts = accounts.filter {
+        $0.environment == wanted.environment
+          && ((try? Authority(parsing: $0.authority)).map { $0.isWithin(wanted) || wanted.isWithin($0) } ?? false
+            || Self.commonTenants.contains(wanted.tenant.lowercased()))
+      }
     }
     if let clientID = filter.clientID {
       let withTokens = Set(cache.refreshTokens.filter { $0.clientID == clientID }.map(\.accountID))
@@ -354,7 +384,9 @@ public actor Broker {
       throw TesseraError.noSuchAccount(
         "No account with id '\(RequestParser.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
     }
-    let targets = cache.refreshTokens.filter { $0.accountID == account.id && (request.clientID == nil || $0.clientID == request.clientID) }
+    let targets = cache.refreshTokens.filter {
+      $0.accountID == account.id && (request.clientID == nil || $0.clientID == request.clientID)
+    }
     if request.revoke {
       for record in targets { await revoke(record, correlationID: request.correlationID) }
     }
@@ -368,17 +400,24 @@ public actor Broker {
     do {
       let authority = try Authority(parsing: record.authority)
       guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
-        logger.info("The identity provider has no revocation endpoint; removing the token locally", metadata: ["correlation_id": "\(correlationID)"])
+        logger.info(
+          "The identity provider has no revocation endpoint; removing the token locally",
+          metadata: ["correlation_id": "\(correlationID)"])
         return
       }
       let response = try await deps.http.send(
-        .form(endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
+        .form(
+          endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
           headers: [("client-request-id", correlationID)]))
       if response.status != 200 {
-        logger.warning("The identity provider refused to revoke a refresh token", metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
+        logger.warning(
+          "The identity provider refused to revoke a refresh token",
+          metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
       }
     } catch {
-      logger.warning("Could not revoke a refresh token at the identity provider", metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(correlationID)"])
+      logger.warning(
+        "Could not revoke a refresh token at the identity provider",
+        metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(correlationID)"])
     }
   }
 }

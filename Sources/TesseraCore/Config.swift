@@ -117,6 +117,7 @@ public struct BrokerConfig: Sendable, Equatable {
 
   public var authorityPolicy: AuthorityPolicy {
     AuthorityPolicy(
-      trusted: trustedAuthorities.compactMap { try? Authority(parsing: $0) }, allowInsecureLoopback: allowInsecureLoopback)
+      trusted: trustedAuthorities.compactMap { try? Authority(parsing: $0) },
+      allowInsecureLoopback: allowInsecureLoopback)
   }
 }

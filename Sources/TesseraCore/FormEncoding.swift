@@ -39,7 +39,9 @@ public enum FormEncoding {
       switch byte {
       case UInt8(ascii: "+"): bytes.append(UInt8(ascii: " "))
       case UInt8(ascii: "%"):
-        if let h = iterator.next(), let l = iterator.next(), let v = UInt8(String(decoding: [h, l], as: UTF8.self), radix: 16) {
+        if let h = iterator.next(), let l = iterator.next(),
+          let v = UInt8(String(decoding: [h, l], as: UTF8.self), radix: 16)
+        {
           bytes.append(v)
         }
       default: bytes.append(byte)

@@ -51,19 +51,24 @@ public actor OIDCDirectory {
     var lastStatus = 0
     for suffix in ordered {
       let url = authority.url + suffix
-      let response = try await http.send(HTTPRequest(method: "GET", url: url, headers: [("Accept", "application/json")]))
+      let response = try await http.send(
+        HTTPRequest(method: "GET", url: url, headers: [("Accept", "application/json")]))
       if response.status == 404 || response.status == 400 {
         lastStatus = response.status
         continue
       }
       guard response.status == 200 else {
         if response.status >= 500 || response.status == 429 {
-          throw TesseraError.network("The identity provider's discovery document at \(url) is unavailable (HTTP \(response.status)). Try again in a moment.")
+          throw TesseraError.network(
+            "The identity provider's discovery document at \(url) is unavailable (HTTP \(response.status)). Try again in a moment."
+          )
         }
-        throw TesseraError.provider("The discovery document at \(url) answered HTTP \(response.status). Check the authority.")
+        throw TesseraError.provider(
+          "The discovery document at \(url) answered HTTP \(response.status). Check the authority.")
       }
       guard let document = try? JSONDecoder().decode(OIDCMetadata.self, from: Data(response.body)) else {
-        throw TesseraError.provider("The discovery document at \(url) is not valid OpenID Connect metadata. Check the authority.")
+        throw TesseraError.provider(
+          "The discovery document at \(url) is not valid OpenID Connect metadata. Check the authority.")
       }
       for endpoint in [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI]
         + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap({ $0 })
@@ -71,14 +76,17 @@ public actor OIDCDirectory {
         guard let endpointAuthority = try? Authority(parsing: endpoint),
           endpointAuthority.scheme == "https" || (endpointAuthority.isLoopback && policy.allowInsecureLoopback)
         else {
-          throw TesseraError.untrustedAuthority("The discovery document of \(authority.url) names a non-https endpoint (\(RequestParser.clip(endpoint))); refusing to use it.")
+          throw TesseraError.untrustedAuthority(
+            "The discovery document of \(authority.url) names a non-https endpoint (\(RequestParser.clip(endpoint))); refusing to use it."
+          )
         }
       }
       metadata[authority.url] = (document, clock.now())
       return document
     }
     throw TesseraError.provider(
-      "No OpenID Connect discovery document at \(authority.url) (HTTP \(lastStatus)). Check the authority: it should be the issuer URL of your IdP.")
+      "No OpenID Connect discovery document at \(authority.url) (HTTP \(lastStatus)). Check the authority: it should be the issuer URL of your IdP."
+    )
   }
 
   private func keyCollection(_ jwksURI: String, refresh: Bool) async throws -> JWTKeyCollection {
@@ -86,9 +94,11 @@ public actor OIDCDirectory {
       let age = clock.now().timeIntervalSince(fetched)
       if !refresh || age < Self.jwksMinRefetchInterval { return cached }
     }
-    let response = try await http.send(HTTPRequest(method: "GET", url: jwksURI, headers: [("Accept", "application/json")]))
+    let response = try await http.send(
+      HTTPRequest(method: "GET", url: jwksURI, headers: [("Accept", "application/json")]))
     guard response.status == 200 else {
-      throw TesseraError.network("The identity provider's signing keys at \(jwksURI) are unavailable (HTTP \(response.status)). Try again.")
+      throw TesseraError.network(
+        "The identity provider's signing keys at \(jwksURI) are unavailable (HTTP \(response.status)). Try again.")
     }
     let collection = JWTKeyCollection()
     do {
@@ -112,7 +122,9 @@ public actor OIDCDirectory {
       do {
         claims = try await keyCollection(metadata.jwksURI, refresh: true).verify(idToken, as: IDTokenClaims.self)
       } catch {
-        throw TesseraError.provider("The id_token from the identity provider failed signature validation. Sign-in was refused; check the authority.")
+        throw TesseraError.provider(
+          "The id_token from the identity provider failed signature validation. Sign-in was refused; check the authority."
+        )
       }
     }
     var expectedIssuer = metadata.issuer
@@ -121,17 +133,20 @@ public actor OIDCDirectory {
     }
     func trimmed(_ s: String) -> String { s.hasSuffix("/") ? String(s.dropLast()) : s }
     guard trimmed(claims.iss) == trimmed(expectedIssuer) else {
-      throw TesseraError.provider("The id_token was issued by \(claims.iss), not by \(expectedIssuer). Sign-in was refused.")
+      throw TesseraError.provider(
+        "The id_token was issued by \(claims.iss), not by \(expectedIssuer). Sign-in was refused.")
     }
     guard claims.aud.value.contains(clientID) else {
-      throw TesseraError.provider("The id_token is for another client (aud does not contain \(clientID)). Sign-in was refused.")
+      throw TesseraError.provider(
+        "The id_token is for another client (aud does not contain \(clientID)). Sign-in was refused.")
     }
     let now = clock.now().timeIntervalSince1970
     guard claims.exp + Self.allowedSkew > now else {
       throw TesseraError.provider("The id_token has expired. Check this machine's clock, then sign in again.")
     }
     if let iat = claims.iat, iat - Self.allowedSkew > now {
-      throw TesseraError.provider("The id_token was issued in the future. Check this machine's clock, then sign in again.")
+      throw TesseraError.provider(
+        "The id_token was issued in the future. Check this machine's clock, then sign in again.")
     }
     if let nonce, claims.nonce != nonce {
       throw TesseraError.provider("The id_token's nonce does not match this sign-in. Sign-in was refused; try again.")

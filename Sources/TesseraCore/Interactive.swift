@@ -8,7 +8,8 @@ extension Broker {
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
     if request.prompt == Prompt.none && request.flow == .deviceCode {
-      throw TesseraError.invalidArgument("prompt 'none' cannot be used with the device_code flow, which always needs the user.")
+      throw TesseraError.invalidArgument(
+        "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
     try await ensureLoaded()
     var loginHint = request.loginHint
@@ -30,7 +31,9 @@ extension Broker {
         request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
     }
     if let knownAccount, knownAccount.id != result.account.id {
-      logger.notice("Interactive sign-in for one account ended with another", metadata: ["correlation_id": "\(request.correlationID)"])
+      logger.notice(
+        "Interactive sign-in for one account ended with another",
+        metadata: ["correlation_id": "\(request.correlationID)"])
     }
     return result.busValue(correlationID: request.correlationID)
   }
@@ -61,7 +64,8 @@ extension Broker {
       destination: caller.busName, correlationID: request.correlationID,
       info: [
         "flow": .string("browser"), "verification_uri": .string(url), "expires_in": .uint32(timeout),
-        "message": .string("Sign in in the browser window that opened. If none opened, open the verification_uri yourself."),
+        "message": .string(
+          "Sign in in the browser window that opened. If none opened, open the verification_uri yourself."),
       ])
     do {
       try deps.browser.open(url)
@@ -73,7 +77,8 @@ extension Broker {
     let parameters = try await listener.waitForRedirect(timeoutSeconds: Double(timeout))
     guard parameters["state"] == pkce.state else {
       throw TesseraError.accessDenied(
-        "The sign-in redirect did not carry this request's state, so it was refused (a stale or forged redirect). Try again.")
+        "The sign-in redirect did not carry this request's state, so it was refused (a stale or forged redirect). Try again."
+      )
     }
     if let error = parameters["error"] {
       let description = parameters["error_description"].map { ": " + String($0.prefix(300)) } ?? ""
@@ -123,26 +128,31 @@ extension Broker {
         "The identity provider at \(authority.url) does not offer the device code flow. Use flow 'browser'.")
     }
     let response = try await deps.http.send(
-      .form(endpoint, [("client_id", clientID), ("scope", Self.requestScopes(scopes))],
+      .form(
+        endpoint, [("client_id", clientID), ("scope", Self.requestScopes(scopes))],
         headers: [("client-request-id", request.correlationID)]))
     guard response.status == 200 else {
-      throw OAuthErrorResponse.map(status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
+      throw OAuthErrorResponse.map(
+        status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
     }
     guard let device = try? JSONDecoder().decode(DeviceAuthorization.self, from: Data(response.body)),
       let verificationURI = device.verification_uri ?? device.verification_url
     else {
-      throw TesseraError.provider("The device authorization endpoint \(endpoint) gave an answer without a code or link.")
+      throw TesseraError.provider(
+        "The device authorization endpoint \(endpoint) gave an answer without a code or link.")
     }
     let expiresIn = UInt32(clamping: max(1, device.expires_in.value))
     let message = device.message ?? "To sign in, open \(verificationURI) and enter the code \(device.user_code)."
     var info: [String: BusValue] = [
-      "flow": .string("device_code"), "verification_uri": .string(verificationURI), "user_code": .string(device.user_code),
+      "flow": .string("device_code"), "verification_uri": .string(verificationURI),
+      "user_code": .string(device.user_code),
       "expires_in": .uint32(expiresIn), "message": .string(message),
     ]
     if let complete = device.verification_uri_complete { info["verification_uri_complete"] = .string(complete) }
     deps.events.interactionPending(destination: caller.busName, correlationID: request.correlationID, info: info)
 
-    let deadline = deps.clock.now().addingTimeInterval(Double(min(expiresIn, request.timeout ?? Self.defaultDeviceCodeTimeout)))
+    let deadline = deps.clock.now().addingTimeInterval(
+      Double(min(expiresIn, request.timeout ?? Self.defaultDeviceCodeTimeout)))
     var interval = Double(max(1, device.interval?.value ?? 5))
     while true {
       try await deps.clock.sleep(seconds: interval)
@@ -150,9 +160,12 @@ extension Broker {
         throw TesseraError.timedOut("Nobody entered the device code in time. Start the sign-in again.")
       }
       let poll = try await deps.http.send(
-        .form(metadata.tokenEndpoint,
-          [("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
-            ("device_code", device.device_code), ("client_info", "1")],
+        .form(
+          metadata.tokenEndpoint,
+          [
+            ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
+            ("device_code", device.device_code), ("client_info", "1"),
+          ],
           headers: [("client-request-id", request.correlationID)]))
       if poll.status == 200 {
         let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
@@ -166,7 +179,9 @@ extension Broker {
       case "slow_down": interval += 5
       case "expired_token": throw TesseraError.timedOut("The device code expired before sign-in finished. Start again.")
       default:
-        throw OAuthErrorResponse.map(status: poll.status, body: poll.body, endpoint: metadata.tokenEndpoint, retryAfter: poll.headers["retry-after"])
+        throw OAuthErrorResponse.map(
+          status: poll.status, body: poll.body, endpoint: metadata.tokenEndpoint,
+          retryAfter: poll.headers["retry-after"])
       }
     }
   }

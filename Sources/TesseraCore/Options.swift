@@ -103,12 +103,14 @@ public enum RequestParser {
   static func clip(_ s: String) -> String { s.count > 64 ? String(s.prefix(64)) + "…" : s }
 
   /// Checks a caller-supplied text: bounded length, no control characters.
-  static func checkText(_ value: String, name: String, max: Int = maxIdentifierLength, allowSpaces: Bool = true) throws {
+  static func checkText(_ value: String, name: String, max: Int = maxIdentifierLength, allowSpaces: Bool = true) throws
+  {
     guard value.utf8.count <= max else {
       throw TesseraError.invalidArgument(
         "'\(name)' is \(value.utf8.count) bytes long; the limit is \(max). Pass the real value, not a document.")
     }
-    for scalar in value.unicodeScalars where scalar.value < 0x20 || scalar.value == 0x7f || (!allowSpaces && scalar == " ") {
+    for scalar in value.unicodeScalars
+    where scalar.value < 0x20 || scalar.value == 0x7f || (!allowSpaces && scalar == " ") {
       throw TesseraError.invalidArgument(
         "'\(name)' contains a control character\(allowSpaces ? "" : " or a space") (U+\(String(scalar.value, radix: 16, uppercase: true))). "
           + "Remove it.")
@@ -134,7 +136,9 @@ public enum RequestParser {
       throw TesseraError.invalidArgument("\(scopes.count) scopes were requested; the limit is \(maxScopes).")
     }
     for scope in scopes {
-      guard !scope.isEmpty else { throw TesseraError.invalidArgument("A scope is empty. Remove empty strings from 'scopes'.") }
+      guard !scope.isEmpty else {
+        throw TesseraError.invalidArgument("A scope is empty. Remove empty strings from 'scopes'.")
+      }
       try checkText(scope, name: "scope '\(clip(scope))'", max: 512, allowSpaces: false)
     }
     return scopes
@@ -148,7 +152,8 @@ public enum RequestParser {
     try checkText(clientID, name: "client_id", max: 256, allowSpaces: false)
     try checkText(accountID, name: "account_id", max: 512, allowSpaces: false)
     var request = TokenRequest(
-      clientID: clientID, scopes: try scopes(rawScopes), accountID: accountID, correlationID: try correlationID(options))
+      clientID: clientID, scopes: try scopes(rawScopes), accountID: accountID, correlationID: try correlationID(options)
+    )
     if let optionAccount = try string(options, "account_id", max: 512) {
       if !accountID.isEmpty && optionAccount != accountID {
         throw TesseraError.invalidArgument(
@@ -161,7 +166,8 @@ public enum RequestParser {
     if let prompt = try string(options, "prompt") {
       guard let value = Prompt(rawValue: prompt) else {
         throw TesseraError.invalidArgument(
-          "Option 'prompt' is '\(clip(prompt))'; use one of: \(Prompt.allCases.map(\.rawValue).joined(separator: ", ")).")
+          "Option 'prompt' is '\(clip(prompt))'; use one of: \(Prompt.allCases.map(\.rawValue).joined(separator: ", "))."
+        )
       }
       request.prompt = value
     }
@@ -174,7 +180,8 @@ public enum RequestParser {
     request.claims = try string(options, "claims", max: maxClaimsLength)
     if case .stringMap(let extra)? = options["extra_query"] {
       guard extra.count <= maxExtraQuery else {
-        throw TesseraError.invalidArgument("Option 'extra_query' has \(extra.count) entries; the limit is \(maxExtraQuery).")
+        throw TesseraError.invalidArgument(
+          "Option 'extra_query' has \(extra.count) entries; the limit is \(maxExtraQuery).")
       }
       for (key, value) in extra {
         try checkText(key, name: "extra_query key", max: 256, allowSpaces: false)
@@ -195,7 +202,8 @@ public enum RequestParser {
     }
     if case .uint32(let timeout)? = options["timeout"] {
       guard timeout > 0, timeout <= maxTimeout else {
-        throw TesseraError.invalidArgument("Option 'timeout' must be between 1 and \(maxTimeout) seconds, not \(timeout).")
+        throw TesseraError.invalidArgument(
+          "Option 'timeout' must be between 1 and \(maxTimeout) seconds, not \(timeout).")
       }
       request.timeout = timeout
     }
@@ -215,7 +223,9 @@ public enum RequestParser {
     guard !accountID.isEmpty else {
       throw TesseraError.invalidArgument("SignOut needs an account id. Call GetAccounts to list them.")
     }
-    var request = SignOutRequest(accountID: accountID, clientID: try string(options, "client_id", max: 256), correlationID: try correlationID(options))
+    var request = SignOutRequest(
+      accountID: accountID, clientID: try string(options, "client_id", max: 256),
+      correlationID: try correlationID(options))
     if case .bool(let revoke)? = options["revoke"] { request.revoke = revoke }
     return request
   }

@@ -25,7 +25,8 @@ public struct HTTPRequest: Sendable {
   /// Whole-request timeout in seconds.
   public var timeout: Double
 
-  public init(method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 30) {
+  public init(method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 30)
+  {
     self.method = method
     self.url = url
     self.headers = headers
@@ -34,7 +35,8 @@ public struct HTTPRequest: Sendable {
   }
 
   /// A form POST (`application/x-www-form-urlencoded`).
-  public static func form(_ url: String, _ fields: [(String, String)], headers: [(String, String)] = []) -> HTTPRequest {
+  public static func form(_ url: String, _ fields: [(String, String)], headers: [(String, String)] = []) -> HTTPRequest
+  {
     HTTPRequest(
       method: "POST", url: url,
       headers: [("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json")] + headers,

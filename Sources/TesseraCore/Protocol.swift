@@ -23,7 +23,9 @@ public struct PKCE: Sendable {
 
   public init() {
     var rng = SystemRandomNumberGenerator()
-    func random(_ count: Int) -> String { Base64URL.encode((0..<count).map { _ in UInt8.random(in: .min ... .max, using: &rng) }) }
+    func random(_ count: Int) -> String {
+      Base64URL.encode((0..<count).map { _ in UInt8.random(in: .min ... .max, using: &rng) })
+    }
     let verifier = random(32)
     self.init(verifier: verifier, state: random(16), nonce: random(16))
   }
@@ -92,10 +94,13 @@ public struct TokenResponse: Sendable {
 
   public static func parse(_ body: [UInt8], endpoint: String) throws -> TokenResponse {
     guard let wire = try? JSONDecoder().decode(Wire.self, from: Data(body)) else {
-      throw TesseraError.provider("The token endpoint \(endpoint) answered with something that is not a token response (not JSON). Check the authority.")
+      throw TesseraError.provider(
+        "The token endpoint \(endpoint) answered with something that is not a token response (not JSON). Check the authority."
+      )
     }
     guard let token = wire.access_token, !token.isEmpty else {
-      throw TesseraError.provider("The token endpoint \(endpoint) answered without an access_token. Check the authority and client id.")
+      throw TesseraError.provider(
+        "The token endpoint \(endpoint) answered without an access_token. Check the authority and client id.")
     }
     return TokenResponse(
       accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: wire.expires_in?.value ?? 3600,
@@ -111,7 +116,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
   public var correlation_id: String?
   public var trace_id: String?
 
-  static let interactionErrors: Set<String> = ["invalid_grant", "interaction_required", "consent_required", "login_required"]
+  static let interactionErrors: Set<String> = [
+    "invalid_grant", "interaction_required", "consent_required", "login_required",
+  ]
 
   /// Maps an error answer from a token endpoint to what the caller gets.
   public static func map(status: Int, body: [UInt8], endpoint: String, retryAfter: String?) -> TesseraError {
@@ -120,7 +127,8 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       return .network("The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)")
     }
     guard let parsed = try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(body)) else {
-      return .provider("The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
+      return .provider(
+        "The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
     }
     var detail = parsed.error
     if let description = parsed.error_description {
@@ -131,7 +139,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     if let correlation = parsed.correlation_id { detail += " [IdP correlation id \(correlation)]" }
     if let trace = parsed.trace_id { detail += " [trace id \(trace)]" }
     if interactionErrors.contains(parsed.error) {
-      return .interactionRequired("The identity provider needs you to sign in again (\(detail)). Run an interactive sign-in (AcquireToken, or `tessera login`).")
+      return .interactionRequired(
+        "The identity provider needs you to sign in again (\(detail)). Run an interactive sign-in (AcquireToken, or `tessera login`)."
+      )
     }
     switch parsed.error {
     case "access_denied":
@@ -141,9 +151,12 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     case "expired_token":
       return .timedOut("The device code expired before sign-in finished (\(detail)). Start again.")
     case "invalid_scope":
-      return .invalidArgument("The identity provider rejected the scopes (\(detail)). Check the scopes your app is allowed.")
+      return .invalidArgument(
+        "The identity provider rejected the scopes (\(detail)). Check the scopes your app is allowed.")
     case "invalid_client", "unauthorized_client":
-      return .invalidArgument("The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant).")
+      return .invalidArgument(
+        "The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant)."
+      )
     default:
       return .provider("The identity provider refused the request (\(detail)).")
     }

@@ -13,7 +13,9 @@ public struct RequestHandler: Sendable {
     self.clock = clock
   }
 
-  public func handle(method: String, arguments: [BusValue], caller: CallerInfo) async -> Result<[BusValue], TesseraError> {
+  public func handle(method: String, arguments: [BusValue], caller: CallerInfo) async -> Result<
+    [BusValue], TesseraError
+  > {
     let started = ContinuousClock.now
     var metadata: Logger.Metadata = [
       "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
@@ -26,7 +28,8 @@ public struct RequestHandler: Sendable {
       result = .failure(TesseraError.wrap(error))
     }
     let elapsed = ContinuousClock.now - started
-    metadata["duration_ms"] = "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)"
+    metadata["duration_ms"] =
+      "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)"
     switch result {
     case .success:
       metadata["outcome"] = "ok"
@@ -38,23 +41,30 @@ public struct RequestHandler: Sendable {
     return result
   }
 
-  private func dispatch(_ method: String, _ args: [BusValue], _ caller: CallerInfo, _ metadata: inout Logger.Metadata) async throws -> [BusValue] {
+  private func dispatch(_ method: String, _ args: [BusValue], _ caller: CallerInfo, _ metadata: inout Logger.Metadata)
+    async throws -> [BusValue]
+  {
     let signature = args.map(\.signature).joined()
     guard let spec = BrokerInterface.method(named: method), spec.inputSignature == signature else {
-      let expected = BrokerInterface.method(named: method).map { "(\($0.inputSignature))" } ?? "nothing: it is not a method of org.tessera.Broker1"
+      let expected =
+        BrokerInterface.method(named: method).map { "(\($0.inputSignature))" }
+        ?? "nothing: it is not a method of org.tessera.Broker1"
       throw TesseraError.invalidArgument(
-        "\(method) was called with arguments of type (\(signature)); it takes \(expected). Fix the call's argument types.")
+        "\(method) was called with arguments of type (\(signature)); it takes \(expected). Fix the call's argument types."
+      )
     }
     func string(_ i: Int) -> String { args[i].stringValue ?? "" }
     func strings(_ i: Int) -> [String] { if case .strings(let v) = args[i] { v } else { [] } }
     func dict(_ i: Int) -> [String: BusValue] { args[i].dictValue ?? [:] }
     switch method {
     case "AcquireToken":
-      let request = try RequestParser.tokenRequest(clientID: string(0), scopes: strings(1), accountID: "", options: dict(2))
+      let request = try RequestParser.tokenRequest(
+        clientID: string(0), scopes: strings(1), accountID: "", options: dict(2))
       describe(request, into: &metadata)
       return [.dict(try await broker.acquireTokenInteractive(request, caller: caller))]
     case "AcquireTokenSilent":
-      let request = try RequestParser.tokenRequest(clientID: string(0), scopes: strings(1), accountID: string(2), options: dict(3))
+      let request = try RequestParser.tokenRequest(
+        clientID: string(0), scopes: strings(1), accountID: string(2), options: dict(3))
       describe(request, into: &metadata)
       return [.dict(try await broker.acquireTokenSilent(request))]
     case "GetAccounts":

@@ -116,10 +116,12 @@ public struct TokenCache: Sendable {
     StoredItem(attributes: attributes(a), secret: json(a), label: "Tessera account \(a.username) (\(a.environment))")
   }
   static func item(_ r: RefreshTokenRecord) -> StoredItem {
-    StoredItem(attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.clientID) (\(r.environment))")
+    StoredItem(
+      attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.clientID) (\(r.environment))")
   }
   static func item(_ t: AccessTokenRecord) -> StoredItem {
-    StoredItem(attributes: attributes(t), secret: json(t), label: "Tessera access token for \(t.clientID) (\(t.environment))")
+    StoredItem(
+      attributes: attributes(t), secret: json(t), label: "Tessera access token for \(t.clientID) (\(t.environment))")
   }
 
   /// Rebuilds the cache from stored items; items of other schema versions or unreadable ones are skipped
@@ -129,7 +131,8 @@ public struct TokenCache: Sendable {
     var skipped = 0
     let decoder = JSONDecoder()
     for item in items {
-      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:)) else {
+      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
+      else {
         skipped += 1
         continue
       }
@@ -138,9 +141,17 @@ public struct TokenCache: Sendable {
       case .account:
         if let a = try? decoder.decode(Account.self, from: data) { cache.accounts[a.id] = a } else { skipped += 1 }
       case .refreshToken:
-        if let r = try? decoder.decode(RefreshTokenRecord.self, from: data) { cache.refreshTokens.append(r) } else { skipped += 1 }
+        if let r = try? decoder.decode(RefreshTokenRecord.self, from: data) {
+          cache.refreshTokens.append(r)
+        } else {
+          skipped += 1
+        }
       case .accessToken:
-        if let t = try? decoder.decode(AccessTokenRecord.self, from: data) { cache.accessTokens.append(t) } else { skipped += 1 }
+        if let t = try? decoder.decode(AccessTokenRecord.self, from: data) {
+          cache.accessTokens.append(t)
+        } else {
+          skipped += 1
+        }
       }
     }
     return (cache, skipped)

@@ -19,7 +19,9 @@ public final class BusClient {
     guard r >= 0 else {
       throw BusCallError(
         name: "org.freedesktop.DBus.Error.NoServer",
-        message: "Cannot connect to the session bus (\(BusCodec.errnoString(-r))). Run inside a desktop or `dbus-run-session` session.")
+        message:
+          "Cannot connect to the session bus (\(BusCodec.errnoString(-r))). Run inside a desktop or `dbus-run-session` session."
+      )
     }
   }
 
@@ -47,13 +49,16 @@ public final class BusClient {
     var matchSlot: OpaquePointer?
     if onSignal != nil {
       try check(
-        sd_bus_match_signal(bus, &matchSlot, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived, userdata),
+        sd_bus_match_signal(
+          bus, &matchSlot, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived, userdata
+        ),
         "subscribe to signals")
     }
     defer { sd_bus_slot_unref(matchSlot) }
     var callSlot: OpaquePointer?
     try check(
-      sd_bus_call_async(bus, &callSlot, message, replyReceived, userdata, UInt64(timeoutSeconds * 1_000_000)), "send call")
+      sd_bus_call_async(bus, &callSlot, message, replyReceived, userdata, UInt64(timeoutSeconds * 1_000_000)),
+      "send call")
     defer { sd_bus_slot_unref(callSlot) }
     while state.reply == nil {
       let r = sd_bus_process(bus, nil)
@@ -66,7 +71,8 @@ public final class BusClient {
 
   private func check(_ r: Int32, _ what: String) throws {
     if r < 0 {
-      throw BusCallError(name: "org.freedesktop.DBus.Error.Failed", message: "D-Bus \(what) failed: \(BusCodec.errnoString(-r))")
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.Failed", message: "D-Bus \(what) failed: \(BusCodec.errnoString(-r))")
     }
   }
 }
@@ -82,7 +88,8 @@ private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
     do {
       state.reply = .success(try BusCodec.readAll(message))
     } catch {
-      state.reply = .failure(BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Unreadable reply: \(error)"))
+      state.reply = .failure(
+        BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Unreadable reply: \(error)"))
     }
   }
   return 1

@@ -86,7 +86,9 @@ enum BusCodec {
         var dict: [String: BusValue] = [:]
         var stringMap: [String: String] = [:]
         while try hasMore(m) {
-          try check(sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), String(contents.dropFirst().dropLast())), "enter entry")
+          try check(
+            sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), String(contents.dropFirst().dropLast())),
+            "enter entry")
           let key = try read(m).stringValue ?? ""
           let value = try read(m)
           try check(sd_bus_message_exit_container(m), "exit entry")
@@ -154,7 +156,9 @@ enum BusCodec {
     }
   }
 
-  private static func container(_ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: String, _ body: () throws -> Void) throws {
+  private static func container(
+    _ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: String, _ body: () throws -> Void
+  ) throws {
     try check(sd_bus_message_open_container(m, CChar(UInt8(ascii: type)), contents), "open \(type)\(contents)")
     try body()
     try check(sd_bus_message_close_container(m), "close \(type)\(contents)")

@@ -25,7 +25,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   private let eventFD: Int32
   private let logger: Logger
 
-  public typealias CallHandler = @Sendable (_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ reply: ReplyToken) -> Void
+  public typealias CallHandler =
+    @Sendable (_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ reply: ReplyToken) -> Void
   private let onCall: CallHandler
 
   /// Identifies a pending call; pass it back to `reply`.
@@ -78,7 +79,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   public func reply(_ token: ReplyToken, _ result: Result<[BusValue], TesseraError>) { post(.reply(token.id, result)) }
 
   public func interactionPending(destination: String, correlationID: String, info: [String: BusValue]) {
-    post(.signal(destination: destination, member: "InteractionPending", arguments: [.string(correlationID), .dict(info)]))
+    post(
+      .signal(destination: destination, member: "InteractionPending", arguments: [.string(correlationID), .dict(info)]))
   }
 
   public func accountsChanged() { post(.signal(destination: nil, member: "AccountsChanged", arguments: [])) }
@@ -107,7 +109,9 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
     let r = sd_bus_request_name(bus, BrokerInterface.busName, 0)
     if r == -EEXIST || r == -EALREADY {
-      throw StartError(description: "\(BrokerInterface.busName) is already owned on this bus: another tesserad is running. Stop it first.")
+      throw StartError(
+        description:
+          "\(BrokerInterface.busName) is already owned on this bus: another tesserad is running. Stop it first.")
     }
     try check(r, "Could not own \(BrokerInterface.busName)")
   }
@@ -133,7 +137,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
       i += 1
     }
     for property in BrokerInterface.properties {
-      tessera_vtable_property(table + i, keep(property.name), keep(property.signature), propertyGetter, tessera_vtable_property_const())
+      tessera_vtable_property(
+        table + i, keep(property.name), keep(property.signature), propertyGetter, tessera_vtable_property_const())
       i += 1
     }
     for signal in BrokerInterface.signals {
@@ -150,7 +155,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     do {
       arguments = try BusCodec.readAll(message)
     } catch {
-      return replyError(message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
+      return replyError(
+        message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
     }
     let caller = callerInfo(message)
     nextID &+= 1
@@ -172,7 +178,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     return replyError(
       message,
       .invalidArgument(
-        "\(member) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."))
+        "\(member) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."
+      ))
   }
 
   @discardableResult
@@ -241,13 +248,16 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
         return
       }
       let r = sd_bus_send(bus, reply, nil)
-      if r < 0 { logger.notice("Could not send a reply (caller gone?)", metadata: ["error": "\(BusCodec.errnoString(-r))"]) }
+      if r < 0 {
+        logger.notice("Could not send a reply (caller gone?)", metadata: ["error": "\(BusCodec.errnoString(-r))"])
+      }
     }
   }
 
   private func emit(_ member: String, _ arguments: [BusValue], to destination: String?) {
     var signal: OpaquePointer?
-    guard sd_bus_message_new_signal(bus, &signal, BrokerInterface.objectPath, BrokerInterface.interfaceName, member) >= 0,
+    guard
+      sd_bus_message_new_signal(bus, &signal, BrokerInterface.objectPath, BrokerInterface.interfaceName, member) >= 0,
       let signal
     else { return }
     defer { sd_bus_message_unref(signal) }

@@ -31,7 +31,9 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
       guard let extra = readFile(caFile) else {
         throw SetupError(description: "ca_file \(caFile) cannot be read. Fix the path in config.toml.")
       }
-      let system = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"].lazy.compactMap { readFile($0) }.first ?? []
+      let system =
+        ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"].lazy.compactMap { readFile($0) }
+        .first ?? []
       caBundle = system + [UInt8(ascii: "\n")] + extra
     } else {
       caBundle = nil
@@ -86,11 +88,17 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
           let body = request.body ?? []
           _ = tessera_curl_setopt_long(curl, CURLOPT_POST, 1)
           _ = tessera_curl_setopt_long(curl, CURLOPT_POSTFIELDSIZE, body.count)
-          _ = body.withUnsafeBytes { tessera_curl_setopt_pointer(curl, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!)) }
+          _ = body.withUnsafeBytes {
+            tessera_curl_setopt_pointer(
+              curl, CURLOPT_COPYPOSTFIELDS,
+              UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!))
+          }
         }
         if let caBundle {
           return caBundle.withUnsafeBytes { bytes in
-            var blob = curl_blob(data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count, flags: UInt32(CURL_BLOB_NOCOPY))
+            var blob = curl_blob(
+              data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count,
+              flags: UInt32(CURL_BLOB_NOCOPY))
             _ = tessera_curl_setopt_pointer(curl, CURLOPT_CAINFO_BLOB, &blob)
             return curl_easy_perform(curl)
           }
@@ -99,10 +107,12 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
       }
     }
     if exchange.tooLarge {
-      throw TesseraError.provider("\(Self.host(request.url)) sent an answer larger than \(Self.maxResponseBytes) bytes; it was refused.")
+      throw TesseraError.provider(
+        "\(Self.host(request.url)) sent an answer larger than \(Self.maxResponseBytes) bytes; it was refused.")
     }
     guard code == CURLE_OK else {
-      let detail = String(cString: errorBuffer).isEmpty ? String(cString: curl_easy_strerror(code)) : String(cString: errorBuffer)
+      let detail =
+        String(cString: errorBuffer).isEmpty ? String(cString: curl_easy_strerror(code)) : String(cString: errorBuffer)
       throw Self.networkError(code, detail: detail, url: request.url)
     }
     var status = 0
@@ -143,7 +153,9 @@ private let writeBody: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int, U
     return 0
   }
   if let data, length > 0 {
-    data.withMemoryRebound(to: UInt8.self, capacity: length) { exchange.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length)) }
+    data.withMemoryRebound(to: UInt8.self, capacity: length) {
+      exchange.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length))
+    }
   }
   return length
 }
@@ -153,7 +165,9 @@ private let writeHeader: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int,
   let exchange = Unmanaged<CurlHTTPClient.Exchange>.fromOpaque(userdata!).takeUnretainedValue()
   let length = size * count
   guard let data, length > 0 else { return length }
-  let line = data.withMemoryRebound(to: UInt8.self, capacity: length) { String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self) }
+  let line = data.withMemoryRebound(to: UInt8.self, capacity: length) {
+    String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self)
+  }
   if line.hasPrefix("HTTP/") { exchange.headers.removeAll() }  // a new response (after 100-continue)
   if let colon = line.firstIndex(of: ":") {
     let name = line[..<colon].lowercased()
@@ -165,6 +179,9 @@ private let writeHeader: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int,
 
 extension Substring {
   func trimmingSpaces() -> String {
-    String(drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }).reversed())
+    String(
+      drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: {
+        $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n"
+      }).reversed())
   }
 }

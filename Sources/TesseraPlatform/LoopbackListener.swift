@@ -46,7 +46,9 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
 
   private static func bind4(port: UInt16) throws -> (fd: Int32, port: UInt16) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw TesseraError.internal("Could not create a socket: \(String(cString: strerror(errno))).") }
+    guard fd >= 0 else {
+      throw TesseraError.internal("Could not create a socket: \(String(cString: strerror(errno))).")
+    }
     var one: Int32 = 1
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
     var address = sockaddr_in()
@@ -61,7 +63,8 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
       Glibc.close(fd)
       throw TesseraError.internal(
         "Could not listen on 127.0.0.1:\(port) for the sign-in redirect (\(reason))."
-          + (port != 0 ? " Another program uses redirect_port \(port); free it or change redirect_port in config.toml." : ""))
+          + (port != 0
+            ? " Another program uses redirect_port \(port); free it or change redirect_port in config.toml." : ""))
     }
     var actual = sockaddr_in()
     var length = socklen_t(MemoryLayout<sockaddr_in>.size)
@@ -122,9 +125,13 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
       let remaining = end - (Double(now.tv_sec) + Double(now.tv_nsec) / 1e9)
       guard remaining > 0 else {
         throw TesseraError.timedOut(
-          "The browser sign-in did not finish within \(Int(timeoutSeconds)) s. Start it again, or pass a larger 'timeout'.")
+          "The browser sign-in did not finish within \(Int(timeoutSeconds)) s. Start it again, or pass a larger 'timeout'."
+        )
       }
-      var fds = sockets.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) } + [pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0)]
+      var fds =
+        sockets.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) } + [
+          pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0)
+        ]
       let ready = poll(&fds, nfds_t(fds.count), Int32(min(remaining * 1000, 60_000)) + 1)
       if ready <= 0 { continue }
       for entry in fds.dropLast() where entry.revents & Int16(POLLIN) != 0 {
@@ -177,7 +184,9 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     var bytes = Array(response.utf8)
     var sent = 0
     while sent < bytes.count {
-      let n = bytes.withUnsafeMutableBytes { send(connection, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+      let n = bytes.withUnsafeMutableBytes {
+        send(connection, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL))
+      }
       if n <= 0 { break }
       sent += n
     }
@@ -192,5 +201,6 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
   }
   static let successPage = page(title: "Signed in to Tessera", text: "Sign-in is complete. You can close this window.")
   static let failurePage = page(
-    title: "Sign-in did not complete", text: "The identity provider did not sign you in. Close this window and check the app that asked.")
+    title: "Sign-in did not complete",
+    text: "The identity provider did not sign you in. Close this window and check the app that asked.")
 }

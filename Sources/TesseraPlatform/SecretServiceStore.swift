@@ -55,7 +55,8 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
       throw Self.unavailable(Self.take(error))
     }
     defer { g_object_unref(UnsafeMutableRawPointer(service)) }
-    guard let collection = secret_collection_for_alias_sync(service, "default", SECRET_COLLECTION_NONE, nil, &error) else {
+    guard let collection = secret_collection_for_alias_sync(service, "default", SECRET_COLLECTION_NONE, nil, &error)
+    else {
       let detail = error == nil ? "there is no default keyring collection" : Self.take(error)
       throw Self.unavailable(detail)
     }
@@ -105,10 +106,11 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         let text = secret_value_get_text(secret).map { String(cString: $0) }
         secret_value_unref(UnsafeMutableRawPointer(secret))
         guard let text else { continue }
-        let label = secret_retrievable_get_label(retrievable).map { pointer in
-          defer { g_free(pointer) }
-          return String(cString: pointer)
-        } ?? ""
+        let label =
+          secret_retrievable_get_label(retrievable).map { pointer in
+            defer { g_free(pointer) }
+            return String(cString: pointer)
+          } ?? ""
         items.append(StoredItem(attributes: attributes, secret: text, label: label))
       }
       return items

@@ -37,10 +37,14 @@ struct Target: ParsableArguments {
   @Option(name: .long, help: ArgumentHelp("The app's client id (default: default_client_id).", valueName: "id"))
   var clientId: String = ""
 
-  @Option(name: .long, help: ArgumentHelp("The authority, e.g. https://login.microsoftonline.com/<tenant>.", valueName: "url"))
+  @Option(
+    name: .long, help: ArgumentHelp("The authority, e.g. https://login.microsoftonline.com/<tenant>.", valueName: "url")
+  )
   var authority: String?
 
-  @Option(name: .customLong("scope"), help: ArgumentHelp("A scope to request; repeat for several (default: default_scopes).", valueName: "scope"))
+  @Option(
+    name: .customLong("scope"),
+    help: ArgumentHelp("A scope to request; repeat for several (default: default_scopes).", valueName: "scope"))
   var scopes: [String] = []
 }
 
@@ -85,9 +89,13 @@ func resolveAccount(_ value: String?, broker: TesseraBroker, authority: String?)
   let matches = accounts.filter { $0.username.lowercased() == value.lowercased() }
   if matches.count == 1 { return matches[0].id }
   if matches.isEmpty {
-    throw .broker(TesseraError(.noSuchAccount, "No signed-in account is '\(value)'. Run `tessera accounts` to list them, or `tessera login`."))
+    throw .broker(
+      TesseraError(
+        .noSuchAccount, "No signed-in account is '\(value)'. Run `tessera accounts` to list them, or `tessera login`."))
   }
-  throw .broker(TesseraError(.invalidArgument, "Several accounts are named '\(value)'. Pass an account id (see `tessera accounts`)."))
+  throw .broker(
+    TesseraError(
+      .invalidArgument, "Several accounts are named '\(value)'. Pass an account id (see `tessera accounts`)."))
 }
 
 extension Tessera {
@@ -100,9 +108,14 @@ extension Tessera {
         """)
     @OptionGroup var target: Target
     @Flag(name: .long, help: "Use the device code flow: sign in on another device.") var deviceCode = false
-    @Option(name: .long, help: ArgumentHelp("select_account, login, consent or none.", valueName: "prompt")) var prompt: String?
-    @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username")) var loginHint: String?
-    @Option(name: .long, help: ArgumentHelp("Seconds to wait for the sign-in (default 300, device code 900).", valueName: "seconds")) var timeout: UInt32?
+    @Option(name: .long, help: ArgumentHelp("select_account, login, consent or none.", valueName: "prompt")) var prompt:
+      String?
+    @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username"))
+    var loginHint: String?
+    @Option(
+      name: .long,
+      help: ArgumentHelp("Seconds to wait for the sign-in (default 300, device code 900).", valueName: "seconds"))
+    var timeout: UInt32?
     @OptionGroup var output: Output
 
     func run() throws {
@@ -137,9 +150,13 @@ extension Tessera {
         a sign-in is needed it exits with status 4; run `tessera login` then.
         """)
     @OptionGroup var target: Target
-    @Option(name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account")) var account: String?
+    @Option(
+      name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
+    var account: String?
     @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
-    @Option(name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds")) var minValidity: UInt32?
+    @Option(
+      name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds"))
+    var minValidity: UInt32?
     @OptionGroup var output: Output
 
     func run() throws {
@@ -149,7 +166,8 @@ extension Tessera {
       options.minValidity = minValidity
       let token = try withBroker { broker throws(TesseraClientError) in
         let accountID = try resolveAccount(account, broker: broker, authority: target.authority)
-        return try broker.acquireTokenSilent(clientID: target.clientId, scopes: target.scopes, accountID: accountID, options: options)
+        return try broker.acquireTokenSilent(
+          clientID: target.clientId, scopes: target.scopes, accountID: accountID, options: options)
       }
       if output.json { printJSON(token) } else { print(token.accessToken) }
     }
@@ -157,12 +175,16 @@ extension Tessera {
 
   struct Accounts: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List the signed-in accounts.")
-    @Option(name: .long, help: ArgumentHelp("Only accounts signed in to this client id.", valueName: "id")) var clientId: String?
-    @Option(name: .long, help: ArgumentHelp("Only accounts of this authority.", valueName: "url")) var authority: String?
+    @Option(name: .long, help: ArgumentHelp("Only accounts signed in to this client id.", valueName: "id"))
+    var clientId: String?
+    @Option(name: .long, help: ArgumentHelp("Only accounts of this authority.", valueName: "url")) var authority:
+      String?
     @OptionGroup var output: Output
 
     func run() throws {
-      let accounts = try withBroker { broker throws(TesseraClientError) in try broker.accounts(clientID: clientId, authority: authority) }
+      let accounts = try withBroker { broker throws(TesseraClientError) in
+        try broker.accounts(clientID: clientId, authority: authority)
+      }
       if output.json {
         printJSON(accounts)
       } else if accounts.isEmpty {
@@ -177,7 +199,9 @@ extension Tessera {
     static let configuration = CommandConfiguration(
       abstract: "Sign out: forget an account and revoke its refresh tokens.",
       discussion: "With --client-id only that app's tokens are removed and the account stays.")
-    @Option(name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account")) var account: String?
+    @Option(
+      name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
+    var account: String?
     @Option(name: .long, help: ArgumentHelp("Remove only this app's tokens.", valueName: "id")) var clientId: String?
     @Flag(name: .long, help: "Do not revoke the refresh tokens at the identity provider.") var noRevoke = false
 
@@ -190,7 +214,9 @@ extension Tessera {
             throw .broker(
               TesseraError(
                 all.isEmpty ? .noSuchAccount : .invalidArgument,
-                all.isEmpty ? "No account is signed in." : "Several accounts are signed in; pass --account (see `tessera accounts`)."))
+                all.isEmpty
+                  ? "No account is signed in."
+                  : "Several accounts are signed in; pass --account (see `tessera accounts`)."))
           }
           accountID = all[0].id
         }

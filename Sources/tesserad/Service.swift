@@ -4,7 +4,6 @@ import Synchronization
 import TesseraCore
 import TesseraPlatform
 
-
 /// Hands each bus call to the request handler as its own task, and its result back to the bus.
 final class RequestRouter: Sendable {
   private let target = Mutex<(BusServer, RequestHandler)?>(nil)
@@ -46,7 +45,8 @@ final class BusService: Service, Sendable {
       return
     }
     logger.info(
-      "tesserad \(BrokerInterface.version) is serving \(BrokerInterface.busName)", metadata: ["config": "\(configPath)"])
+      "tesserad \(BrokerInterface.version) is serving \(BrokerInterface.busName)", metadata: ["config": "\(configPath)"]
+    )
     await withGracefulShutdownHandler {
       for await reason in ended {
         if let reason { failure.withLock { $0 = reason } }

@@ -91,7 +91,8 @@ struct Tesserad: AsyncParsableCommand {
 
     let service = BusService(server: server, logger: logger, configPath: path)
     let group = ServiceGroup(
-      configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+      configuration: .init(
+        services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
     try await group.run()
     if let failure = service.failure.withLock({ $0 }) {
       printError("tesserad: \(failure)")
@@ -111,5 +112,3 @@ struct StandardError: TextOutputStream {
     _ = bytes.withUnsafeBytes { Glibc.write(2, $0.baseAddress, $0.count) }
   }
 }
-
-

@@ -188,7 +188,9 @@ final class BrokerTests: XCTestCase {
     let remaining = try await h.broker.accounts(matching: AccountFilter())
     XCTAssertEqual(remaining.count, 1)
     _ = try await h.broker.acquireTokenSilent(try h.request())
-    await XCTAssertThrowsTessera(.interactionRequired) { _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app2")) }
+    await XCTAssertThrowsTessera(.interactionRequired) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app2"))
+    }
   }
 
   func testDeviceCodeFlowPollsPolitely() async throws {
@@ -212,11 +214,13 @@ final class BrokerTests: XCTestCase {
   func testDeviceCodeThatNobodyEntersTimesOut() async throws {
     let h = await Harness()
     h.idp.scriptedTokenAnswers.withLock {
-      $0 = Array(repeating: HTTPResponse(status: 400, body: Array(#"{"error":"authorization_pending"}"#.utf8)), count: 200)
+      $0 = Array(
+        repeating: HTTPResponse(status: 400, body: Array(#"{"error":"authorization_pending"}"#.utf8)), count: 200)
     }
     await XCTAssertThrowsTessera(.timedOut) {
       _ = try await h.broker.acquireTokenInteractive(
-        try h.request(options: ["flow": .string("device_code"), "timeout": .uint32(30)]), caller: CallerInfo(busName: ":1.7"))
+        try h.request(options: ["flow": .string("device_code"), "timeout": .uint32(30)]),
+        caller: CallerInfo(busName: ":1.7"))
     }
   }
 
@@ -225,8 +229,12 @@ final class BrokerTests: XCTestCase {
     config.defaultAuthority = FakeIdP.authority
     config.trustedAuthorities = ["https://idp.test"]
     let h = await Harness(config: config)
-    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await h.broker.acquireTokenSilent(try h.request(scopes: ["read"])) }
-    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app")) }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(scopes: ["read"]))
+    }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app"))
+    }
   }
 
   func testUntrustedAuthorityIsRefusedBeforeAnyNetwork() async throws {

@@ -37,7 +37,8 @@ final class FakeStore: SecretStore, Sendable {
   }
   func delete(matching attributes: [String: String]) async throws {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
-    items.withLock { items in items.removeAll { item in attributes.allSatisfy { item.attributes[$0.key] == $0.value } } }
+    items.withLock { items in items.removeAll { item in attributes.allSatisfy { item.attributes[$0.key] == $0.value } }
+    }
   }
   func secrets(kind: String) -> [String] {
     items.withLock { $0.filter { $0.attributes["kind"] == kind }.map(\.secret) }
@@ -132,7 +133,8 @@ final class FakeIdP: HTTPClient, Sendable {
     let now = clock.now().timeIntervalSince1970
     return try await keys.sign(
       Claims(
-        iss: Self.authority, sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID, exp: now + 3600,
+        iss: Self.authority, sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID,
+        exp: now + 3600,
         iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice"), kid: "k1")
   }
 
@@ -154,17 +156,22 @@ final class FakeIdP: HTTPClient, Sendable {
     if url.hasSuffix("/device") {
       return HTTPResponse(
         status: 200,
-        body: Array(#"{"device_code":"dc","user_code":"ABCD-EFGH","verification_uri":"https://idp.test/device","expires_in":600,"interval":5}"#.utf8))
+        body: Array(
+          #"{"device_code":"dc","user_code":"ABCD-EFGH","verification_uri":"https://idp.test/device","expires_in":600,"interval":5}"#
+            .utf8))
     }
     if url.hasSuffix("/token") {
       let delay = tokenDelay.withLock { $0 }
       if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
       if let scripted = scriptedTokenAnswers.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return scripted }
       let fields = form(request)
-      let n = tokenCounter.withLock { $0 += 1; return $0 }
+      let n = tokenCounter.withLock {
+        $0 += 1; return $0
+      }
       let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
       let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "")
-      let body = #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"}"#
+      let body =
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])
@@ -194,7 +201,8 @@ struct Harness {
     broker = Broker(
       config: cfg,
       dependencies: BrokerDependencies(
-        http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners, events: events,
+        http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
+        events: events,
         clock: clock),
       logger: Logger(label: "test"))
   }

@@ -4,7 +4,9 @@ import XCTest
 
 final class RequestParserTests: XCTestCase {
   func testUnknownOptionNamesTheKey() {
-    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["colour": .string("x")])) {
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["colour": .string("x")])
+    ) {
       let e = $0 as! TesseraError
       XCTAssertEqual(e.code, .invalidArgument)
       XCTAssertTrue(e.message.contains("'colour'"))
@@ -13,7 +15,8 @@ final class RequestParserTests: XCTestCase {
 
   func testWrongOptionTypeNamesKeyAndType() {
     XCTAssertThrowsError(
-      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["force_refresh": .string("yes")])
+      try RequestParser.tokenRequest(
+        clientID: "c", scopes: [], accountID: "", options: ["force_refresh": .string("yes")])
     ) {
       let e = $0 as! TesseraError
       XCTAssertEqual(e.code, .invalidArgument)
@@ -25,7 +28,8 @@ final class RequestParserTests: XCTestCase {
     let huge = String(repeating: "a", count: 1 << 20)
     XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: huge, scopes: [], accountID: "", options: [:]))
     XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [huge], accountID: "", options: [:]))
-    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["claims": .string(huge)]))
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["claims": .string(huge)]))
   }
 
   func testOptionsAreParsed() throws {
@@ -54,17 +58,21 @@ final class RequestParserTests: XCTestCase {
   }
 
   func testBadEnumValuesAndReservedQueryKeys() {
-    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["prompt": .string("always")]))
-    XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["flow": .string("magic")]))
     XCTAssertThrowsError(
-      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["extra_query": .stringMap(["state": "x"])]))
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["prompt": .string("always")]))
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: ["flow": .string("magic")]))
+    XCTAssertThrowsError(
+      try RequestParser.tokenRequest(
+        clientID: "c", scopes: [], accountID: "", options: ["extra_query": .stringMap(["state": "x"])]))
     XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c\n", scopes: [], accountID: "", options: [:]))
     XCTAssertThrowsError(try RequestParser.tokenRequest(clientID: "c", scopes: ["a b"], accountID: "", options: [:]))
   }
 
   func testSignOutAndFilter() throws {
     XCTAssertThrowsError(try RequestParser.signOutRequest(accountID: "", options: [:]))
-    let r = try RequestParser.signOutRequest(accountID: "id", options: ["revoke": .bool(false), "client_id": .string("x")])
+    let r = try RequestParser.signOutRequest(
+      accountID: "id", options: ["revoke": .bool(false), "client_id": .string("x")])
     XCTAssertFalse(r.revoke)
     XCTAssertEqual(r.clientID, "x")
     XCTAssertThrowsError(try RequestParser.accountFilter(["tenant": .string("x")]))
@@ -73,7 +81,8 @@ final class RequestParserTests: XCTestCase {
 }
 
 final class AuthorityTests: XCTestCase {
-  let policy = AuthorityPolicy(trusted: [try! Authority(parsing: "https://idp.example.com/realms/x")], allowInsecureLoopback: false)
+  let policy = AuthorityPolicy(
+    trusted: [try! Authority(parsing: "https://idp.example.com/realms/x")], allowInsecureLoopback: false)
 
   func testMicrosoftIsTrustedByDefault() throws {
     let a = try policy.validate("https://login.microsoftonline.com/Common/")
@@ -96,16 +105,22 @@ final class AuthorityTests: XCTestCase {
 
   func testHTTPOnlyForLoopbackWhenAllowed() throws {
     let loopback = try Authority(parsing: "http://127.0.0.1:8080/t")
-    XCTAssertThrowsError(try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: false).validate("http://127.0.0.1:8080/t")) {
+    XCTAssertThrowsError(
+      try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: false).validate("http://127.0.0.1:8080/t")
+    ) {
       XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
     }
-    XCTAssertNoThrow(try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: true).validate("http://127.0.0.1:8080/t"))
-    XCTAssertThrowsError(try AuthorityPolicy(trusted: [], allowInsecureLoopback: true).validate("http://login.microsoftonline.com/common"))
+    XCTAssertNoThrow(
+      try AuthorityPolicy(trusted: [loopback], allowInsecureLoopback: true).validate("http://127.0.0.1:8080/t"))
+    XCTAssertThrowsError(
+      try AuthorityPolicy(trusted: [], allowInsecureLoopback: true).validate("http://login.microsoftonline.com/common"))
     XCTAssertEqual(loopback.environment, "127.0.0.1:8080")
   }
 
   func testMalformedAuthorities() {
-    for bad in ["", "login.microsoftonline.com/common", "ftp://x/y", "https://x/y?q=1", "https://u:p@x/y", "https://x/../y"] {
+    for bad in [
+      "", "login.microsoftonline.com/common", "ftp://x/y", "https://x/y?q=1", "https://u:p@x/y", "https://x/../y",
+    ] {
       XCTAssertThrowsError(try Authority(parsing: bad), bad)
     }
   }
@@ -148,24 +163,30 @@ final class ConfigTests: XCTestCase {
   }
 
   func testDefaultPathHonoursXDG() {
-    XCTAssertEqual(BrokerConfig.defaultPath(environment: ["XDG_CONFIG_HOME": "/x", "HOME": "/h"]), "/x/tessera/config.toml")
+    XCTAssertEqual(
+      BrokerConfig.defaultPath(environment: ["XDG_CONFIG_HOME": "/x", "HOME": "/h"]), "/x/tessera/config.toml")
     XCTAssertEqual(BrokerConfig.defaultPath(environment: ["HOME": "/h"]), "/h/.config/tessera/config.toml")
   }
 }
 
 final class CacheAndScopeTests: XCTestCase {
   func testScopeCoverageIgnoresCaseAndOIDCScopes() {
-    XCTAssertTrue(ScopeSet.covers(granted: ["user.read", "mail.read"], requested: ["User.Read", "openid", "offline_access"]))
+    XCTAssertTrue(
+      ScopeSet.covers(granted: ["user.read", "mail.read"], requested: ["User.Read", "openid", "offline_access"]))
     XCTAssertFalse(ScopeSet.covers(granted: ["user.read"], requested: ["Mail.Send"]))
   }
 
   func testCacheRoundTripsThroughStoredItemsAndReplacesOverlappingTokens() {
     var cache = TokenCache()
-    let account = Account(id: "u.t", username: "a", name: "A", authority: "https://x/t", environment: "x", realm: "t", localAccountID: "u")
+    let account = Account(
+      id: "u.t", username: "a", name: "A", authority: "https://x/t", environment: "x", realm: "t", localAccountID: "u")
     var ops = cache.upsert(account: account)
-    ops += cache.upsert(refreshToken: RefreshTokenRecord(accountID: "u.t", environment: "x", clientID: "c", authority: "https://x/t", secret: "rt"))
+    ops += cache.upsert(
+      refreshToken: RefreshTokenRecord(
+        accountID: "u.t", environment: "x", clientID: "c", authority: "https://x/t", secret: "rt"))
     let token = AccessTokenRecord(
-      accountID: "u.t", environment: "x", realm: "t", clientID: "c", scopes: ["a", "b"], secret: "at", tokenType: "Bearer", expiresOn: 10,
+      accountID: "u.t", environment: "x", realm: "t", clientID: "c", scopes: ["a", "b"], secret: "at",
+      tokenType: "Bearer", expiresOn: 10,
       idToken: nil)
     ops += cache.insert(accessToken: token)
     var replacement = token
@@ -180,7 +201,8 @@ final class CacheAndScopeTests: XCTestCase {
       case .delete(let attrs): items.removeAll { i in attrs.allSatisfy { i.attributes[$0.key] == $0.value } }
       }
     }
-    let (loaded, skipped) = TokenCache.load(items + [StoredItem(attributes: ["tessera_schema": "9"], secret: "{}", label: "")])
+    let (loaded, skipped) = TokenCache.load(
+      items + [StoredItem(attributes: ["tessera_schema": "9"], secret: "{}", label: "")])
     XCTAssertEqual(skipped, 1)
     XCTAssertEqual(loaded.accounts, cache.accounts)
     XCTAssertEqual(loaded.refreshTokens, cache.refreshTokens)
@@ -198,7 +220,8 @@ final class ErrorTableTests: XCTestCase {
 
   /// dbus/org.tessera.Broker1.xml documents exactly the errors the daemon can send.
   func testErrorNamesMatchTheContract() throws {
-    let xmlPath = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    let xmlPath = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+      .deletingLastPathComponent()
       .appendingPathComponent("dbus/org.tessera.Broker1.xml")
     let xml = try String(contentsOf: xmlPath, encoding: .utf8)
     let prefix = TesseraError.Code.dbusPrefix

@@ -15,7 +15,9 @@ final class LoopbackListenerTests: XCTestCase {
     address.sin_port = port.bigEndian
     address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
     _ = withUnsafePointer(to: &address) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+      }
     }
     let request = Array("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
     _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
@@ -81,9 +83,15 @@ final class LoopbackListenerTests: XCTestCase {
 
 final class BrowserLauncherTests: XCTestCase {
   func testCommandChoice() {
-    XCTAssertEqual(CommandBrowserLauncher(configured: "firefox --new-window", environment: ["BROWSER": "x"]).command, ["firefox", "--new-window"])
+    XCTAssertEqual(
+      CommandBrowserLauncher(configured: "firefox --new-window", environment: ["BROWSER": "x"]).command,
+      ["firefox", "--new-window"])
     XCTAssertEqual(CommandBrowserLauncher(configured: nil, environment: ["BROWSER": "w3m:lynx"]).command, ["w3m"])
     XCTAssertEqual(CommandBrowserLauncher(configured: nil, environment: [:]).command, ["xdg-open"])
+    XCTAssertEqual(CommandBrowserLauncher(configured: nil, environment: [:]).launcherPrefix, [])
+    XCTAssertEqual(
+      CommandBrowserLauncher(configured: nil, environment: ["INVOCATION_ID": "x"]).launcherPrefix.prefix(2),
+      ["systemd-run", "--user"], "under systemd the browser runs outside the service's sandbox")
   }
 
   func testLaunchesTheCommandWithTheURL() throws {
@@ -96,7 +104,8 @@ final class BrowserLauncherTests: XCTestCase {
     try CommandBrowserLauncher(configured: script, environment: [:]).open("https://example.test/a?b=c&d=e")
     for _ in 0..<100 where readTextFile(out) == nil { usleep(20_000) }
     XCTAssertEqual(readTextFile(out), "https://example.test/a?b=c&d=e")
-    XCTAssertThrowsError(try CommandBrowserLauncher(configured: "/nonexistent/browser", environment: [:]).open("https://x"))
+    XCTAssertThrowsError(
+      try CommandBrowserLauncher(configured: "/nonexistent/browser", environment: [:]).open("https://x"))
   }
 }
 

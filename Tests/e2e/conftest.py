@@ -1,0 +1,635 @@
+"""Fixtures for Tessera's end-to-end tests.
+
+Run inside the headless test session (private bus, unlocked gnome-keyring, test IdP):
+
+    scripts/test-session "$PWD/.build-idp/venv/bin/python" -m pytest -q Tests/e2e
+
+Each test gets a clean keyring (no item with tessera_schema=1), a browser mode file set to
+"allow", and, when it asks for the `daemon` / `broker` fixtures, a freshly started tesserad
+(binary from $TESSERA_BIN_DIR, default <repo>/.build/debug) reading the session's config.toml.
+"""
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+
+import dbus
+import dbus.bus
+import dbus.lowlevel
+import pytest
+
+if os.environ.get("TESSERA_TEST_SESSION") != "1":
+    pytest.exit(
+        "Tessera's e2e tests must run inside the test session:\n"
+        '  scripts/test-session "$PWD/.build-idp/venv/bin/python" -m pytest Tests/e2e',
+        returncode=2,
+    )
+
+REPO = os.environ.get("TESSERA_REPO") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN_DIR = os.environ.get("TESSERA_BIN_DIR") or os.path.join(REPO, ".build", "debug")
+TESSERAD = os.path.join(BIN_DIR, "tesserad")
+TESSERA = os.path.join(BIN_DIR, "tessera")
+SESSION_CONFIG = os.path.join(os.environ["XDG_CONFIG_HOME"], "tessera", "config.toml")
+
+BUS_NAME = "org.tessera.Broker1"
+OBJECT_PATH = "/org/tessera/Broker1"
+IFACE = "org.tessera.Broker1"
+ERROR_PREFIX = "org.tessera.Broker1.Error."
+
+AUTHORITY = os.environ["TESSERA_IDP_AUTHORITY"]
+IDP_URL = os.environ["TESSERA_IDP_URL"]
+IDP_DIR = os.environ["TESSERA_IDP_DIR"]
+TENANT = AUTHORITY.rstrip("/").rsplit("/", 1)[1]
+ENVIRONMENT = IDP_URL.split("://", 1)[1]  # 127.0.0.1:PORT
+
+# Interactive calls: the broker answers when the sign-in is over; never use D-Bus's 25 s default.
+INTERACTIVE_TIMEOUT = 120.0
+SILENT_TIMEOUT = 30.0
+
+
+def bus_address():
+    return os.environ["DBUS_SESSION_BUS_ADDRESS"]
+
+
+def new_connection():
+    """A private connection of its own (own unique name; safe to use from one thread)."""
+    return dbus.bus.BusConnection(bus_address())
+
+
+# ----------------------------------------------------------------------------------------------
+# Values
+
+
+def unwrap(value):
+    """dbus-python values -> plain Python (str, int, bool, float, list, dict, bytes)."""
+    if isinstance(value, dbus.Boolean):
+        return bool(value)
+    if isinstance(value, (dbus.String, dbus.ObjectPath, dbus.Signature)):
+        return str(value)
+    if isinstance(value, (dbus.Byte, dbus.Int16, dbus.UInt16, dbus.Int32, dbus.UInt32, dbus.Int64, dbus.UInt64)):
+        return int(value)
+    if isinstance(value, dbus.Double):
+        return float(value)
+    if isinstance(value, dbus.ByteArray):
+        return bytes(value)
+    if isinstance(value, (dbus.Array, list)):
+        return [unwrap(v) for v in value]
+    if isinstance(value, (dbus.Struct, tuple)):
+        return tuple(unwrap(v) for v in value)
+    if isinstance(value, (dbus.Dictionary, dict)):
+        return {unwrap(k): unwrap(v) for k, v in value.items()}
+    return value
+
+
+# D-Bus types of the documented option / filter keys (Sources/TesseraCore/Options.swift).
+OPTION_TYPES = {
+    "authority": "s", "account_id": "s", "login_hint": "s", "prompt": "s", "flow": "s", "claims": "s",
+    "extra_query": "a{ss}", "correlation_id": "s", "force_refresh": "b", "min_validity": "u", "timeout": "u",
+    "client_id": "s", "revoke": "b", "username": "s",
+}
+
+
+def typed(key, value):
+    """Wraps a Python option value in the D-Bus type the contract documents for `key`.
+    Values that already are dbus types are passed through (for wrong-type tests)."""
+    if isinstance(value, (dbus.String, dbus.Boolean, dbus.UInt32, dbus.Int32, dbus.Int64, dbus.Dictionary,
+                          dbus.Array, dbus.Double, dbus.Byte, dbus.UInt64, dbus.Struct)):
+        return value
+    kind = OPTION_TYPES.get(key)
+    if kind == "s":
+        return dbus.String(value)
+    if kind == "b":
+        return dbus.Boolean(value)
+    if kind == "u":
+        return dbus.UInt32(value)
+    if kind == "a{ss}":
+        return dbus.Dictionary(value, signature="ss")
+    if isinstance(value, bool):
+        return dbus.Boolean(value)
+    if isinstance(value, int):
+        return dbus.UInt32(value)
+    return dbus.String(value)
+
+
+def options(**kw):
+    return dbus.Dictionary({k: typed(k, v) for k, v in kw.items()}, signature="sv")
+
+
+def jwt_claims(token):
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Broker client
+
+
+class Broker:
+    """org.tessera.Broker1 over dbus-python with explicit types. One connection per instance."""
+
+    def __init__(self, connection=None):
+        self.conn = connection or new_connection()
+        self.unique_name = str(self.conn.get_unique_name())
+
+    def close(self):
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def call(self, method, signature, args, timeout=SILENT_TIMEOUT, interface=IFACE):
+        return self.conn.call_blocking(BUS_NAME, OBJECT_PATH, interface, method, signature, args, timeout=timeout)
+
+    def acquire(self, client_id="", scopes=(), call_timeout=INTERACTIVE_TIMEOUT, **opts):
+        """AcquireToken; `call_timeout` is the D-Bus call's, `timeout=` the broker option."""
+        reply = self.call(
+            "AcquireToken", "sasa{sv}",
+            (dbus.String(client_id), dbus.Array(list(scopes), signature="s"), options(**opts)), timeout=call_timeout)
+        return unwrap(reply)
+
+    def sign_in(self, user="alice", client_id="tessera-test", **opts):
+        """Interactive browser sign-in through browser.py (which picks the user from login_hint)."""
+        opts.setdefault("login_hint", f"{user}@example.test")
+        result = self.acquire(client_id, **opts)
+        assert result["account"]["username"] == user, result["account"]
+        return result
+
+    def silent(self, client_id="", scopes=(), account_id="", call_timeout=SILENT_TIMEOUT, **opts):
+        reply = self.call(
+            "AcquireTokenSilent", "sassa{sv}",
+            (dbus.String(client_id), dbus.Array(list(scopes), signature="s"), dbus.String(account_id), options(**opts)),
+            timeout=call_timeout)
+        return unwrap(reply)
+
+    def accounts(self, **filter_):
+        return unwrap(self.call("GetAccounts", "a{sv}", (options(**filter_),)))
+
+    def sign_out(self, account_id, **opts):
+        return unwrap(self.call("SignOut", "sa{sv}", (dbus.String(account_id), options(**opts))))
+
+    def version(self):
+        return unwrap(self.call("Get", "ss", (IFACE, "Version"), interface="org.freedesktop.DBus.Properties"))
+
+    def introspect(self):
+        return str(self.call("Introspect", "", (), interface="org.freedesktop.DBus.Introspectable"))
+
+
+def expect_error(name, fn, *args, **kwargs):
+    """Runs fn, which must fail with org.tessera.Broker1.Error.<name> and a helpful message."""
+    with pytest.raises(dbus.exceptions.DBusException) as info:
+        fn(*args, **kwargs)
+    error = info.value
+    assert error.get_dbus_name() == ERROR_PREFIX + name, f"{error.get_dbus_name()}: {error.get_dbus_message()}"
+    message = error.get_dbus_message() or ""
+    # Helpful: a real sentence, not just a code.
+    assert len(message) >= 20 and " " in message, f"unhelpful message for {name}: {message!r}"
+    return message
+
+
+# ----------------------------------------------------------------------------------------------
+# Daemon
+
+
+def bus_daemon():
+    conn = new_connection()
+    return conn, dbus.Interface(conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"), "org.freedesktop.DBus")
+
+
+class Daemon:
+    """A tesserad process started by a test; stderr (its log) goes to a file."""
+
+    def __init__(self, config, log_path, env, log_level=None):
+        self.config = config
+        self.log_path = log_path
+        self.env = env
+        self.log_level = log_level
+        self.proc = None
+        self._conn, self._dbus = bus_daemon()
+
+    def has_owner(self):
+        return bool(self._dbus.NameHasOwner(BUS_NAME))
+
+    def start(self, timeout=10.0):
+        assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
+        assert not self.has_owner(), f"{BUS_NAME} is already owned before starting tesserad"
+        cmd = [TESSERAD, "--config", self.config]
+        if self.log_level:
+            cmd += ["--log-level", self.log_level]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"tesserad exited with {self.proc.returncode} at start:\n{self.log()[-3000:]}")
+            if self.has_owner():
+                pid = int(self._dbus.GetConnectionUnixProcessID(BUS_NAME))
+                assert pid == self.proc.pid, f"{BUS_NAME} is owned by pid {pid}, not by our tesserad"
+                return self
+            time.sleep(0.02)
+        self.stop()
+        pytest.fail(f"tesserad did not own {BUS_NAME} within {timeout} s:\n{self.log()[-3000:]}")
+
+    def stop(self, timeout=10.0):
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail("tesserad did not stop within 10 s of SIGTERM")
+        rc = self.proc.returncode
+        self.proc = None
+        deadline = time.monotonic() + 5
+        while self.has_owner() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rc
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    @property
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def close(self):
+        self.stop()
+        self._conn.close()
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def session_config():
+    with open(SESSION_CONFIG, "rb") as f:
+        return tomllib.load(f)
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """write_config(drop=[keys], **overrides) -> path of a config.toml based on the session's."""
+
+    def write(drop=(), name="config.toml", **overrides):
+        values = session_config()
+        for key in drop:
+            values.pop(key, None)
+        values.update(overrides)
+        path = tmp_path / name
+        path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
+        return str(path)
+
+    return write
+
+
+class BrowserMode:
+    """The file browser.py reads its mode from (allow / deny / ignore); the daemon's environment
+    points TESSERA_TEST_BROWSER_FILE at it, so tests switch modes while the daemon runs."""
+
+    def __init__(self, path):
+        self.path = path
+        self.set("allow")
+
+    def set(self, mode):
+        with open(self.path, "w") as f:
+            f.write(mode + "\n")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    return BrowserMode(str(tmp_path / "browser-mode"))
+
+
+@pytest.fixture
+def start_daemon(tmp_path, browser):
+    """start_daemon(config=None, log_level=None) -> a started Daemon; all are stopped at teardown."""
+    started = []
+    env = dict(os.environ, TESSERA_TEST_BROWSER_FILE=browser.path)
+    env.pop("TESSERA_CONFIG", None)
+
+    def start(config=None, log_level=None):
+        log_path = str(tmp_path / f"tesserad-{len(started)}.log")
+        d = Daemon(config or SESSION_CONFIG, log_path, env, log_level)
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        d.close()
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    return start_daemon()
+
+
+@pytest.fixture
+def broker(daemon):
+    b = Broker()
+    yield b
+    b.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Keyring (Secret Service over D-Bus)
+
+SECRETS = "org.freedesktop.secrets"
+SECRETS_PATH = "/org/freedesktop/secrets"
+LOGIN_COLLECTION = "/org/freedesktop/secrets/collection/login"
+
+
+class Keyring:
+    def __init__(self):
+        self.conn = new_connection()
+        obj = self.conn.get_object(SECRETS, SECRETS_PATH)
+        self.service = dbus.Interface(obj, "org.freedesktop.Secret.Service")
+        self.gnome = dbus.Interface(obj, "org.gnome.keyring.InternalUnsupportedGuiltRiddenInterface")
+
+    def item_paths(self):
+        unlocked, locked = self.service.SearchItems(dbus.Dictionary({"tessera_schema": "1"}, signature="ss"))
+        return [str(p) for p in list(unlocked) + list(locked)]
+
+    def item_attributes(self):
+        """Attributes of every Tessera item (readable without unlocking secrets)."""
+        out = []
+        for path in self.item_paths():
+            props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
+            out.append(unwrap(props.Get("org.freedesktop.Secret.Item", "Attributes")))
+        return out
+
+    def clear(self):
+        for path in self.item_paths():
+            item = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.Secret.Item")
+            prompt = str(item.Delete())
+            assert prompt == "/", f"deleting {path} wants a prompt"
+        assert self.item_paths() == []
+
+    def locked(self):
+        props = dbus.Interface(self.conn.get_object(SECRETS, LOGIN_COLLECTION), "org.freedesktop.DBus.Properties")
+        return bool(props.Get("org.freedesktop.Secret.Collection", "Locked"))
+
+    def lock(self):
+        _, prompt = self.service.Lock(dbus.Array([dbus.ObjectPath(LOGIN_COLLECTION)], signature="o"))
+        assert str(prompt) == "/"
+        assert self.locked()
+
+    def unlock(self):
+        _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
+        secret = dbus.Struct(
+            (dbus.ObjectPath(session), dbus.ByteArray(b""),
+             dbus.ByteArray(os.environ["TESSERA_TEST_KEYRING_PASSWORD"].encode()), dbus.String("text/plain")),
+            signature="oayays")
+        self.gnome.UnlockWithMasterPassword(dbus.ObjectPath(LOGIN_COLLECTION), secret)
+        assert not self.locked()
+
+
+@pytest.fixture(scope="session")
+def keyring_session():
+    k = Keyring()
+    yield k
+    k.conn.close()
+
+
+@pytest.fixture(autouse=True)
+def keyring(keyring_session):
+    """Every test starts (and leaves) with an unlocked keyring without Tessera items."""
+    if keyring_session.locked():
+        keyring_session.unlock()
+    keyring_session.clear()
+    yield keyring_session
+    if keyring_session.locked():
+        keyring_session.unlock()
+
+
+# ----------------------------------------------------------------------------------------------
+# Test identity provider
+
+
+class IdP:
+    authority = AUTHORITY
+    url = IDP_URL
+    dir = IDP_DIR
+    log_path = os.environ["TESSERA_IDP_LOG"]
+    token_path = f"/{TENANT}/o/token/"
+
+    def _lines(self):
+        try:
+            with open(self.log_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def mark(self):
+        """The current end of the request log; pass it to requests()."""
+        return len(self._lines())
+
+    def requests(self, since=0):
+        return self._lines()[since:]
+
+    def token_posts(self, since=0, grant_type=None):
+        return [r for r in self.requests(since)
+                if r["method"] == "POST" and r["path"] == self.token_path
+                and (grant_type is None or r["grant_type"] == grant_type)]
+
+    def manage(self, *args):
+        out = subprocess.run([os.path.join(REPO, "scripts", "idp"), "manage", IDP_DIR, *args],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return out.stdout
+
+    def tokens(self):
+        return json.loads(self.manage("idp_tokens"))
+
+    def refresh_tokens(self, user=None, client_id=None):
+        return [t for t in self.tokens()["refresh_tokens"]
+                if (user is None or t["user"] == user) and (client_id is None or t["client_id"] == client_id)]
+
+    def revoke_user(self, name):
+        return self.manage("idp_revoke_user", name)
+
+    def db(self):
+        return sqlite3.connect(os.path.join(IDP_DIR, "db.sqlite3"), timeout=20)
+
+    def query(self, sql, *params):
+        conn = self.db()
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def last_device_grant(self):
+        return self.query("SELECT COALESCE(MAX(id), 0) FROM oauth2_provider_devicegrant")[0][0]
+
+    def pending_user_codes(self, since):
+        """User codes handed out after device grant `since` that the IdP still waits for."""
+        return {row[0] for row in self.query(
+            "SELECT user_code FROM oauth2_provider_devicegrant WHERE id > ? AND status = 'authorization-pending'",
+            since)}
+
+    def approve_device(self, user_code, *extra):
+        """Tests/idp/approve_device.py: the user enters the code on another device and accepts."""
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "Tests", "idp", "approve_device.py"), user_code, *extra],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+
+    def max_refresh_token_id(self):
+        return self.query("SELECT COALESCE(MAX(id), 0) FROM oauth2_provider_refreshtoken")[0][0]
+
+
+@pytest.fixture(scope="session")
+def idp():
+    return IdP()
+
+
+# ----------------------------------------------------------------------------------------------
+# Signals: dbus-monitor (a bus monitor sees every message with its destination, so it can tell a
+# broadcast from a unicast signal without a main loop in the test process).
+
+
+class SignalMonitor:
+    def __init__(self):
+        assert shutil.which("dbus-monitor"), "dbus-monitor is missing (Debian package dbus-bin)"
+        self.lines = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            ["dbus-monitor", "--session", "--profile", f"type='signal',interface='{IFACE}'"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+        # Synchronise: once our own probe signal shows up, the monitor sees everything.
+        conn = new_connection()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.send_message(dbus.lowlevel.SignalMessage(OBJECT_PATH + "/e2eprobe", IFACE, "E2eProbe"))
+                conn.flush()
+                if self.wait_for(lambda s: s["member"] == "E2eProbe", timeout=0.5):
+                    return
+            raise AssertionError("dbus-monitor did not start")
+        finally:
+            conn.close()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] != "sig" or len(parts) < 8:
+                continue
+            sig = {"sender": parts[3], "destination": None if parts[4] == "<none>" else parts[4],
+                   "path": parts[5], "interface": parts[6], "member": parts[7]}
+            with self._cond:
+                self.lines.append(sig)
+                self._cond.notify_all()
+
+    def signals(self, member=None):
+        with self._cond:
+            return [s for s in self.lines if s["path"] == OBJECT_PATH and (member is None or s["member"] == member)]
+
+    def wait_for(self, predicate, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [s for s in self.lines if predicate(s)]
+                if found:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._cond.wait(left)
+
+    def sync(self):
+        """Returns once every signal sent before this call has been seen."""
+        conn = new_connection()
+        try:
+            marker = f"E2eSync{time.monotonic_ns()}"
+            conn.send_message(dbus.lowlevel.SignalMessage(OBJECT_PATH + "/e2eprobe", IFACE, marker))
+            conn.flush()
+            assert self.wait_for(lambda s: s["member"] == marker, timeout=10), "dbus-monitor fell behind"
+        finally:
+            conn.close()
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def monitor():
+    m = SignalMonitor()
+    yield m
+    m.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def run_cli(*args, timeout=60, check_rc=None):
+    proc = subprocess.run([TESSERA, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, f"tessera {' '.join(args)}: rc {proc.returncode}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+class Async:
+    """Runs fn(*args) on a thread; result() re-raises its exception."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self._result = None
+        self._error = None
+        self.thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args, kwargs):
+        try:
+            self._result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001
+            self._error = e
+
+    def done(self):
+        return not self.thread.is_alive()
+
+    def result(self, timeout=INTERACTIVE_TIMEOUT):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the call did not finish"
+        if self._error is not None:
+            raise self._error
+        return self._result

@@ -1,0 +1,59 @@
+"""Callers never wait behind each other, and identical refreshes are merged."""
+import threading
+import time
+
+from conftest import Async, Broker, expect_error
+
+
+def test_a_slow_sign_in_never_blocks_other_callers(broker, browser, monitor):
+    account_id = broker.sign_in()["account"]["id"]
+    browser.set("ignore")  # the next sign-in waits for a redirect that never comes
+    slow_caller = Broker()
+    try:
+        started = time.monotonic()
+        slow = Async(expect_error, "TimedOut", slow_caller.acquire, timeout=5)
+        assert monitor.wait_for(lambda s: s["member"] == "InteractionPending", timeout=10), "sign-in did not start"
+
+        durations = []
+        for i in range(20):
+            t0 = time.monotonic()
+            result = broker.silent(account_id=account_id) if i % 2 else broker.silent()
+            durations.append(time.monotonic() - t0)
+            assert result["account"]["id"] == account_id
+        t0 = time.monotonic()
+        assert [a["id"] for a in broker.accounts()] == [account_id]
+        durations.append(time.monotonic() - t0)
+
+        assert not slow.done(), "the interactive sign-in should still be pending"
+        assert max(durations) < 1.0, durations
+        slow.result(30)
+        assert time.monotonic() - started >= 4.5
+    finally:
+        slow_caller.close()
+
+
+def test_concurrent_silent_calls_share_one_refresh(broker, idp):
+    signed_in = broker.sign_in(client_id="tessera-short")
+    time.sleep(max(0.0, signed_in["expires_on"] + 0.3 - time.time()))  # let the 3 s token expire
+
+    n = 16
+    callers = [Broker() for _ in range(n)]
+    barrier = threading.Barrier(n)
+    mark = idp.mark()
+
+    def call(b):
+        barrier.wait()
+        return b.silent("tessera-short", min_validity=0)
+
+    try:
+        calls = [Async(call, b) for b in callers]
+        results = [c.result(60) for c in calls]
+    finally:
+        for b in callers:
+            b.close()
+    tokens = {r["access_token"] for r in results}
+    assert len(tokens) == 1 and signed_in["access_token"] not in tokens
+    assert all(r["account"]["id"] == signed_in["account"]["id"] for r in results)
+    assert len({r["correlation_id"] for r in results}) == n, "each caller keeps its own correlation id"
+    posts = idp.token_posts(mark)
+    assert [p["grant_type"] for p in posts] == ["refresh_token"], posts

@@ -1,0 +1,184 @@
+"""Every failure reaches the caller as the documented org.tessera.Broker1.Error.* name with a
+message that says what went wrong and what to do."""
+import http.server
+import os
+import socket
+import ssl
+import threading
+import time
+
+import dbus
+import pytest
+
+from conftest import IDP_DIR, IDP_URL, Broker, expect_error
+
+
+def test_wrong_argument_types(broker):
+    message = expect_error(
+        "InvalidArgument", broker.call, "AcquireTokenSilent", "iassa{sv}",
+        (dbus.Int32(42), dbus.Array([], signature="s"), "", dbus.Dictionary({}, signature="sv")))
+    assert "AcquireTokenSilent" in message
+    expect_error("InvalidArgument", broker.call, "GetAccounts", "s", ("not a dict",))
+    expect_error("InvalidArgument", broker.call, "SignOut", "", ())
+
+
+def test_unknown_option_key(broker):
+    message = expect_error("InvalidArgument", broker.silent, bogus_option="x")
+    assert "bogus_option" in message
+    message = expect_error("InvalidArgument", broker.accounts, client_idd="x")
+    assert "client_idd" in message
+    message = expect_error("InvalidArgument", broker.sign_out, "someone.000000000000", force_refresh=True)
+    assert "force_refresh" in message
+
+
+def test_option_of_wrong_type(broker):
+    message = expect_error("InvalidArgument", broker.silent, force_refresh=dbus.String("yes"))
+    assert "force_refresh" in message
+    message = expect_error("InvalidArgument", broker.silent, min_validity=dbus.Int32(5))
+    assert "min_validity" in message
+    message = expect_error("InvalidArgument", broker.acquire, timeout=dbus.String("10"))
+    assert "timeout" in message
+
+
+def test_untrusted_authority(broker, idp):
+    mark = idp.mark()
+    message = expect_error("UntrustedAuthority", broker.silent, authority="https://evil.example/tenant")
+    assert "evil.example" in message and "trusted_authorities" in message
+    # Interactive too: refused before any browser or network traffic.
+    expect_error("UntrustedAuthority", broker.acquire, authority="https://evil.example/tenant")
+    # A look-alike of the trusted IdP (other port) is not trusted either.
+    expect_error("UntrustedAuthority", broker.acquire, authority="https://127.0.0.1:1/tenant")
+    assert idp.requests(mark) == []
+
+
+def test_http_authority(broker):
+    message = expect_error("UntrustedAuthority", broker.silent, authority="http://127.0.0.1:1/x")
+    assert "http" in message
+    expect_error("UntrustedAuthority", broker.acquire, authority="http://127.0.0.1:1/x")
+
+
+def test_unknown_account(broker):
+    broker.sign_in()
+    message = expect_error("NoSuchAccount", broker.silent, account_id="nobody.000000000000")
+    assert "nobody.000000000000" in message
+    expect_error("NoSuchAccount", broker.sign_out, "nobody.000000000000")
+
+
+def test_no_scopes_and_no_default_scopes(start_daemon, write_config):
+    start_daemon(write_config(drop=["default_scopes"]))
+    b = Broker()
+    try:
+        message = expect_error("InvalidArgument", b.silent, "tessera-test", [])
+        assert "default_scopes" in message
+        expect_error("InvalidArgument", b.acquire, "tessera-test", [])
+    finally:
+        b.close()
+
+
+def test_huge_client_id_is_refused_and_the_daemon_lives_on(daemon, broker):
+    message = expect_error("InvalidArgument", broker.silent, "x" * 1_000_000)
+    assert "client_id" in message
+    assert len(message) < 2000, "the message must not echo the huge value"
+    expect_error("InvalidArgument", broker.acquire, "y" * 1_000_000, ["read"] * 10)
+    assert daemon.running
+    assert broker.accounts() == []
+    assert broker.version()
+
+
+def test_locked_keyring(start_daemon, keyring, idp):
+    # Something to find once the keyring is unlocked again.
+    first = start_daemon()
+    b = Broker()
+    try:
+        account_id = b.sign_in()["account"]["id"]
+        first.stop()
+        keyring.lock()
+        start_daemon()  # it must not touch the keyring before the first request
+        message = expect_error("StoreUnavailable", b.accounts)
+        assert "lock" in message.lower()
+        expect_error("StoreUnavailable", b.silent)
+        keyring.unlock()
+        # No restart: the next call loads the store.
+        assert [a["id"] for a in b.accounts()] == [account_id]
+        mark = idp.mark()
+        assert b.silent()["account"]["id"] == account_id
+        assert idp.requests(mark) == []
+    finally:
+        b.close()
+
+
+def test_user_denies_consent(broker, browser):
+    browser.set("deny")
+    message = expect_error("AccessDenied", broker.acquire, "tessera-consent")
+    assert "declined" in message.lower() or "denied" in message.lower()
+    assert broker.accounts() == []
+
+
+def test_interactive_timeout(broker, browser):
+    browser.set("ignore")
+    started = time.monotonic()
+    expect_error("TimedOut", broker.acquire, timeout=2)
+    assert 1.5 < time.monotonic() - started < 15
+    assert broker.accounts() == []
+
+
+def closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class GarbageServer:
+    """HTTPS on 127.0.0.1 (with the test IdP's certificate) answering every GET with non-JSON."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b"<html>this is not an OpenID Connect discovery document</html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(os.path.join(IDP_DIR, "server.pem"), os.path.join(IDP_DIR, "server-key.pem"))
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def garbage_idp():
+    server = GarbageServer()
+    yield server
+    server.close()
+
+
+def test_unreachable_and_garbage_identity_providers(start_daemon, write_config, garbage_idp):
+    unreachable = f"https://127.0.0.1:{closed_port()}"
+    start_daemon(write_config(trusted_authorities=[IDP_URL, unreachable, garbage_idp.url]))
+    b = Broker()
+    try:
+        message = expect_error("Network", b.acquire, authority=unreachable + "/t")
+        assert "127.0.0.1" in message
+        expect_error("Network", b.acquire, authority=unreachable + "/t", flow="device_code")
+        message = expect_error("Provider", b.acquire, authority=garbage_idp.url + "/t")
+        assert garbage_idp.url in message or "discovery" in message.lower()
+        assert b.accounts() == []
+    finally:
+        b.close()
+
+
+# Cancelled (org.tessera.Broker1.Error.Cancelled) is not reachable from outside yet: the daemon
+# drops pending calls when it stops, and there is no cancel method. Not tested here.
