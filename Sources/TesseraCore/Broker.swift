@@ -86,7 +86,11 @@ public actor Broker {
 
   func ensureLoaded() async throws {
     if loaded {
-      try await flushPending()
+      // Earlier writes that failed are retried; a still-unavailable store must not fail a cache hit.
+      do { try await flushPending() } catch {
+        logger.warning(
+          "The Secret Service is still unavailable; keeping changes in memory", metadata: ["error": "\(error)"])
+      }
       return
     }
     if let loading { return try await loading.value }
@@ -167,13 +171,17 @@ public actor Broker {
 
   static let commonTenants: Set<String> = ["common", "organizations", "consumers"]
 
+  /// Can `authority` use this account's tokens? Entra tenants of one cloud share accounts (and
+  /// refresh tokens); any other IdP only its own issuer: a refresh token is never sent elsewhere.
+  static func serves(_ authority: Authority, _ account: Account) -> Bool {
+    guard account.environment == authority.environment else { return false }
+    guard authority.isMicrosoft else { return account.authority == authority.url }
+    return commonTenants.contains(authority.tenant.lowercased()) || account.realm == authority.tenant
+      || (try? Authority(parsing: account.authority))?.tenant == authority.tenant
+  }
+
   func accounts(in authority: Authority) -> [Account] {
-    cache.accounts.values.filter { account in
-      account.environment == authority.environment
-        && (Self.commonTenants.contains(authority.tenant.lowercased()) || authority.tenant.isEmpty
-          || account.realm == authority.tenant
-          || (try? Authority(parsing: account.authority))?.tenant == authority.tenant)
-    }.sorted { $0.username < $1.username }
+    cache.accounts.values.filter { Self.serves(authority, $0) }.sorted { $0.username < $1.username }
   }
 
   func resolveAccount(_ accountID: String, authority: Authority) throws -> Account {
@@ -183,9 +191,9 @@ public actor Broker {
           "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken."
         )
       }
-      guard account.environment == authority.environment else {
+      guard Self.serves(authority, account) else {
         throw TesseraError.noSuchAccount(
-          "Account '\(account.username)' belongs to \(account.environment), not to \(authority.environment). Use its own authority."
+          "Account '\(account.username)' signed in at \(account.authority), not at \(authority.url). Use its own authority."
         )
       }
       return account
@@ -251,8 +259,11 @@ public actor Broker {
     _ record: RefreshTokenRecord, account: Account, authority: Authority, clientID: String, scopes: [String],
     request: TokenRequest
   ) async throws -> TokenResult {
+    // resolveAccount checked that `authority` may use this account (same issuer, or an Entra tenant
+    // of the same cloud): only then does the refresh token go to its token endpoint.
     let tokenAuthority =
-      authority.environment == record.environment ? authority : try Authority(parsing: record.authority)
+      authority.isMicrosoft && authority.environment == record.environment
+      ? authority : try Authority(parsing: record.authority)
     let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
     var fields = [
       ("grant_type", "refresh_token"), ("client_id", clientID), ("refresh_token", record.secret),
@@ -360,11 +371,7 @@ public actor Broker {
     var accounts = Array(cache.accounts.values)
     if let authority = filter.authority {
       let wanted = try Authority(parsing: authority)
-      accounts = accounts.filter {
-        $0.environment == wanted.environment
-          && ((try? Authority(parsing: $0.authority)).map { $0.isWithin(wanted) || wanted.isWithin($0) } ?? false
-            || Self.commonTenants.contains(wanted.tenant.lowercased()))
-      }
+      accounts = accounts.filter { Self.serves(wanted, $0) }
     }
     if let clientID = filter.clientID {
       let withTokens = Set(cache.refreshTokens.filter { $0.clientID == clientID }.map(\.accountID))

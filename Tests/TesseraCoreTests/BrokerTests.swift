@@ -244,4 +244,18 @@ final class BrokerTests: XCTestCase {
     }
     XCTAssertTrue(h.idp.requests.withLock { $0.isEmpty })
   }
+
+  func testARefreshTokenIsNeverSentToAnotherIssuerOnTheSameHost() async throws {
+    let h = await Harness()
+    let result = try await h.signIn()
+    let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
+    let before = h.idp.requests.withLock { $0.count }
+    await XCTAssertThrowsTessera(.noSuchAccount) {
+      _ = try await h.broker.acquireTokenSilent(
+        try RequestParser.tokenRequest(
+          clientID: "", scopes: [], accountID: id,
+          options: ["authority": .string("https://idp.test/tenant2"), "force_refresh": .bool(true)]))
+    }
+    XCTAssertEqual(h.idp.requests.withLock { $0.count }, before)
+  }
 }
