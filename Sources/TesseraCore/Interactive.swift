@@ -82,15 +82,7 @@ extension Broker {
     }
     if let error = parameters["error"] {
       let description = parameters["error_description"].map { ": " + String($0.prefix(300)) } ?? ""
-      switch error {
-      case "access_denied":
-        throw TesseraError.accessDenied("Sign-in was declined at the identity provider (\(error)\(description)).")
-      case "login_required", "interaction_required", "consent_required", "account_selection_required":
-        throw TesseraError.interactionRequired(
-          "The identity provider needs the user to interact (\(error)\(description)). Retry without prompt=none.")
-      default:
-        throw TesseraError.provider("The identity provider returned an error to the redirect (\(error)\(description)).")
-      }
+      throw OAuthErrorResponse.classify(error, detail: "\(error)\(description)")
     }
     guard let code = parameters["code"], !code.isEmpty else {
       throw TesseraError.provider("The sign-in redirect carried neither a code nor an error. Try again.")

@@ -138,16 +138,22 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     if let suberror = parsed.suberror { detail += " (suberror \(suberror))" }
     if let correlation = parsed.correlation_id { detail += " [IdP correlation id \(correlation)]" }
     if let trace = parsed.trace_id { detail += " [trace id \(trace)]" }
-    if interactionErrors.contains(parsed.error) {
+    return classify(parsed.error, detail: detail)
+  }
+
+  /// The one mapping from an OAuth error code (token endpoint or authorization redirect) to what
+  /// the caller gets. `detail` is the code plus the IdP's description and ids; never a token.
+  public static func classify(_ error: String, detail: String) -> TesseraError {
+    if interactionErrors.contains(error) || redirectInteractionErrors.contains(error) {
       return .interactionRequired(
-        "The identity provider needs you to sign in again (\(detail)). Run an interactive sign-in (AcquireToken, or `tessera login`)."
+        "The identity provider needs you to sign in interactively (\(detail)). Run AcquireToken without prompt=none, or `tessera login`."
       )
     }
-    switch parsed.error {
+    switch error {
     case "access_denied":
       return .accessDenied("The identity provider denied the request (\(detail)).")
     case "authorization_pending", "slow_down":
-      return .provider("Unexpected \(parsed.error) outside a device-code flow (\(detail)).")
+      return .provider("Unexpected \(error) outside a device-code flow (\(detail)).")
     case "expired_token":
       return .timedOut("The device code expired before sign-in finished (\(detail)). Start again.")
     case "invalid_scope":
@@ -157,10 +163,15 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       return .invalidArgument(
         "The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant)."
       )
+    case "temporarily_unavailable", "server_error":
+      return .network("The identity provider is temporarily unavailable (\(detail)). Try again in a moment.")
     default:
       return .provider("The identity provider refused the request (\(detail)).")
     }
   }
+
+  /// Errors only an authorization redirect carries (OIDC Core §3.1.2.6).
+  static let redirectInteractionErrors: Set<String> = ["account_selection_required"]
 }
 
 /// Entra's `client_info`: base64url JSON {uid, utid}.

@@ -72,7 +72,7 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     if let failure = startResult.withLock({ $0 }) { throw StartError(description: failure) }
   }
 
-  /// Asks the loop to finish; pending calls are dropped (their callers see the name vanish).
+  /// Asks the loop to finish; pending calls are answered with Cancelled first.
   public func stop() { post(.exit) }
 
   /// Sends the result of a call. Thread-safe.
@@ -227,6 +227,13 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
       case .signal(let destination, let member, let arguments):
         emit(member, arguments, to: destination)
       case .exit:
+        // Callers still waiting (an interactive sign-in, say) get an answer, not a NoReply.
+        for (_, message) in pending {
+          replyError(message, .cancelled("The broker is shutting down, so this request was cancelled. Run it again."))
+          sd_bus_message_unref(message)
+        }
+        pending.removeAll()
+        _ = sd_bus_flush(bus)
         sd_event_exit(event, 0)
       }
     }

@@ -120,6 +120,9 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   public func save(_ item: StoredItem) async throws {
     try await run {
       let schema = self.schema
+      // Checked first: storing into a locked collection would ask the keyring to prompt for the
+      // password, which could hold the store queue until someone answers.
+      try self.checkUnlocked()
       let attributes = Self.attributesTable(item.attributes)
       defer { g_hash_table_unref(attributes) }
       var error: UnsafeMutablePointer<GError>?

@@ -42,7 +42,7 @@ final class BusService: Service, Sendable {
       }
     } catch {
       failure.withLock { $0 = "\(error)" }
-      return
+      throw error
     }
     logger.info(
       "tesserad \(BrokerInterface.version) is serving \(BrokerInterface.busName)", metadata: ["config": "\(configPath)"]

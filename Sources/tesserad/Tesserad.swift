@@ -93,8 +93,10 @@ struct Tesserad: AsyncParsableCommand {
     let group = ServiceGroup(
       configuration: .init(
         services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-    try await group.run()
-    if let failure = service.failure.withLock({ $0 }) {
+    var groupError: (any Error)?
+    do { try await group.run() } catch { groupError = error }
+    // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
+    if let failure = service.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
       printError("tesserad: \(failure)")
       throw ExitCode(1)
     }

@@ -11,7 +11,6 @@ Each test gets a clean keyring (no item with tessera_schema=1), a browser mode f
 import base64
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -335,8 +334,16 @@ def start_daemon(tmp_path, browser):
         return d.start()
 
     yield start
+    crashed = []
     for d in started:
+        if d.proc is not None and d.proc.poll() is not None:
+            crashed.append(f"tesserad exited by itself with status {d.proc.returncode}:\n{d.log()[-3000:]}")
+        rc = d.stop()
+        if rc not in (None, 0):
+            crashed.append(f"tesserad ended with status {rc} on SIGTERM:\n{d.log()[-3000:]}")
         d.close()
+    if crashed:
+        pytest.fail("\n\n".join(crashed))
 
 
 @pytest.fixture
@@ -591,11 +598,6 @@ def run_cli(*args, timeout=60, check_rc=None):
     if check_rc is not None:
         assert proc.returncode == check_rc, f"tessera {' '.join(args)}: rc {proc.returncode}\n{proc.stderr}"
     return proc
-
-
-@pytest.fixture
-def cli():
-    return run_cli
 
 
 def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):

@@ -1,7 +1,9 @@
 """The tessera command line: output and exit codes (tessera(1))."""
 import json
+import os
+import subprocess
 
-from conftest import run_cli
+from conftest import TESSERAD, run_cli
 
 
 def test_help():
@@ -48,3 +50,37 @@ def test_broker_not_running(daemon):
     assert proc.returncode == 14, proc.stderr
     assert "not running" in proc.stderr
     assert run_cli("status").returncode == 14
+
+
+# tesserad's own command line
+
+
+def run_tesserad(*args, timeout=20):
+    return subprocess.run([TESSERAD, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_tesserad_refuses_a_bad_config(tmp_path, daemon):
+    daemon.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('default_client_id = "tessera-test"\ndefault_scope = ["read"]\n')
+    proc = run_tesserad("--config", str(bad))
+    assert proc.returncode == 78, proc.stderr
+    assert "default_scope" in proc.stderr and ":2" in proc.stderr, proc.stderr
+    proc = run_tesserad("--config", str(tmp_path / "missing.toml"))
+    assert proc.returncode == 78 and "missing.toml" in proc.stderr, proc.stderr
+    assert not daemon.has_owner()
+
+
+def test_tesserad_without_a_session_bus(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)  # no bus socket there
+    proc = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode != 0
+    assert "session bus" in proc.stderr, proc.stderr
+
+
+def test_a_second_tesserad_does_not_take_over(daemon, broker):
+    proc = run_tesserad("--config", daemon.config)
+    assert proc.returncode != 0
+    assert "already" in proc.stderr, proc.stderr
+    assert daemon.running and broker.accounts() == []

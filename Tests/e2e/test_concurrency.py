@@ -32,6 +32,18 @@ def test_a_slow_sign_in_never_blocks_other_callers(broker, browser, monitor):
         slow_caller.close()
 
 
+def test_two_interactive_sign_ins_at_once(broker):
+    other = Broker()
+    try:
+        alice = Async(broker.sign_in, "alice")
+        bob = Async(other.sign_in, "bob")
+        assert alice.result(60)["account"]["username"] == "alice"
+        assert bob.result(60)["account"]["username"] == "bob"
+    finally:
+        other.close()
+    assert [a["username"] for a in broker.accounts()] == ["alice", "bob"]
+
+
 def test_concurrent_silent_calls_share_one_refresh(broker, idp):
     signed_in = broker.sign_in(client_id="tessera-short")
     time.sleep(max(0.0, signed_in["expires_on"] + 0.3 - time.time()))  # let the 3 s token expire

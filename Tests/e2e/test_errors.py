@@ -40,6 +40,34 @@ def test_option_of_wrong_type(broker):
     assert "timeout" in message
 
 
+def test_bad_option_values(broker):
+    message = expect_error("InvalidArgument", broker.acquire, extra_query={"client_id": "x"})
+    assert "client_id" in message
+    message = expect_error("InvalidArgument", broker.acquire, prompt="sometimes")
+    assert "prompt" in message
+    message = expect_error("InvalidArgument", broker.acquire, flow="carrier_pigeon")
+    assert "flow" in message
+    expect_error("InvalidArgument", broker.acquire, timeout=0)
+    expect_error("InvalidArgument", broker.silent, scopes=["read write"])
+    expect_error("InvalidArgument", broker.acquire, prompt="none", flow="device_code")
+
+
+def test_prompt_none_without_a_session_needs_interaction(broker):
+    message = expect_error("InteractionRequired", broker.acquire, prompt="none", timeout=30)
+    assert "login_required" in message or "interact" in message.lower()
+    assert broker.accounts() == []
+
+
+def test_scopes_rejected_by_the_provider(broker):
+    """The contract: InvalidArgument when the provider rejects the scopes, whether it says so on
+    the sign-in redirect or at the token endpoint."""
+    account_id = broker.sign_in()["account"]["id"]
+    message = expect_error("InvalidArgument", broker.silent, scopes=["no-such-scope"], account_id=account_id)
+    assert "invalid_scope" in message
+    message = expect_error("InvalidArgument", broker.acquire, scopes=["no-such-scope"], timeout=30)
+    assert "invalid_scope" in message
+
+
 def test_untrusted_authority(broker, idp):
     mark = idp.mark()
     message = expect_error("UntrustedAuthority", broker.silent, authority="https://evil.example/tenant")
@@ -55,6 +83,21 @@ def test_http_authority(broker):
     message = expect_error("UntrustedAuthority", broker.silent, authority="http://127.0.0.1:1/x")
     assert "http" in message
     expect_error("UntrustedAuthority", broker.acquire, authority="http://127.0.0.1:1/x")
+
+
+def test_http_loopback_authority_when_allowed(start_daemon, write_config):
+    insecure = f"http://127.0.0.1:{closed_port()}"
+    start_daemon(write_config(allow_insecure_loopback=True, trusted_authorities=[IDP_URL, insecure]))
+    b = Broker()
+    try:
+        # Allowed now: the broker tries to reach it (and cannot) instead of refusing it.
+        expect_error("Network", b.acquire, authority=insecure + "/t")
+        # Still only loopback, and only trusted ones.
+        expect_error("UntrustedAuthority", b.acquire, authority="http://example.test/t")
+        other_port = int(insecure.rsplit(":", 1)[1]) ^ 1
+        expect_error("UntrustedAuthority", b.acquire, authority=f"http://127.0.0.1:{other_port}/t")
+    finally:
+        b.close()
 
 
 def test_unknown_account(broker):
@@ -105,6 +148,26 @@ def test_locked_keyring(start_daemon, keyring, idp):
         assert idp.requests(mark) == []
     finally:
         b.close()
+
+
+def test_keyring_locked_while_the_daemon_runs(daemon, broker, keyring, idp):
+    signed_in = broker.sign_in()
+    keyring.lock()
+    # The cache in memory still serves tokens.
+    assert broker.silent()["access_token"] == signed_in["access_token"]
+    # A refresh rotates the refresh token at the IdP but cannot be saved: StoreUnavailable, quickly
+    # (no hang on a keyring prompt that nobody can answer).
+    started = time.monotonic()
+    expect_error("StoreUnavailable", broker.silent, force_refresh=True, call_timeout=20)
+    assert time.monotonic() - started < 10
+    keyring.unlock()
+    # Nothing was lost: the rotated refresh token was kept and is saved now.
+    refreshed = broker.silent(force_refresh=True)
+    assert refreshed["account"]["id"] == signed_in["account"]["id"]
+    daemon.restart()
+    mark = idp.mark()
+    assert broker.silent()["access_token"] == refreshed["access_token"]
+    assert idp.requests(mark) == []
 
 
 def test_user_denies_consent(broker, browser):

@@ -3,8 +3,6 @@ import re
 import time
 import uuid
 
-import pytest
-
 from conftest import AUTHORITY, ENVIRONMENT, TENANT, Broker, expect_error, jwt_claims
 
 ACCOUNT_KEYS = {"id", "username", "name", "authority", "environment", "realm", "local_account_id"}
@@ -73,9 +71,10 @@ def test_silent_refreshes_an_expired_token(broker, idp):
     signed_in = broker.sign_in(client_id="tessera-short")
     assert signed_in["expires_on"] - time.time() <= 4  # the IdP issues 3 s tokens to tessera-short
     mark = idp.mark()
-    # Still valid: min_validity=0 serves it from the cache.
-    assert broker.silent("tessera-short", min_validity=0)["access_token"] == signed_in["access_token"]
-    assert idp.requests(mark) == []
+    if time.time() < signed_in["expires_on"] - 0.5:  # (unless this machine is very slow)
+        # Still valid: min_validity=0 serves it from the cache.
+        assert broker.silent("tessera-short", min_validity=0)["access_token"] == signed_in["access_token"]
+        assert idp.requests(mark) == []
     time.sleep(max(0.0, signed_in["expires_on"] + 0.3 - time.time()))
 
     refreshed = broker.silent("tessera-short", min_validity=0)
