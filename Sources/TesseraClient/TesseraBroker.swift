@@ -74,6 +74,7 @@ public struct TesseraInteraction: Sendable, Equatable {
 public struct TesseraTokenOptions: Sendable {
   public var authority: String?
   public var loginHint: String?
+  public var domainHint: String?
   public var prompt: String?
   public var deviceCode = false
   public var claims: String?
@@ -89,6 +90,7 @@ public struct TesseraTokenOptions: Sendable {
     var d: [String: BusValue] = [:]
     if let authority { d["authority"] = .string(authority) }
     if let loginHint { d["login_hint"] = .string(loginHint) }
+    if let domainHint { d["domain_hint"] = .string(domainHint) }
     if let prompt { d["prompt"] = .string(prompt) }
     if deviceCode { d["flow"] = .string("device_code") }
     if let claims { d["claims"] = .string(claims) }
@@ -130,6 +132,8 @@ public final class TesseraBroker {
   private let client: BusClient
   /// Seconds added to an interactive flow's own timeout for the D-Bus call.
   static let interactiveSlack: UInt32 = 60
+  /// A silent call may refresh (discovery, keys, token: each bounded at 10 s by the broker).
+  static let silentTimeout: Double = 60
 
   public init() throws(TesseraClientError) {
     do {
@@ -172,11 +176,17 @@ public final class TesseraBroker {
   ) throws(TesseraClientError) -> TesseraToken {
     let flowTimeout =
       options.timeout ?? (options.deviceCode ? Broker.defaultDeviceCodeTimeout : Broker.defaultBrowserTimeout)
+    // Our own correlation id: only InteractionPending signals carrying it are for this call.
+    var options = options
+    let correlationID = options.correlationID ?? RequestParser.newCorrelationID()
+    options.correlationID = correlationID
     let reply = try call(
       "AcquireToken", [.string(clientID), .strings(scopes), .dict(options.busValue)],
       timeout: Double(flowTimeout + Self.interactiveSlack),
       onSignal: { member, values in
-        guard member == "InteractionPending", values.count == 2, case .dict(let info) = values[1] else { return }
+        guard member == "InteractionPending", values.count == 2, values[0] == .string(correlationID),
+          case .dict(let info) = values[1]
+        else { return }
         var expires: UInt32 = 0
         if case .uint32(let e)? = info["expires_in"] { expires = e }
         onInteraction?(
@@ -191,7 +201,8 @@ public final class TesseraBroker {
     clientID: String = "", scopes: [String] = [], accountID: String = "", options: TesseraTokenOptions = .init()
   ) throws(TesseraClientError) -> TesseraToken {
     let reply = try call(
-      "AcquireTokenSilent", [.string(clientID), .strings(scopes), .string(accountID), .dict(options.busValue)])
+      "AcquireTokenSilent", [.string(clientID), .strings(scopes), .string(accountID), .dict(options.busValue)],
+      timeout: Self.silentTimeout)
     return TesseraToken(reply.first?.dictValue ?? [:])
   }
 
@@ -211,6 +222,11 @@ public final class TesseraBroker {
     if let clientID { options["client_id"] = .string(clientID) }
     if !revoke { options["revoke"] = .bool(false) }
     _ = try call("SignOut", [.string(accountID), .dict(options)])
+  }
+
+  /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).
+  public func cancel(correlationID: String) throws(TesseraClientError) {
+    _ = try call("Cancel", [.string(correlationID)])
   }
 
   /// The broker's Version property.

@@ -52,9 +52,29 @@ public actor Broker {
   var loaded = false
   /// Store operations that failed and are retried before the next request touches the store.
   var pendingStoreOperations: [TokenCache.StoreOperation] = []
+  /// Refreshes under way, by what they produce (SilentTarget.key + claims): callers join them.
   var refreshes: [String: Task<TokenResult, any Error>] = [:]
+  /// The last store write queued: writes run in order.
+  var storeLane: Task<Void, Never>?
+  /// Tenant names (domains, GUIDs in any case) to the realm (`tid`) the IdP answered with.
+  var tenantRealms: [String: String] = [:]
+  /// The last refresh-token request queued per account and environment: refresh tokens rotate, so
+  /// requests that use the same one run one after another, each with the latest token.
+  var refreshLanes: [String: Task<Void, Never>] = [:]
+  /// Tokens callers used recently (refresh-ahead keeps them fresh), by SilentTarget.key.
+  var recentUse: [String: (target: SilentTarget, lastUsed: Date)] = [:]
+  /// Background refreshes that failed wait before the next try.
+  var backoff: [String: (failures: Int, notBefore: Date)] = [:]
+  var backgroundRefreshes: [String: Task<Void, Never>] = [:]
+  /// Endpoints that answered 429/503 with Retry-After: no request before the date.
+  var throttledUntil: [String: Date] = [:]
+  /// Interactive sign-ins under way, by correlation id, with the bus name of their caller.
+  var interactiveFlows: [String: (caller: String, task: Task<TokenResult, any Error>)] = [:]
 
   public static let defaultBrowserTimeout: UInt32 = 300
+  /// Each interactive sign-in holds a listener, a thread and a browser window: they are capped.
+  public static let maxInteractiveFlows = 16
+  public static let maxInteractiveFlowsPerCaller = 4
   public static let defaultDeviceCodeTimeout: UInt32 = 900
 
   public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
@@ -122,22 +142,38 @@ public actor Broker {
 
   private func flushPending() async throws {
     guard !pendingStoreOperations.isEmpty else { return }
-    let operations = pendingStoreOperations
-    pendingStoreOperations = []
-    try await apply(operations)
+    try await apply([])
   }
 
-  /// Writes to the Secret Service. On failure the in-memory state stays (nothing is lost while the
-  /// daemon runs) and the remaining operations are retried before the next store access.
-  private func apply(_ operations: [TokenCache.StoreOperation]) async throws {
-    for (index, operation) in operations.enumerated() {
+  /// Writes to the Secret Service, one batch after another in the order they were asked for, with
+  /// earlier writes that failed first. On failure the in-memory state stays (nothing is lost while
+  /// the daemon runs) and the unwritten operations are retried, still in order, before the next
+  /// write; with `retryLater` false they are dropped instead (the caller rolls back).
+  func apply(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) async throws {
+    let previous = storeLane
+    let write = Task { () async throws -> Void in
+      await previous?.value
+      try await self.write(operations, retryLater: retryLater)
+    }
+    let end = Task { _ = await write.result }
+    storeLane = end
+    defer { if storeLane == end { storeLane = nil } }
+    try await write.value
+  }
+
+  private func write(_ operations: [TokenCache.StoreOperation], retryLater: Bool) async throws {
+    let queue = pendingStoreOperations + operations  // the older, failed writes first
+    pendingStoreOperations = []
+    for (index, operation) in queue.enumerated() {
       do {
         switch operation {
         case .save(let item): try await deps.store.save(item)
         case .delete(let attributes): try await deps.store.delete(matching: attributes)
         }
       } catch {
-        pendingStoreOperations.append(contentsOf: operations[index...])
+        // Without retryLater only the older failed writes stay queued; this batch is dropped.
+        let olderCount = queue.count - operations.count
+        pendingStoreOperations = retryLater ? Array(queue[index...]) : Array(queue[min(index, olderCount)..<olderCount])
         throw error
       }
     }
@@ -170,6 +206,14 @@ public actor Broker {
   }
 
   static let commonTenants: Set<String> = ["common", "organizations", "consumers"]
+
+  /// The realm an authority's tokens are filed under: the account's home realm for common
+  /// authorities, else the tenant's `tid` as the IdP answered it (a domain tenant maps to a GUID).
+  func realm(for authority: Authority, account: Account) -> String {
+    let tenant = authority.tenant.lowercased()
+    if Self.commonTenants.contains(tenant) { return account.realm.lowercased() }
+    return tenantRealms[authority.environment + " " + tenant] ?? tenant
+  }
 
   /// Can `authority` use this account's tokens? Entra tenants of one cloud share accounts (and
   /// refresh tokens); any other IdP only its own issuer: a refresh token is never sent elsewhere.
@@ -211,94 +255,11 @@ public actor Broker {
     return only
   }
 
-  // MARK: - AcquireTokenSilent
-
-  public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
-    let clientID = try resolveClientID(request.clientID)
-    let scopes = try resolveScopes(request.scopes)
-    let authority = try resolveAuthority(request.authority)
-    try await ensureLoaded()
-    let account = try resolveAccount(request.accountID, authority: authority)
-    let realm = Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant
-
-    if !request.forceRefresh && request.claims == nil,
-      let cached = cache.accessToken(
-        accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID, scopes: scopes),
-      Double(cached.expiresOn) - deps.clock.now().timeIntervalSince1970 >= Double(request.minValidity)
-    {
-      return TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
-        .busValue(correlationID: request.correlationID)
-    }
-    guard
-      let refreshToken = cache.refreshToken(
-        accountID: account.id, environment: authority.environment, clientID: clientID)
-    else {
-      throw TesseraError.interactionRequired(
-        "\(account.username) has not signed in to client \(clientID) yet. Run an interactive sign-in (AcquireToken, or `tessera login --client-id \(clientID)`)."
-      )
-    }
-    let key = [
-      account.id, authority.environment, realm, clientID, ScopeSet.normalize(scopes).joined(separator: " "),
-      request.claims ?? "",
-    ]
-    .joined(separator: "\u{1F}")
-    if let running = refreshes[key] {
-      return try await running.value.busValue(correlationID: request.correlationID)
-    }
-    let task = Task {
-      try await self.redeemRefreshToken(
-        refreshToken, account: account, authority: authority, clientID: clientID, scopes: scopes, request: request)
-    }
-    refreshes[key] = task
-    defer { refreshes[key] = nil }
-    return try await task.value.busValue(correlationID: request.correlationID)
-  }
-
-  /// Sends the refresh token to the token endpoint of the environment that issued it.
-  func redeemRefreshToken(
-    _ record: RefreshTokenRecord, account: Account, authority: Authority, clientID: String, scopes: [String],
-    request: TokenRequest
-  ) async throws -> TokenResult {
-    // resolveAccount checked that `authority` may use this account (same issuer, or an Entra tenant
-    // of the same cloud): only then does the refresh token go to its token endpoint.
-    let tokenAuthority =
-      authority.isMicrosoft && authority.environment == record.environment
-      ? authority : try Authority(parsing: record.authority)
-    let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
-    var fields = [
-      ("grant_type", "refresh_token"), ("client_id", clientID), ("refresh_token", record.secret),
-      ("scope", Self.requestScopes(scopes)), ("client_info", "1"),
-    ]
-    if let claims = request.claims { fields.append(("claims", claims)) }
-    let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: request.correlationID)
-    return try await accept(
-      response, metadata: metadata, authority: tokenAuthority, clientID: clientID, scopes: scopes, nonce: nil,
-      knownAccount: account, previousRefreshToken: record)
-  }
-
-  static func requestScopes(_ scopes: [String]) -> String {
-    var all = scopes
-    for oidc in ["openid", "profile", "offline_access"] where !all.contains(where: { $0.lowercased() == oidc }) {
-      all.append(oidc)
-    }
-    return all.joined(separator: " ")
-  }
-
-  func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws -> TokenResponse
-  {
-    let response = try await deps.http.send(
-      .form(endpoint, fields, headers: [("client-request-id", correlationID), ("return-client-request-id", "true")]))
-    guard response.status == 200 else {
-      throw OAuthErrorResponse.map(
-        status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
-    }
-    return try TokenResponse.parse(response.body, endpoint: endpoint)
-  }
-
   /// Validates a token response, stores what it carries (the new refresh token first), and returns it.
+  /// `knownAccount` is the account a refresh was for; `requestedScopes` what the caller asked.
   func accept(
-    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, scopes: [String],
-    nonce: String?, knownAccount: Account?, previousRefreshToken: RefreshTokenRecord?
+    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
+    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?
   ) async throws -> TokenResult {
     var claims: IDTokenClaims?
     if let idToken = response.idToken {
@@ -319,6 +280,17 @@ public actor Broker {
         "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client."
       )
     }
+    // A refresh that finishes after the account was signed out must not bring it back.
+    if let knownAccount, cache.accounts[knownAccount.id] == nil {
+      if let issued = response.refreshToken {  // the IdP just rotated it: revoke, do not keep
+        await revoke(
+          RefreshTokenRecord(
+            accountID: knownAccount.id, environment: authority.environment, clientID: clientID,
+            authority: authority.url, secret: issued),
+          correlationID: RequestParser.newCorrelationID())
+      }
+      throw TesseraError.noSuchAccount("\(knownAccount.username) was signed out while this request ran. Sign in again.")
+    }
     var operations: [TokenCache.StoreOperation] = []
     let isNewAccount = cache.accounts[account.id] == nil
     if cache.accounts[account.id] != account { operations += cache.upsert(account: account) }
@@ -326,22 +298,33 @@ public actor Broker {
       operations += cache.upsert(
         refreshToken: RefreshTokenRecord(
           accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
-          secret: newRefreshToken))
+          secret: newRefreshToken, familyID: response.foci))
+    }
+    // Family membership is remembered only where families exist (Entra answers `foci`).
+    if response.foci != nil || cache.appMetadata(environment: authority.environment, clientID: clientID) != nil {
+      operations += cache.upsert(
+        appMetadata: AppMetadataRecord(environment: authority.environment, clientID: clientID, familyID: response.foci))
     }
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
-    let realm =
-      claims?.tid ?? (Self.commonTenants.contains(authority.tenant.lowercased()) ? account.realm : authority.tenant)
+    let realm = (claims?.tid ?? realm(for: authority, account: account)).lowercased()
+    if let tid = claims?.tid, !Self.commonTenants.contains(authority.tenant.lowercased()) {
+      tenantRealms[authority.environment + " " + authority.tenant.lowercased()] = tid.lowercased()
+    }
+    let now = Int64(deps.clock.now().timeIntervalSince1970)
+    let lifetimes = TokenLifetimes(
+      now: now, expiresIn: response.expiresIn, extExpiresIn: response.extExpiresIn, refreshIn: response.refreshIn)
     let accessToken = AccessTokenRecord(
       accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID,
-      scopes: ScopeSet.normalize(granted), secret: response.accessToken, tokenType: response.tokenType,
-      expiresOn: Int64(deps.clock.now().timeIntervalSince1970) + response.expiresIn,
+      scopes: ScopeSet.storedScopes(granted: granted, requested: scopes), secret: response.accessToken,
+      tokenType: response.tokenType, expiresOn: lifetimes.expiresOn,
       idToken: response.idToken
         ?? cache.accessToken(
           accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?
-        .idToken)
+        .idToken,
+      extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn)
     operations += cache.insert(accessToken: accessToken)
     if isNewAccount { deps.events.accountsChanged() }
-    // The refresh token is saved first: a crash after this costs at most the access token.
+    // The refresh token is saved first: a crash after this costs at most that one rotation.
     try await apply(operations)
     return TokenResult(accessToken: accessToken, grantedScopes: granted, account: account)
   }
@@ -391,15 +374,23 @@ public actor Broker {
       throw TesseraError.noSuchAccount(
         "No account with id '\(RequestParser.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
     }
+    // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
+    let before = cache
     let targets = cache.refreshTokens.filter {
-      $0.accountID == account.id && (request.clientID == nil || $0.clientID == request.clientID)
+      $0.accountID == account.id && (request.clientID == nil || $0.slot == request.clientID)
     }
+    let operations = cache.remove(accountID: account.id, clientID: request.clientID)
+    do {
+      try await apply(operations, retryLater: false)
+    } catch {
+      // The keyring is unavailable: nothing is signed out, and the caller is told.
+      cache.restore(from: before, accountID: account.id)
+      throw error
+    }
+    if request.clientID == nil { deps.events.accountsChanged() }
     if request.revoke {
       for record in targets { await revoke(record, correlationID: request.correlationID) }
     }
-    let operations = cache.remove(accountID: account.id, clientID: request.clientID)
-    if request.clientID == nil { deps.events.accountsChanged() }
-    try await apply(operations)
   }
 
   /// RFC 7009 revocation; failures are logged, never fatal to a sign-out.

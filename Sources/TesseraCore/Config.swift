@@ -11,12 +11,14 @@ public struct BrokerConfig: Sendable, Equatable {
   public var redirectPort: UInt16 = 0
   public var allowInsecureLoopback = false
   public var logLevel: String = "info"
+  /// Client capabilities announced to Entra in every request's claims (e.g. "cp1" for CAE).
+  public var clientCapabilities: [String] = []
 
   public init() {}
 
   public static let keys: [String] = [
     "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file", "browser",
-    "redirect_port", "allow_insecure_loopback", "log_level",
+    "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
   ]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
@@ -62,7 +64,7 @@ public struct BrokerConfig: Sendable, Equatable {
       case "default_client_id":
         guard let s = value.string else { throw fail(key, "must be a string") }
         config.defaultClientID = s
-      case "default_scopes", "trusted_authorities":
+      case "default_scopes", "trusted_authorities", "client_capabilities":
         guard let array = value.array else { throw fail(key, "must be an array of strings") }
         var strings: [String] = []
         for element in array {
@@ -71,6 +73,8 @@ public struct BrokerConfig: Sendable, Equatable {
         }
         if key == "default_scopes" {
           config.defaultScopes = strings
+        } else if key == "client_capabilities" {
+          config.clientCapabilities = strings
         } else {
           for s in strings {
             do { _ = try Authority(parsing: s) } catch { throw fail(key, "'\(s)' is not an https URL") }

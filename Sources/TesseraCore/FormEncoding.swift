@@ -56,3 +56,11 @@ extension String {
     count >= width ? self : String(repeating: "0", count: width - count) + self
   }
 }
+
+extension StringProtocol {
+  /// Without leading and trailing spaces, tabs and line breaks.
+  public func trimmingSpaces() -> String {
+    let isSpace = { (c: Character) in c == " " || c == "\t" || c == "\r" || c == "\n" }
+    return String(drop(while: isSpace).reversed().drop(while: isSpace).reversed())
+  }
+}

@@ -70,23 +70,49 @@ public actor OIDCDirectory {
         throw TesseraError.provider(
           "The discovery document at \(url) is not valid OpenID Connect metadata. Check the authority.")
       }
-      for endpoint in [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI]
-        + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap({ $0 })
-      {
-        guard let endpointAuthority = try? Authority(parsing: endpoint),
-          endpointAuthority.scheme == "https" || (endpointAuthority.isLoopback && policy.allowInsecureLoopback)
-        else {
-          throw TesseraError.untrustedAuthority(
-            "The discovery document of \(authority.url) names a non-https endpoint (\(RequestParser.clip(endpoint))); refusing to use it."
-          )
-        }
-      }
+      try Self.check(document, of: authority, policy: policy)
       metadata[authority.url] = (document, clock.now())
       return document
     }
     throw TesseraError.provider(
       "No OpenID Connect discovery document at \(authority.url) (HTTP \(lastStatus)). Check the authority: it should be the issuer URL of your IdP."
     )
+  }
+
+  /// A discovery document may only send the broker to endpoints the trust policy allows: Microsoft
+  /// endpoints on Microsoft hosts; otherwise the authority's own host or a trusted authority, over
+  /// https (http only for a loopback authority with allow_insecure_loopback). Its issuer must be
+  /// the authority (OIDC Discovery §4.3; Entra's multi-tenant issuer template excepted).
+  static func check(_ document: OIDCMetadata, of authority: Authority, policy: AuthorityPolicy) throws {
+    let refuse = { (why: String) in
+      TesseraError.untrustedAuthority("The discovery document of \(authority.url) \(why); refusing to use it.")
+    }
+    guard let issuer = try? Authority(parsing: document.issuer.replacingOccurrences(of: "{tenantid}", with: "tenant"))
+    else { throw refuse("has an unusable issuer") }
+    if authority.isMicrosoft {
+      guard issuer.isMicrosoft else { throw refuse("names a non-Microsoft issuer (\(issuer.environment))") }
+    } else {
+      let trimmed = { (s: String) in s.hasSuffix("/") ? String(s.dropLast()) : s }
+      guard trimmed(issuer.url) == trimmed(authority.url) else {
+        throw refuse("is for another issuer (\(RequestParser.clip(document.issuer)))")
+      }
+    }
+    let endpoints =
+      [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI]
+      + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap { $0 }
+    for endpoint in endpoints {
+      guard let target = try? Authority(parsing: endpoint) else { throw refuse("names an unusable endpoint") }
+      let schemeAllowed =
+        target.scheme == "https"
+        || (target.isLoopback && authority.isLoopback && authority.scheme == "http" && policy.allowInsecureLoopback)
+      let hostAllowed =
+        authority.isMicrosoft
+        ? target.isMicrosoft
+        : target.environment == authority.environment || policy.trusted.contains { target.isWithin($0) }
+      guard schemeAllowed, hostAllowed else {
+        throw refuse("names an endpoint outside the trusted authorities (\(target.scheme)://\(target.environment))")
+      }
+    }
   }
 
   private func keyCollection(_ jwksURI: String, refresh: Bool) async throws -> JWTKeyCollection {

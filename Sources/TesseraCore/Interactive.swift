@@ -11,36 +11,72 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
+    let callerFlows = interactiveFlows.values.filter { $0.caller == caller.busName }.count
+    guard interactiveFlows.count < Self.maxInteractiveFlows, callerFlows < Self.maxInteractiveFlowsPerCaller else {
+      throw TesseraError.invalidArgument(
+        "Too many sign-ins are in progress (\(callerFlows) from this caller, \(interactiveFlows.count) in all). Finish or Cancel one first."
+      )
+    }
+    guard interactiveFlows[request.correlationID] == nil else {
+      throw TesseraError.invalidArgument(
+        "An interactive request with correlation id \(request.correlationID) is already running. Use a new correlation id."
+      )
+    }
     try await ensureLoaded()
-    var loginHint = request.loginHint
-    var knownAccount: Account?
+    var hints = (login: request.loginHint, domain: request.domainHint)
     if !request.accountID.isEmpty {
+      // A known account (another app signed it in): pre-fill it, so the user sees at most a click.
       let account = try resolveAccount(request.accountID, authority: authority)
-      knownAccount = account
-      if loginHint == nil { loginHint = account.username }
+      if hints.login == nil { hints.login = account.username }
+      if hints.domain == nil, let at = account.username.lastIndex(of: "@") {
+        hints.domain = String(account.username[account.username.index(after: at)...])
+      }
     }
     let metadata = try await directory.metadata(for: authority, policy: policy)
-    let result: TokenResult
-    switch request.flow {
-    case .browser:
-      result = try await browserSignIn(
-        request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, loginHint: loginHint,
-        caller: caller)
-    case .deviceCode:
-      result = try await deviceCodeSignIn(
-        request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
+    let task = Task { () async throws -> TokenResult in
+      switch request.flow {
+      case .browser:
+        try await self.browserSignIn(
+          request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, hints: hints,
+          caller: caller)
+      case .deviceCode:
+        try await self.deviceCodeSignIn(
+          request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
+      }
     }
-    if let knownAccount, knownAccount.id != result.account.id {
-      logger.notice(
-        "Interactive sign-in for one account ended with another",
-        metadata: ["correlation_id": "\(request.correlationID)"])
+    interactiveFlows[request.correlationID] = (caller.busName, task)
+    defer { interactiveFlows[request.correlationID] = nil }
+    do {
+      return try await task.value.busValue(correlationID: request.correlationID)
+    } catch {
+      if task.isCancelled {
+        throw TesseraError.cancelled("The sign-in was cancelled (by Cancel, or because the caller left the bus).")
+      }
+      throw error
     }
-    return result.busValue(correlationID: request.correlationID)
+  }
+
+  /// Cancel(correlation_id): ends the caller's own interactive sign-in with `Cancelled`.
+  public func cancel(correlationID: String, caller: CallerInfo) throws {
+    guard let flow = interactiveFlows[correlationID], flow.caller == caller.busName else {
+      throw TesseraError.invalidArgument(
+        "No interactive sign-in with correlation id '\(RequestParser.clip(correlationID))' is running for this caller. Only the caller that started a sign-in can cancel it."
+      )
+    }
+    flow.task.cancel()
+  }
+
+  /// A caller left the bus: its interactive sign-ins are cancelled (nobody would get the result).
+  public func callerLeft(_ busName: String) {
+    for (correlationID, flow) in interactiveFlows where flow.caller == busName {
+      logger.info("The caller left the bus; cancelling its sign-in", metadata: ["correlation_id": "\(correlationID)"])
+      flow.task.cancel()
+    }
   }
 
   func browserSignIn(
     _ request: TokenRequest, clientID: String, scopes: [String], authority: Authority, metadata: OIDCMetadata,
-    loginHint: String?, caller: CallerInfo
+    hints: (login: String?, domain: String?), caller: CallerInfo
   ) async throws -> TokenResult {
     let pkce = PKCE()
     let listener = try deps.listeners.listen(
@@ -53,8 +89,9 @@ extension Broker {
       ("client-request-id", request.correlationID),
     ]
     if let prompt = request.prompt { query.append(("prompt", prompt.rawValue)) }
-    if let loginHint { query.append(("login_hint", loginHint)) }
-    if let claims = request.claims { query.append(("claims", claims)) }
+    if let login = hints.login { query.append(("login_hint", login)) }
+    if let domain = hints.domain { query.append(("domain_hint", domain)) }
+    if let claims = try claimsParameter(request.claims) { query.append(("claims", claims)) }
     query += request.extraQuery.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     let separator = metadata.authorizationEndpoint.contains("?") ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
@@ -74,7 +111,7 @@ extension Broker {
         "Could not start the browser; the caller was given the sign-in URL",
         metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(request.correlationID)"])
     }
-    let parameters = try await listener.waitForRedirect(timeoutSeconds: Double(timeout))
+    let parameters = try await listener.waitForRedirect(state: pkce.state, timeoutSeconds: Double(timeout))
     guard parameters["state"] == pkce.state else {
       throw TesseraError.accessDenied(
         "The sign-in redirect did not carry this request's state, so it was refused (a stale or forged redirect). Try again."
@@ -92,11 +129,11 @@ extension Broker {
       ("redirect_uri", listener.redirectURI), ("code_verifier", pkce.verifier), ("client_info", "1"),
       ("scope", Self.requestScopes(scopes)),
     ]
-    if let claims = request.claims { fields.append(("claims", claims)) }
+    if let claims = try claimsParameter(request.claims) { fields.append(("claims", claims)) }
     let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: request.correlationID)
     return try await accept(
-      response, metadata: metadata, authority: authority, clientID: clientID, scopes: scopes, nonce: pkce.nonce,
-      knownAccount: nil, previousRefreshToken: nil)
+      response, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes,
+      nonce: pkce.nonce, knownAccount: nil)
   }
 
   struct DeviceAuthorization: Decodable {
@@ -145,7 +182,7 @@ extension Broker {
 
     let deadline = deps.clock.now().addingTimeInterval(
       Double(min(expiresIn, request.timeout ?? Self.defaultDeviceCodeTimeout)))
-    var interval = Double(max(1, device.interval?.value ?? 5))
+    var interval = Double(min(max(1, device.interval?.value ?? 5), 60))
     while true {
       try await deps.clock.sleep(seconds: interval)
       guard deps.clock.now() < deadline else {
@@ -162,13 +199,13 @@ extension Broker {
       if poll.status == 200 {
         let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
         return try await accept(
-          token, metadata: metadata, authority: authority, clientID: clientID, scopes: scopes, nonce: nil,
-          knownAccount: nil, previousRefreshToken: nil)
+          token, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes, nonce: nil,
+          knownAccount: nil)
       }
       let error = (try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(poll.body)))?.error
       switch error {
       case "authorization_pending": continue
-      case "slow_down": interval += 5
+      case "slow_down": interval = min(interval + 5, 120)
       case "expired_token": throw TesseraError.timedOut("The device code expired before sign-in finished. Start again.")
       default:
         throw OAuthErrorResponse.map(

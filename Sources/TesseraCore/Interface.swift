@@ -45,6 +45,7 @@ public enum BrokerInterface {
       outputs: [arg("result", "a{sv}")]),
     Method(name: "GetAccounts", inputs: [arg("filter", "a{sv}")], outputs: [arg("accounts", "aa{sv}")]),
     Method(name: "SignOut", inputs: [arg("account_id", "s"), arg("options", "a{sv}")], outputs: []),
+    Method(name: "Cancel", inputs: [arg("correlation_id", "s")], outputs: []),
   ]
 
   public static let signals: [Signal] = [

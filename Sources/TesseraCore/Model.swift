@@ -35,14 +35,30 @@ public struct Account: Codable, Sendable, Equatable {
   }
 }
 
-/// A refresh token, kept per (account, environment, client id). Never leaves the daemon.
+/// A refresh token, kept per (account, environment, client id), or per (account, environment,
+/// family) for a family refresh token (FOCI) that every client of the family may use. Never leaves
+/// the daemon.
 public struct RefreshTokenRecord: Codable, Sendable, Equatable {
   public var accountID: String
   public var environment: String
+  /// The client it was issued to (for a family token: the last one that redeemed it).
   public var clientID: String
   /// The token endpoint's authority that issued it: the token is only ever sent there.
   public var authority: String
   public var secret: String
+  /// Microsoft's family of client ids ("1"), when the token is a family refresh token.
+  public var familyID: String? = nil
+
+  /// Where it is filed: the client id, or `family:<id>`.
+  public var slot: String { familyID.map { "family:" + $0 } ?? clientID }
+}
+
+/// What the broker learned about a client id (as MSAL's app metadata): is it in a family?
+public struct AppMetadataRecord: Codable, Sendable, Equatable {
+  public var environment: String
+  public var clientID: String
+  /// The family it belongs to; nil when it is known not to be in one.
+  public var familyID: String?
 }
 
 /// A cached access token.
@@ -58,6 +74,10 @@ public struct AccessTokenRecord: Codable, Sendable, Equatable {
   /// Unix seconds.
   public var expiresOn: Int64
   public var idToken: String?
+  /// Entra's extended lifetime (`ext_expires_in`): usable while the IdP is unreachable.
+  public var extExpiresOn: Int64? = nil
+  /// When to refresh it ahead of expiry (`refresh_in`, else a default; see TokenLifetimes).
+  public var refreshOn: Int64? = nil
 }
 
 /// Scope handling: comparisons are case-insensitive; OIDC scopes are not resource scopes.
@@ -74,8 +94,15 @@ public enum ScopeSet {
     Set(normalize(scopes)).subtracting(oidcScopes)
   }
 
-  /// Does a token granted `granted` satisfy a request for `requested`?
+  /// Does a token granted `granted` satisfy a request for `requested`? A `<resource>/.default`
+  /// request is satisfied by a token for that resource's `.default` (as Entra treats it).
   public static func covers(granted: [String], requested: [String]) -> Bool {
     resourceScopes(requested).isSubset(of: Set(normalize(granted)))
+  }
+
+  /// What a cached token is filed under: the granted scopes, plus the `.default` scopes that were
+  /// requested (Entra answers a `.default` request with the resource's individual scopes).
+  public static func storedScopes(granted: [String], requested: [String]) -> [String] {
+    normalize(granted + requested.filter { $0.lowercased().hasSuffix("/.default") || $0.lowercased() == ".default" })
   }
 }

@@ -18,6 +18,7 @@ public struct TokenRequest: Sendable, Equatable {
   public var accountID: String
   public var authority: String?
   public var loginHint: String?
+  public var domainHint: String?
   public var prompt: Prompt?
   public var flow: InteractiveFlow = .browser
   public var claims: String?
@@ -72,7 +73,8 @@ public enum RequestParser {
   }
 
   static let tokenOptions: [String: Kind] = [
-    "authority": .string, "account_id": .string, "login_hint": .string, "prompt": .string, "flow": .string,
+    "authority": .string, "account_id": .string, "login_hint": .string, "domain_hint": .string, "prompt": .string,
+    "flow": .string,
     "claims": .string, "extra_query": .stringMap, "correlation_id": .string, "force_refresh": .bool,
     "min_validity": .uint32, "timeout": .uint32,
   ]
@@ -82,7 +84,7 @@ public enum RequestParser {
   /// Parameters the broker sets itself and a caller may not override through `extra_query`.
   static let reservedQueryKeys: Set<String> = [
     "client_id", "redirect_uri", "response_type", "scope", "state", "nonce", "code_challenge",
-    "code_challenge_method", "prompt", "login_hint", "claims", "client_info", "response_mode",
+    "code_challenge_method", "prompt", "login_hint", "domain_hint", "claims", "client_info", "response_mode",
   ]
 
   static func checkKeys(_ options: [String: BusValue], _ allowed: [String: Kind], what: String) throws {
@@ -177,7 +179,9 @@ public enum RequestParser {
       }
       request.flow = value
     }
+    request.domainHint = try string(options, "domain_hint", max: 256)
     request.claims = try string(options, "claims", max: maxClaimsLength)
+    if let claims = request.claims { _ = try ClaimsRequest.parse(claims) }
     if case .stringMap(let extra)? = options["extra_query"] {
       guard extra.count <= maxExtraQuery else {
         throw TesseraError.invalidArgument(

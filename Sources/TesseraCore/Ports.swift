@@ -13,7 +13,7 @@ public struct SystemClock: BrokerClock {
   public init() {}
   public func now() -> Date { Date() }
   public func sleep(seconds: Double) async throws {
-    try await Task.sleep(nanoseconds: UInt64(max(0, seconds) * 1_000_000_000))
+    try await Task.sleep(nanoseconds: UInt64(min(max(0, seconds), 86_400) * 1_000_000_000))
   }
 }
 
@@ -25,8 +25,14 @@ public struct HTTPRequest: Sendable {
   /// Whole-request timeout in seconds.
   public var timeout: Double
 
-  public init(method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 30)
-  {
+  /// Short enough that a silent call's discovery, keys and token requests together finish well
+  /// within a D-Bus caller's timeout, so an unreachable IdP surfaces as Network, not a timeout.
+  public static let defaultTimeout: Double = 10
+
+  public init(
+    method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
+    timeout: Double = HTTPRequest.defaultTimeout
+  ) {
     self.method = method
     self.url = url
     self.headers = headers
@@ -97,8 +103,10 @@ public typealias RedirectParameters = [String: String]
 public protocol RedirectListener: Sendable {
   /// `http://127.0.0.1:PORT/` (or `http://localhost:PORT/`).
   var redirectURI: String { get }
-  /// Waits for the browser's redirect; answers it with a small page. Throws TimedOut/Cancelled.
-  func waitForRedirect(timeoutSeconds: Double) async throws -> RedirectParameters
+  /// Waits for the browser's redirect carrying `state` (requests without it are refused and
+  /// ignored: any local user can reach the port); answers it with a small page. Throws
+  /// TimedOut/Cancelled.
+  func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters
   func close()
 }
 

@@ -66,6 +66,12 @@ public struct TokenResponse: Sendable {
   public var refreshToken: String?
   public var idToken: String?
   public var clientInfo: String?
+  /// Entra: seconds the token stays usable when the IdP is down.
+  public var extExpiresIn: Int64? = nil
+  /// Entra: seconds after which the token should be refreshed ahead of expiry.
+  public var refreshIn: Int64? = nil
+  /// Entra: the family of client ids the refresh token belongs to ("1").
+  public var foci: String? = nil
 
   struct Wire: Decodable {
     var access_token: String?
@@ -75,6 +81,9 @@ public struct TokenResponse: Sendable {
     var refresh_token: String?
     var id_token: String?
     var client_info: String?
+    var ext_expires_in: FlexibleInt?
+    var refresh_in: FlexibleInt?
+    var foci: String?
   }
 
   /// Entra sends some numbers as strings.
@@ -102,9 +111,16 @@ public struct TokenResponse: Sendable {
       throw TesseraError.provider(
         "The token endpoint \(endpoint) answered without an access_token. Check the authority and client id.")
     }
+    let expiresIn = wire.expires_in?.value ?? 3600
+    guard expiresIn > 0, expiresIn <= 366 * 86_400 else {
+      throw TesseraError.provider(
+        "The token endpoint \(endpoint) answered with an invalid expires_in. Check the authority.")
+    }
     return TokenResponse(
-      accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: wire.expires_in?.value ?? 3600,
-      scope: wire.scope, refreshToken: wire.refresh_token, idToken: wire.id_token, clientInfo: wire.client_info)
+      accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: expiresIn, scope: wire.scope,
+      refreshToken: wire.refresh_token, idToken: wire.id_token, clientInfo: wire.client_info,
+      extExpiresIn: wire.ext_expires_in?.value, refreshIn: wire.refresh_in?.value,
+      foci: wire.foci.flatMap { $0.isEmpty ? nil : $0 })
   }
 }
 
@@ -112,7 +128,10 @@ public struct TokenResponse: Sendable {
 public struct OAuthErrorResponse: Decodable, Sendable {
   public var error: String
   public var error_description: String?
+  public var error_codes: [Int]?
   public var suberror: String?
+  /// Entra: a claims challenge to send with the next interactive request.
+  public var claims: String?
   public var correlation_id: String?
   public var trace_id: String?
 
@@ -120,10 +139,32 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     "invalid_grant", "interaction_required", "consent_required", "login_required",
   ]
 
+  /// What Entra's `suberror` values mean for the user (docs/errors.md).
+  static let suberrorReasons: [String: String] = [
+    "basic_action": "the user must complete a simple action at the identity provider, such as accepting terms of use",
+    "additional_action":
+      "the user must complete an additional step, such as registering for multi-factor authentication",
+    "message_only": "the identity provider has a message for the user",
+    "consent_required": "the user or an administrator must consent to the app's permissions",
+    "user_password_expired": "the user's password has expired and must be changed",
+    "bad_token": "the refresh token is no longer valid (revoked, or issued before a password change)",
+    "token_expired": "the refresh token has expired",
+    "protection_policy_required": "the organisation requires an app protection policy for this app",
+    "client_mismatch": "the refresh token belongs to another app",
+  ]
+
+  /// Seconds from a Retry-After header (delta-seconds form), bounded to an hour.
+  public static func retryAfterSeconds(_ header: String?) -> Int? {
+    guard let header, let seconds = Int(header.trimmingSpaces()), seconds >= 0 else { return nil }
+    return min(seconds, 3600)
+  }
+
   /// Maps an error answer from a token endpoint to what the caller gets.
   public static func map(status: Int, body: [UInt8], endpoint: String, retryAfter: String?) -> TesseraError {
     if status >= 500 || status == 429 {
-      let wait = retryAfter.map { " The IdP asked to wait \($0) s before retrying." } ?? " Try again in a moment."
+      let wait =
+        retryAfterSeconds(retryAfter).map { " The IdP asked to wait \($0) s before retrying." }
+        ?? " Try again in a moment."
       return .network("The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)")
     }
     guard let parsed = try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(body)) else {
@@ -131,14 +172,24 @@ public struct OAuthErrorResponse: Decodable, Sendable {
         "The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
     }
     var detail = parsed.error
+    if let code = parsed.error_codes?.first { detail += " AADSTS\(code)" }
     if let description = parsed.error_description {
-      let firstLine = description.split(separator: "\n").first.map(String.init) ?? description
+      var firstLine = description.split(separator: "\n").first.map(String.init) ?? description
+      if firstLine.hasPrefix("AADSTS"), let colon = firstLine.firstIndex(of: ":") {  // the code is there already
+        firstLine = String(firstLine[firstLine.index(after: colon)...]).trimmingSpaces()
+      }
       detail += ": " + String(firstLine.prefix(300))
     }
-    if let suberror = parsed.suberror { detail += " (suberror \(suberror))" }
+    if let suberror = parsed.suberror {
+      detail += "; " + (suberrorReasons[suberror] ?? "suberror \(suberror)")
+    }
     if let correlation = parsed.correlation_id { detail += " [IdP correlation id \(correlation)]" }
     if let trace = parsed.trace_id { detail += " [trace id \(trace)]" }
-    return classify(parsed.error, detail: detail)
+    var mapped = classify(parsed.error, detail: detail)
+    if let claims = parsed.claims, !claims.isEmpty, mapped.code == .interactionRequired {
+      mapped.message += " Retry AcquireToken with the option claims set to: \(String(claims.prefix(2048)))"
+    }
+    return mapped
   }
 
   /// The one mapping from an OAuth error code (token endpoint or authorization redirect) to what
@@ -150,7 +201,7 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       )
     }
     switch error {
-    case "access_denied":
+    case "access_denied", "authorization_declined":
       return .accessDenied("The identity provider denied the request (\(detail)).")
     case "authorization_pending", "slow_down":
       return .provider("Unexpected \(error) outside a device-code flow (\(detail)).")

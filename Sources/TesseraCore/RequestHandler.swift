@@ -3,7 +3,7 @@ import Logging
 /// Turns a D-Bus method call into a broker operation and its reply, and logs every request:
 /// correlation id, caller, client id, scopes and outcome. Never a token.
 public struct RequestHandler: Sendable {
-  let broker: Broker
+  public let broker: Broker
   let logger: Logger
   let clock: any BrokerClock
 
@@ -79,6 +79,10 @@ public struct RequestHandler: Sendable {
       metadata["account_id"] = "\(request.accountID)"
       if let clientID = request.clientID { metadata["client_id"] = "\(clientID)" }
       try await broker.signOut(request)
+      return []
+    case "Cancel":
+      metadata["correlation_id"] = "\(string(0))"
+      try await broker.cancel(correlationID: string(0), caller: caller)
       return []
     default:
       throw TesseraError.internal("\(method) is declared but not implemented. Please report this.")

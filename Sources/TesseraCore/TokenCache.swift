@@ -6,6 +6,8 @@ public struct TokenCache: Sendable {
   public private(set) var accounts: [String: Account] = [:]
   public private(set) var refreshTokens: [RefreshTokenRecord] = []
   public private(set) var accessTokens: [AccessTokenRecord] = []
+  /// Keyed by "environment client-id".
+  public private(set) var appMetadata: [String: AppMetadataRecord] = [:]
 
   public init() {}
 
@@ -13,12 +15,29 @@ public struct TokenCache: Sendable {
     case account
     case refreshToken = "refresh_token"
     case accessToken = "access_token"
+    case appMetadata = "app_metadata"
   }
 
   // MARK: Lookups
 
+  /// The refresh token a client should use: its own, else its family's (when it is in a family, or
+  /// not yet known not to be).
   public func refreshToken(accountID: String, environment: String, clientID: String) -> RefreshTokenRecord? {
-    refreshTokens.first { $0.accountID == accountID && $0.environment == environment && $0.clientID == clientID }
+    if let own = refreshToken(accountID: accountID, environment: environment, slot: clientID) { return own }
+    let metadata = appMetadata(environment: environment, clientID: clientID)
+    if let metadata, metadata.familyID == nil { return nil }
+    return refreshTokens.first {
+      $0.accountID == accountID && $0.environment == environment && $0.familyID != nil
+        && (metadata == nil || $0.familyID == metadata?.familyID)
+    }
+  }
+
+  public func refreshToken(accountID: String, environment: String, slot: String) -> RefreshTokenRecord? {
+    refreshTokens.first { $0.accountID == accountID && $0.environment == environment && $0.slot == slot }
+  }
+
+  public func appMetadata(environment: String, clientID: String) -> AppMetadataRecord? {
+    appMetadata[environment + " " + clientID]
   }
 
   /// The longest-lived access token that matches and covers `scopes`.
@@ -27,7 +46,8 @@ public struct TokenCache: Sendable {
   ) -> AccessTokenRecord? {
     accessTokens.filter {
       $0.accountID == accountID && $0.environment == environment && $0.clientID == clientID
-        && (realm == nil || $0.realm == realm) && ScopeSet.covers(granted: $0.scopes, requested: scopes)
+        && (realm == nil || $0.realm.lowercased() == realm?.lowercased())
+        && ScopeSet.covers(granted: $0.scopes, requested: scopes)
     }.max { $0.expiresOn < $1.expiresOn }
   }
 
@@ -45,9 +65,17 @@ public struct TokenCache: Sendable {
 
   public mutating func upsert(refreshToken record: RefreshTokenRecord) -> [StoreOperation] {
     refreshTokens.removeAll {
-      $0.accountID == record.accountID && $0.environment == record.environment && $0.clientID == record.clientID
+      $0.accountID == record.accountID && $0.environment == record.environment && $0.slot == record.slot
     }
     refreshTokens.append(record)
+    return [.save(Self.item(record))]
+  }
+
+  /// Records whether a client is in a family; no store write when nothing changed.
+  public mutating func upsert(appMetadata record: AppMetadataRecord) -> [StoreOperation] {
+    let key = record.environment + " " + record.clientID
+    guard appMetadata[key] != record else { return [] }
+    appMetadata[key] = record
     return [.save(Self.item(record))]
   }
 
@@ -70,7 +98,8 @@ public struct TokenCache: Sendable {
 
   /// Removes an account's tokens (one client's when `clientID` is given), and the account itself otherwise.
   public mutating func remove(accountID: String, clientID: String?) -> [StoreOperation] {
-    refreshTokens.removeAll { $0.accountID == accountID && (clientID == nil || $0.clientID == clientID) }
+    // With a client id: that client's own refresh token; a family token stays for the other apps.
+    refreshTokens.removeAll { $0.accountID == accountID && (clientID == nil || $0.slot == clientID) }
     accessTokens.removeAll { $0.accountID == accountID && (clientID == nil || $0.clientID == clientID) }
     var match = [Self.base: Self.schemaVersion, "account_id": accountID]
     if let clientID {
@@ -81,7 +110,24 @@ public struct TokenCache: Sendable {
       ]
     }
     accounts[accountID] = nil
-    return [.delete(match)]
+    guard accounts.isEmpty, !appMetadata.isEmpty else { return [.delete(match)] }
+    // The last account is gone: what was learned about clients goes too, leaving no Tessera item.
+    appMetadata.removeAll()
+    return [.delete(match), .delete([Self.base: Self.schemaVersion, "kind": Kind.appMetadata.rawValue])]
+  }
+
+  /// Puts back what `remove(accountID:clientID:)` took of one account (a sign-out the store refused).
+  public mutating func restore(from before: TokenCache, accountID: String) {
+    if let account = before.accounts[accountID] { accounts[accountID] = account }
+    for record in before.refreshTokens where record.accountID == accountID {
+      if refreshToken(accountID: accountID, environment: record.environment, slot: record.slot) == nil {
+        refreshTokens.append(record)
+      }
+    }
+    for token in before.accessTokens where token.accountID == accountID && !accessTokens.contains(token) {
+      accessTokens.append(token)
+    }
+    appMetadata.merge(before.appMetadata) { current, _ in current }
   }
 
   // MARK: Secret Service items
@@ -96,8 +142,11 @@ public struct TokenCache: Sendable {
   static func attributes(_ r: RefreshTokenRecord) -> [String: String] {
     [
       base: schemaVersion, "kind": Kind.refreshToken.rawValue, "account_id": r.accountID, "environment": r.environment,
-      "client_id": r.clientID,
+      "client_id": r.slot,
     ]
+  }
+  static func attributes(_ m: AppMetadataRecord) -> [String: String] {
+    [base: schemaVersion, "kind": Kind.appMetadata.rawValue, "environment": m.environment, "client_id": m.clientID]
   }
   static func attributes(_ t: AccessTokenRecord) -> [String: String] {
     [
@@ -117,7 +166,11 @@ public struct TokenCache: Sendable {
   }
   static func item(_ r: RefreshTokenRecord) -> StoredItem {
     StoredItem(
-      attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.clientID) (\(r.environment))")
+      attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.slot) (\(r.environment))")
+  }
+  static func item(_ m: AppMetadataRecord) -> StoredItem {
+    StoredItem(
+      attributes: attributes(m), secret: json(m), label: "Tessera app metadata for \(m.clientID) (\(m.environment))")
   }
   static func item(_ t: AccessTokenRecord) -> StoredItem {
     StoredItem(
@@ -143,6 +196,12 @@ public struct TokenCache: Sendable {
       case .refreshToken:
         if let r = try? decoder.decode(RefreshTokenRecord.self, from: data) {
           cache.refreshTokens.append(r)
+        } else {
+          skipped += 1
+        }
+      case .appMetadata:
+        if let m = try? decoder.decode(AppMetadataRecord.self, from: data) {
+          cache.appMetadata[m.environment + " " + m.clientID] = m
         } else {
           skipped += 1
         }

@@ -23,12 +23,25 @@ public struct CommandBrowserLauncher: BrowserLauncher {
       environment["INVOCATION_ID"] != nil ? ["systemd-run", "--user", "--quiet", "--collect", "--"] : []
   }
 
+  /// The browser gets stdin, stdout and stderr only, none of the daemon's sockets: every other
+  /// descriptor is marked close-on-exec (the daemon itself never relies on inheriting any).
+  static func closeOnExec() {
+    guard let directory = opendir("/proc/self/fd") else { return }
+    defer { closedir(directory) }
+    let own = dirfd(directory)
+    while let entry = readdir(directory) {
+      let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+      if let fd = Int32(name), fd > 2, fd != own { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    }
+  }
+
   public func open(_ url: String) throws {
     var arguments = command.contains("%s") ? command.map { $0 == "%s" ? url : $0 } : command + [url]
     if arguments.isEmpty { arguments = ["xdg-open", url] }
     arguments = launcherPrefix + arguments
     var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
+    Self.closeOnExec()
     var pid: pid_t = 0
     let r = posix_spawnp(&pid, argv[0]!, nil, nil, &argv, environ)
     guard r == 0 else {
@@ -37,7 +50,8 @@ public struct CommandBrowserLauncher: BrowserLauncher {
       )
     }
     let child = pid
-    DispatchQueue.global().async {
+    // Reaped on a thread of its own: a browser may run for hours.
+    startThread(name: "tessera-reaper") {
       var status: Int32 = 0
       while waitpid(child, &status, 0) < 0 && errno == EINTR {}
     }

@@ -1,6 +1,5 @@
 import CSystemd
 import CTesseraShim
-import Dispatch
 import Glibc
 import Logging
 import Synchronization
@@ -28,6 +27,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   public typealias CallHandler =
     @Sendable (_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ reply: ReplyToken) -> Void
   private let onCall: CallHandler
+  /// Called (on the bus thread) when a unique name leaves the bus.
+  private let onCallerGone: @Sendable (String) -> Void
 
   /// Identifies a pending call; pass it back to `reply`.
   public struct ReplyToken: Sendable {
@@ -44,32 +45,33 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     public let description: String
   }
 
-  public init(logger: Logger, onCall: @escaping CallHandler) {
+  public init(
+    logger: Logger, onCall: @escaping CallHandler, onCallerGone: @escaping @Sendable (String) -> Void = { _ in }
+  ) {
     self.logger = logger
     self.onCall = onCall
+    self.onCallerGone = onCallerGone
     self.eventFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
   }
 
   /// Connects, exports the object, takes the well-known name, and runs the loop on its own thread.
   /// Returns once the name is owned (or throws why not). `onExit` runs when the loop ends.
-  public func start(onExit: @escaping @Sendable (String?) -> Void) throws {
-    let ready = DispatchSemaphore(value: 0)
-    let startResult = Mutex<String?>(nil)
-    startThread(name: "tessera-bus") { [self] in
-      do {
-        try self.connect()
-      } catch {
-        startResult.withLock { $0 = "\(error)" }
-        ready.signal()
-        return
+  public func start(onExit: @escaping @Sendable (String?) -> Void) async throws {
+    // The bus thread reports whether it got going; the caller's task waits without blocking a thread.
+    try await withCheckedThrowingContinuation { (ready: CheckedContinuation<Void, any Error>) in
+      startThread(name: "tessera-bus") { [self] in
+        do {
+          try self.connect()
+        } catch {
+          ready.resume(throwing: error)
+          return
+        }
+        ready.resume()
+        let r = sd_event_loop(self.event)
+        self.logger.info("Bus loop ended", metadata: ["code": "\(r)"])
+        onExit(r < 0 ? "the bus loop failed: \(BusCodec.errnoString(-r))" : nil)
       }
-      ready.signal()
-      let r = sd_event_loop(self.event)
-      self.logger.info("Bus loop ended", metadata: ["code": "\(r)"])
-      onExit(r < 0 ? "the bus loop failed: \(BusCodec.errnoString(-r))" : nil)
     }
-    ready.wait()
-    if let failure = startResult.withLock({ $0 }) { throw StartError(description: failure) }
   }
 
   /// Asks the loop to finish; pending calls are answered with Cancelled first.
@@ -107,6 +109,10 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
       sd_bus_add_object_vtable(bus, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, Self.vtable, me),
       "Could not export \(BrokerInterface.objectPath)")
     try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
+    try check(
+      sd_bus_match_signal(
+        bus, nil, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
+        nameOwnerChangedHandler, me), "Could not watch callers leaving the bus")
     let r = sd_bus_request_name(bus, BrokerInterface.busName, 0)
     if r == -EEXIST || r == -EALREADY {
       throw StartError(
@@ -211,6 +217,15 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
     return info
   }
 
+  /// NameOwnerChanged(name, old, new): a unique name with no new owner has left the bus.
+  fileprivate func nameOwnerChanged(_ message: OpaquePointer) {
+    guard let values = try? BusCodec.readAll(message), values.count == 3, case .string(let name) = values[0],
+      case .string(let newOwner) = values[2], name.hasPrefix(":"), newOwner.isEmpty
+    else { return }
+    callerCache[name] = nil
+    onCallerGone(name)
+  }
+
   fileprivate func drainMailbox() {
     var counter: UInt64 = 0
     _ = read(eventFD, &counter, 8)
@@ -296,6 +311,12 @@ private let signatureFilter: sd_bus_message_handler_t = { message, userdata, _ i
 private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, _, _ in
   guard let reply, let property, String(cString: property) == "Version" else { return -EINVAL }
   return BrokerInterface.version.withCString { sd_bus_message_append_basic(reply, CChar(UInt8(ascii: "s")), $0) }
+}
+
+private let nameOwnerChangedHandler: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  server(userdata).nameOwnerChanged(message)
+  return 0
 }
 
 private let mailboxReady: sd_event_io_handler_t = { _, _, _, userdata in

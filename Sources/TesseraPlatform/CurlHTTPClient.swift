@@ -12,7 +12,6 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   // and returned to `idle` under its mutex); `caBundle` is immutable.
   private struct Handle: @unchecked Sendable { let pointer: UnsafeMutableRawPointer }
   private let idle = Mutex<[Handle]>([])
-  private let queue = DispatchQueue(label: "tessera.http", attributes: .concurrent)
   private let caBundle: [UInt8]?
   private let protocols: String
   /// Larger answers are refused: no IdP document is anywhere near this.
@@ -48,8 +47,9 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   }
 
   public func send(_ request: HTTPRequest) async throws -> HTTPResponse {
+    // A thread of its own per request: a slow IdP never holds a shared pool's thread.
     try await withCheckedThrowingContinuation { continuation in
-      queue.async { continuation.resume(with: Result { try self.perform(request) }) }
+      startThread(name: "tessera-http") { continuation.resume(with: Result { try self.perform(request) }) }
     }
   }
 
@@ -74,7 +74,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
         _ = tessera_curl_setopt_string(curl, CURLOPT_URL, request.url)
         _ = tessera_curl_setopt_long(curl, CURLOPT_NOSIGNAL, 1)
         _ = tessera_curl_setopt_long(curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000))
-        _ = tessera_curl_setopt_long(curl, CURLOPT_CONNECTTIMEOUT_MS, 10_000)
+        _ = tessera_curl_setopt_long(curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000)
         _ = tessera_curl_setopt_long(curl, CURLOPT_FOLLOWLOCATION, 0)
         _ = tessera_curl_setopt_string(curl, CURLOPT_PROTOCOLS_STR, protocols)
         _ = tessera_curl_setopt_string(curl, CURLOPT_USERAGENT, Self.userAgent)
@@ -175,13 +175,4 @@ private let writeHeader: @convention(c) (UnsafeMutablePointer<CChar>?, Int, Int,
     exchange.headers[name] = value
   }
   return length
-}
-
-extension Substring {
-  func trimmingSpaces() -> String {
-    String(
-      drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: {
-        $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n"
-      }).reversed())
-  }
 }

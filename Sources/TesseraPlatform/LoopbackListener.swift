@@ -23,7 +23,18 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
   init(port requestedPort: UInt16, hostName: String) throws {
     let v4 = try Self.bind4(port: requestedPort)
     var sockets = [v4.fd]
-    if hostName == "localhost", let v6 = try? Self.bind6(port: v4.port) { sockets.append(v6) }
+    if hostName == "localhost" {
+      switch Self.bind6(port: v4.port) {
+      case .success(let v6): sockets.append(v6)
+      case .failure(let failure) where failure.code == EADDRINUSE:
+        // Someone else holds [::1]:PORT and would receive the browser's redirect to localhost.
+        Glibc.close(v4.fd)
+        throw TesseraError.internal(
+          "Port \(v4.port) on [::1] is used by another program, which would receive the sign-in redirect. Free it, or change redirect_port in config.toml."
+        )
+      case .failure: break  // no IPv6 loopback here: browsers fall back to 127.0.0.1
+      }
+    }
     self.sockets = sockets
     var fds: [Int32] = [0, 0]
     guard pipe(&fds) == 0 else {
@@ -74,9 +85,11 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     return (fd, UInt16(bigEndian: actual.sin_port))
   }
 
-  private static func bind6(port: UInt16) throws -> Int32 {
+  struct BindFailure: Error { let code: Int32 }
+
+  private static func bind6(port: UInt16) -> Result<Int32, BindFailure> {
     let fd = socket(AF_INET6, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw TesseraError.internal("no IPv6") }
+    guard fd >= 0 else { return .failure(BindFailure(code: errno)) }
     var one: Int32 = 1
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
     setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
@@ -88,10 +101,11 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
       $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
     }
     guard bound == 0, listen(fd, 16) == 0 else {
+      let code = errno
       Glibc.close(fd)
-      throw TesseraError.internal("no IPv6 loopback")
+      return .failure(BindFailure(code: code))
     }
-    return fd
+    return .success(fd)
   }
 
   func close() {
@@ -100,11 +114,11 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     _ = write(wake.write, &one, 1)
   }
 
-  func waitForRedirect(timeoutSeconds: Double) async throws -> RedirectParameters {
+  func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters {
     try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { continuation in
         startThread(name: "tessera-redirect") {
-          continuation.resume(with: Result { try self.serve(timeoutSeconds: timeoutSeconds) })
+          continuation.resume(with: Result { try self.serve(state: state, timeoutSeconds: timeoutSeconds) })
         }
       }
     } onCancel: {
@@ -112,22 +126,19 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     }
   }
 
-  private func serve(timeoutSeconds: Double) throws -> RedirectParameters {
-    var deadline = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &deadline)
-    let end = Double(deadline.tv_sec) + Double(deadline.tv_nsec) / 1e9 + timeoutSeconds
+  static func monotonicNow() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+  }
+
+  /// Any local user can connect to the port, so only a request carrying this sign-in's `state` ends
+  /// the wait; anything else is answered 400 and ignored. Each connection gets at most
+  /// `connectionBudget` seconds, and the wait can always be cancelled.
+  private func serve(state: String, timeoutSeconds: Double) throws -> RedirectParameters {
+    let end = Self.monotonicNow() + timeoutSeconds
     while true {
-      if closed.withLock({ $0 }) {
-        throw TesseraError.cancelled("The sign-in was cancelled before the browser came back.")
-      }
-      var now = timespec()
-      clock_gettime(CLOCK_MONOTONIC, &now)
-      let remaining = end - (Double(now.tv_sec) + Double(now.tv_nsec) / 1e9)
-      guard remaining > 0 else {
-        throw TesseraError.timedOut(
-          "The browser sign-in did not finish within \(Int(timeoutSeconds)) s. Start it again, or pass a larger 'timeout'."
-        )
-      }
+      let remaining = try remainingTime(until: end, timeoutSeconds: timeoutSeconds)
       var fds =
         sockets.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) } + [
           pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0)
@@ -137,43 +148,64 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
       for entry in fds.dropLast() where entry.revents & Int16(POLLIN) != 0 {
         let connection = accept(entry.fd, nil, nil)
         guard connection >= 0 else { continue }
-        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
         defer { Glibc.close(connection) }
-        if let parameters = handle(connection) { return parameters }
+        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(connection, F_SETFL, O_NONBLOCK)
+        let deadline = min(end, Self.monotonicNow() + Self.connectionBudget)
+        guard let target = readRequestTarget(connection, deadline: deadline) else {
+          respond(connection, status: "400 Bad Request", page: nil)
+          continue
+        }
+        let parameters = target.query.map { FormEncoding.decode(String($0)) } ?? [:]
+        guard parameters["state"] == state, parameters["code"] != nil || parameters["error"] != nil else {
+          respond(connection, status: target.query == nil ? "404 Not Found" : "400 Bad Request", page: nil)
+          continue
+        }
+        respond(connection, status: "200 OK", page: parameters["error"] == nil ? Self.successPage : Self.failurePage)
+        return parameters
       }
     }
   }
 
-  /// Reads one request; answers and returns its query when it carries `code` or `error`.
-  private func handle(_ connection: Int32) -> RedirectParameters? {
-    var timeout = timeval(tv_sec: 5, tv_usec: 0)
-    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+  static let connectionBudget: Double = 2
+
+  private func remainingTime(until end: Double, timeoutSeconds: Double) throws -> Double {
+    if closed.withLock({ $0 }) {
+      throw TesseraError.cancelled("The sign-in was cancelled before the browser came back.")
+    }
+    let remaining = end - Self.monotonicNow()
+    guard remaining > 0 else {
+      throw TesseraError.timedOut(
+        "The browser sign-in did not finish within \(Int(timeoutSeconds)) s. Start it again, or pass a larger 'timeout'."
+      )
+    }
+    return remaining
+  }
+
+  /// Reads a request's head within `deadline` (monotonic seconds) and returns its target's path and
+  /// query; nil for anything that is not a timely, small `GET`.
+  private func readRequestTarget(_ connection: Int32, deadline: Double) -> (path: Substring, query: Substring?)? {
     var request: [UInt8] = []
     var buffer = [UInt8](repeating: 0, count: 4096)
-    while request.count < 16384 {
+    while request.count < 16384, !request.suffix(4).elementsEqual([13, 10, 13, 10]) {
+      let left = deadline - Self.monotonicNow()
+      if left <= 0 || closed.withLock({ $0 }) { return nil }
+      var fds = [
+        pollfd(fd: connection, events: Int16(POLLIN), revents: 0),
+        pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0),
+      ]
+      guard poll(&fds, 2, Int32(left * 1000) + 1) > 0, fds[0].revents != 0 else { continue }
       let n = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress, $0.count, 0) }
+      if n < 0 && (errno == EAGAIN || errno == EINTR) { continue }
       if n <= 0 { break }
       request += buffer[0..<n]
-      if request.count >= 4, request.suffix(4) == [13, 10, 13, 10] { break }
     }
     let firstLine = String(decoding: request.prefix { $0 != 13 && $0 != 10 }, as: UTF8.self)
     let parts = firstLine.split(separator: " ")
-    guard parts.count >= 2, parts[0] == "GET" else {
-      respond(connection, status: "405 Method Not Allowed", page: nil)
-      return nil
-    }
+    guard parts.count >= 2, parts[0] == "GET" else { return nil }
     let target = parts[1]
-    guard let questionMark = target.firstIndex(of: "?") else {
-      respond(connection, status: "404 Not Found", page: nil)
-      return nil
-    }
-    let parameters = FormEncoding.decode(String(target[target.index(after: questionMark)...]))
-    guard parameters["code"] != nil || parameters["error"] != nil else {
-      respond(connection, status: "404 Not Found", page: nil)
-      return nil
-    }
-    respond(connection, status: "200 OK", page: parameters["error"] == nil ? Self.successPage : Self.failurePage)
-    return parameters
+    guard let questionMark = target.firstIndex(of: "?") else { return (target, nil) }
+    return (target[..<questionMark], target[target.index(after: questionMark)...])
   }
 
   private func respond(_ connection: Int32, status: String, page: String?) {

@@ -10,6 +10,11 @@ final class RequestRouter: Sendable {
 
   func install(server: BusServer, handler: RequestHandler) { target.withLock { $0 = (server, handler) } }
 
+  func callerGone(_ busName: String) {
+    guard let (_, handler) = target.withLock({ $0 }) else { return }
+    Task { await handler.broker.callerLeft(busName) }
+  }
+
   func dispatch(_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ token: BusServer.ReplyToken) {
     guard let (server, handler) = target.withLock({ $0 }) else { return }
     Task {
@@ -36,7 +41,7 @@ final class BusService: Service, Sendable {
   func run() async throws {
     let (ended, continuation) = AsyncStream<String?>.makeStream()
     do {
-      try server.start { reason in
+      try await server.start { reason in
         continuation.yield(reason)
         continuation.finish()
       }

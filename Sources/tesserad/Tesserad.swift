@@ -77,9 +77,10 @@ struct Tesserad: AsyncParsableCommand {
       throw ExitCode(78)
     }
     let requests = RequestRouter()
-    let server = BusServer(logger: logger) { method, arguments, caller, token in
-      requests.dispatch(method, arguments, caller, token)
-    }
+    let server = BusServer(
+      logger: logger,
+      onCall: { method, arguments, caller, token in requests.dispatch(method, arguments, caller, token) },
+      onCallerGone: { busName in requests.callerGone(busName) })
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(
@@ -89,6 +90,9 @@ struct Tesserad: AsyncParsableCommand {
       logger: logger)
     requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))
 
+    // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
+    let maintenance = Task { await broker.runMaintenance() }
+    defer { maintenance.cancel() }
     let service = BusService(server: server, logger: logger, configPath: path)
     let group = ServiceGroup(
       configuration: .init(

@@ -96,7 +96,8 @@ final class BrokerTests: XCTestCase {
       XCTAssertEqual(error.code, .network)
       XCTAssertTrue(error.message.contains("30"), "the wait the IdP asked for is in the message")
     }
-    // The next attempt still has the refresh token and succeeds.
+    // After the wait the IdP asked for, the refresh token is still there and works.
+    h.clock.advance(31)
     let result = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
     XCTAssertEqual(result["access_token"], .string("at-2"))
   }

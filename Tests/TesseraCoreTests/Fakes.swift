@@ -63,12 +63,17 @@ final class RecordingEvents: BrokerEvents, Sendable {
 final class FakeListeners: RedirectListenerFactory, Sendable {
   let lastAuthorizationURL = Mutex<String?>(nil)
   let answer: @Sendable (_ state: String) -> RedirectParameters
+  /// When set, the listener waits until cancelled (a user who never finishes signing in).
+  let hang = Mutex(false)
   init(answer: @escaping @Sendable (_ state: String) -> RedirectParameters) { self.answer = answer }
 
   struct Listener: RedirectListener {
     let redirectURI = "http://127.0.0.1:4711/"
     let owner: FakeListeners
-    func waitForRedirect(timeoutSeconds: Double) async throws -> RedirectParameters {
+    func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters {
+      if owner.hang.withLock({ $0 }) {
+        try await Task.sleep(nanoseconds: 60_000_000_000)
+      }
       // The broker has announced the URL (InteractionPending) before waiting; the test's IdP reads state from it.
       guard let url = owner.lastAuthorizationURL.withLock({ $0 }) else { throw TesseraError.timedOut("no url") }
       let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
@@ -103,6 +108,10 @@ final class FakeIdP: HTTPClient, Sendable {
   /// Awaited before answering a token request (to hold concurrent requests in flight).
   let tokenDelay = Mutex<Double>(0)
   let subject = Mutex("alice-sub")
+  /// Appended to every issued token response, e.g. `,"refresh_in":600`.
+  let extraTokenFields = Mutex("")
+  /// Clients whose refresh requests are refused with invalid_grant.
+  let refusedClients = Mutex<Set<String>>([])
   let audienceOverride = Mutex<String?>(nil)
 
   init(clock: FakeClock) async {
@@ -165,13 +174,17 @@ final class FakeIdP: HTTPClient, Sendable {
       if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
       if let scripted = scriptedTokenAnswers.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return scripted }
       let fields = form(request)
+      if fields["grant_type"] == "refresh_token", refusedClients.withLock({ $0.contains(fields["client_id"] ?? "") }) {
+        return HTTPResponse(
+          status: 400, body: Array(#"{"error":"invalid_grant","error_description":"not in family"}"#.utf8))
+      }
       let n = tokenCounter.withLock {
         $0 += 1; return $0
       }
       let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
       let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "")
       let body =
-        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"}"#
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])

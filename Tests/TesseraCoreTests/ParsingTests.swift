@@ -38,7 +38,7 @@ final class RequestParserTests: XCTestCase {
       options: [
         "prompt": .string("login"), "flow": .string("device_code"), "force_refresh": .bool(true),
         "min_validity": .uint32(60), "timeout": .uint32(30), "correlation_id": .string("abc"),
-        "extra_query": .stringMap(["domain_hint": "contoso.com"]), "login_hint": .string("a@b"),
+        "extra_query": .stringMap(["msafed": "0"]), "domain_hint": .string("contoso.com"), "login_hint": .string("a@b"),
       ])
     XCTAssertEqual(r.prompt, .login)
     XCTAssertEqual(r.flow, .deviceCode)
@@ -46,7 +46,8 @@ final class RequestParserTests: XCTestCase {
     XCTAssertEqual(r.minValidity, 60)
     XCTAssertEqual(r.timeout, 30)
     XCTAssertEqual(r.correlationID, "abc")
-    XCTAssertEqual(r.extraQuery, ["domain_hint": "contoso.com"])
+    XCTAssertEqual(r.extraQuery, ["msafed": "0"])
+    XCTAssertEqual(r.domainHint, "contoso.com")
     XCTAssertEqual(r.loginHint, "a@b")
   }
 

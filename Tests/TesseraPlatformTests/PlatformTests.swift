@@ -7,7 +7,7 @@ import XCTest
 
 final class LoopbackListenerTests: XCTestCase {
   /// Sends a raw HTTP request to the listener and returns the response text.
-  static func get(_ port: UInt16, _ target: String) -> String {
+  static func get(_ port: UInt16, _ target: String, stall: Bool = false) -> String {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     defer { close(fd) }
     var address = sockaddr_in()
@@ -19,7 +19,9 @@ final class LoopbackListenerTests: XCTestCase {
         connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
       }
     }
-    let request = Array("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+    // `stall`: a client that sends half a request and then nothing.
+    let text = stall ? "GET /?code=x" : "GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    let request = Array(text.utf8)
     _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
     var response: [UInt8] = []
     var buffer = [UInt8](repeating: 0, count: 4096)
@@ -36,14 +38,21 @@ final class LoopbackListenerTests: XCTestCase {
     defer { listener.close() }
     let port = try XCTUnwrap(UInt16(listener.redirectURI.split(separator: ":").last!.dropLast()))
     XCTAssertTrue(listener.redirectURI.hasPrefix("http://127.0.0.1:"))
-    let waiting = Task { try await listener.waitForRedirect(timeoutSeconds: 10) }
+    let waiting = Task { try await listener.waitForRedirect(state: "s1", timeoutSeconds: 10) }
     let pages = await Task.detached {
-      (LoopbackListenerTests.get(port, "/favicon.ico"), LoopbackListenerTests.get(port, "/?code=abc%2Fd&state=s1"))
+      (
+        LoopbackListenerTests.get(port, "/favicon.ico"),
+        LoopbackListenerTests.get(port, "/", stall: true),  // held for at most 2 s, then dropped
+        LoopbackListenerTests.get(port, "/?error=access_denied&state=forged"),  // any local user can try this
+        LoopbackListenerTests.get(port, "/?code=abc%2Fd&state=s1")
+      )
     }.value
     XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 404"))
-    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 200"))
-    XCTAssertTrue(pages.1.contains("You can close this window"))
-    XCTAssertFalse(pages.1.contains("abc"), "the page does not echo the code")
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 400"), pages.1)
+    XCTAssertTrue(pages.2.hasPrefix("HTTP/1.1 400"), "a redirect without this sign-in's state is ignored")
+    XCTAssertTrue(pages.3.hasPrefix("HTTP/1.1 200"))
+    XCTAssertTrue(pages.3.contains("You can close this window"))
+    XCTAssertFalse(pages.3.contains("abc"), "the page does not echo the code")
     let received = try await waiting.value
     XCTAssertEqual(received, ["code": "abc/d", "state": "s1"])
   }
@@ -52,7 +61,7 @@ final class LoopbackListenerTests: XCTestCase {
     let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "localhost")
     XCTAssertTrue(listener.redirectURI.hasPrefix("http://localhost:"))
     do {
-      _ = try await listener.waitForRedirect(timeoutSeconds: 0.3)
+      _ = try await listener.waitForRedirect(state: "s", timeoutSeconds: 0.3)
       XCTFail("expected a timeout")
     } catch let error as TesseraError {
       XCTAssertEqual(error.code, .timedOut)
@@ -61,7 +70,7 @@ final class LoopbackListenerTests: XCTestCase {
 
   func testCancellationEndsTheWait() async throws {
     let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
-    let wait = Task { try await listener.waitForRedirect(timeoutSeconds: 30) }
+    let wait = Task { try await listener.waitForRedirect(state: "s", timeoutSeconds: 30) }
     try await Task.sleep(nanoseconds: 100_000_000)
     wait.cancel()
     do {

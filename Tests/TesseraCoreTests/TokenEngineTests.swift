@@ -1,0 +1,228 @@
+import XCTest
+
+@testable import TesseraCore
+
+/// The token engine's MSAL-grade behaviour (issue #3): lifetimes, refresh-ahead, families, throttling,
+/// cancellation, claims.
+final class TokenEngineTests: XCTestCase {
+  func testLifetimes() {
+    let withRefreshIn = TokenLifetimes(now: 1000, expiresIn: 3600, extExpiresIn: 7200, refreshIn: 600)
+    XCTAssertEqual(withRefreshIn.expiresOn, 4600)
+    XCTAssertEqual(withRefreshIn.refreshOn, 1600)
+    XCTAssertEqual(withRefreshIn.extExpiresOn, 8200)
+    XCTAssertEqual(TokenLifetimes(now: 0, expiresIn: 86_400, extExpiresIn: nil, refreshIn: nil).refreshOn, 43_200)
+    XCTAssertEqual(TokenLifetimes(now: 0, expiresIn: 3600, extExpiresIn: nil, refreshIn: nil).refreshOn, 3240)
+    XCTAssertEqual(TokenLifetimes(now: 0, expiresIn: 3, extExpiresIn: nil, refreshIn: nil).refreshOn, 2)
+  }
+
+  func testACacheHitPastRefreshInReturnsAtOnceAndRefreshesInTheBackground() async throws {
+    let h = await Harness()
+    h.idp.extraTokenFields.withLock { $0 = #","refresh_in":600"# }
+    try await h.signIn()
+    h.clock.advance(700)
+    let first = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(first["access_token"], .string("at-1"), "the caller does not wait for the refresh")
+    await h.broker.waitForBackgroundRefreshes()
+    let second = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(second["access_token"], .string("at-2"))
+    XCTAssertEqual(h.idp.tokenRequests.count, 2)
+  }
+
+  func testRefreshAheadRenewsRecentlyUsedTokensOnlyAndBacksOffQuietly() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    h.clock.advance(3000)
+    _ = try await h.broker.acquireTokenSilent(try h.request())  // in use; 600 s left
+    h.clock.advance(260)  // past refreshOn (expiry - 360 s)
+    await h.broker.refreshAhead()
+    XCTAssertEqual(h.idp.tokenRequests.count, 2, "refreshed ahead of time")
+    let served = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(served["access_token"], .string("at-2"))
+
+    // Failures back off and never drop the account.
+    h.clock.advance(3000)
+    _ = try await h.broker.acquireTokenSilent(try h.request())
+    h.clock.advance(260)
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 500, body: [])] }
+    await h.broker.refreshAhead()
+    XCTAssertEqual(h.idp.tokenRequests.count, 3)
+    await h.broker.refreshAhead()
+    XCTAssertEqual(h.idp.tokenRequests.count, 3, "no retry before the backoff has passed")
+    h.clock.advance(31)
+    await h.broker.refreshAhead()
+    XCTAssertEqual(h.idp.tokenRequests.count, 4)
+    let accounts = try await h.broker.accounts(matching: AccountFilter())
+    XCTAssertEqual(accounts.count, 1)
+
+    // A token nobody used for 30 minutes is left alone.
+    h.clock.advance(3 * 3600)
+    let before = h.idp.tokenRequests.count
+    await h.broker.refreshAhead()
+    XCTAssertEqual(h.idp.tokenRequests.count, before)
+  }
+
+  func testExtendedLifetimeServesWhileTheIdPIsDown() async throws {
+    let h = await Harness()
+    h.idp.extraTokenFields.withLock { $0 = #","ext_expires_in":7200"# }
+    try await h.signIn()
+    h.clock.advance(3700)  // expired
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 503, body: [])] }
+    let served = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(served["access_token"], .string("at-1"))
+    // force_refresh never gets a stale token.
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 503, body: [])] }
+    await XCTAssertThrowsTessera(.network) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    }
+  }
+
+  func testRetryAfterIsHonoured() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 429, headers: ["retry-after": "30"], body: [])] }
+    let force = try h.request(options: ["force_refresh": .bool(true)])
+    await XCTAssertThrowsTessera(.network) { _ = try await h.broker.acquireTokenSilent(force) }
+    let requests = h.idp.tokenRequests.count
+    do {
+      _ = try await h.broker.acquireTokenSilent(force)
+      XCTFail("expected the throttle")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .network)
+      XCTAssertTrue(error.message.contains("30 s"), error.message)
+    }
+    XCTAssertEqual(h.idp.tokenRequests.count, requests, "no request while throttled")
+    h.clock.advance(31)
+    _ = try await h.broker.acquireTokenSilent(force)
+    XCTAssertEqual(h.idp.tokenRequests.count, requests + 1)
+  }
+
+  func testFamilyRefreshTokenServesOtherFamilyClientsAndRemembersOutsiders() async throws {
+    let h = await Harness()
+    h.idp.extraTokenFields.withLock { $0 = #","foci":"1""# }
+    try await h.signIn(clientID: "app1")
+    // app2 never signed in, but is in the family: silent works with the family token.
+    let app2 = try await h.broker.acquireTokenSilent(try h.request(clientID: "app2"))
+    XCTAssertEqual(app2["access_token"], .string("at-2"))
+    let familyUse = try XCTUnwrap(h.idp.tokenRequests.last)
+    XCTAssertEqual(h.idp.form(familyUse)["client_id"], "app2")
+    XCTAssertEqual(h.idp.form(familyUse)["refresh_token"], "rt-1")
+    // Rotation of the family token is shared: app1's next refresh uses rt-2.
+    _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app1", options: ["force_refresh": .bool(true)]))
+    XCTAssertEqual(h.idp.form(try XCTUnwrap(h.idp.tokenRequests.last))["refresh_token"], "rt-2")
+    // app3 is not in the family: refused once, then known, and not tried again.
+    h.idp.refusedClients.withLock { $0 = ["app3"] }
+    await XCTAssertThrowsTessera(.interactionRequired) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app3"))
+    }
+    let requests = h.idp.tokenRequests.count
+    await XCTAssertThrowsTessera(.interactionRequired) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app3"))
+    }
+    XCTAssertEqual(h.idp.tokenRequests.count, requests)
+    XCTAssertTrue(
+      h.store.items.withLock {
+        $0.contains { $0.attributes["kind"] == "app_metadata" && $0.attributes["client_id"] == "app3" }
+      })
+    // app1 and app2 still work.
+    _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app2", options: ["force_refresh": .bool(true)]))
+  }
+
+  func testRefreshesOfOneAccountUseTheLatestRotatedToken() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    h.idp.tokenDelay.withLock { $0 = 0.05 }
+    async let a = h.broker.acquireTokenSilent(try h.request(scopes: ["read"], options: ["force_refresh": .bool(true)]))
+    async let b = h.broker.acquireTokenSilent(try h.request(scopes: ["write"], options: ["force_refresh": .bool(true)]))
+    _ = try await (a, b)
+    let used = h.idp.tokenRequests.dropFirst().map { h.idp.form($0)["refresh_token"] ?? "" }
+    XCTAssertEqual(
+      used.sorted(), ["rt-1", "rt-2"], "the second refresh waited for the first and used its rotated token")
+  }
+
+  func testCancelEndsTheCallersSignInOnly() async throws {
+    let h = await Harness()
+    h.listeners.hang.withLock { $0 = true }
+    let caller = CallerInfo(busName: ":1.9")
+    let request = try h.request(options: ["correlation_id": .string("flow-1")])
+    let flow = Task { try await h.broker.acquireTokenInteractive(request, caller: caller) }
+    while h.events.pending.withLock({ $0.isEmpty }) { await Task.yield() }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.cancel(correlationID: "flow-1", caller: CallerInfo(busName: ":1.10"))
+    }
+    try await h.broker.cancel(correlationID: "flow-1", caller: caller)
+    await XCTAssertThrowsTessera(.cancelled) { _ = try await flow.value }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.cancel(correlationID: "flow-1", caller: caller)
+    }
+  }
+
+  func testACallerLeavingTheBusCancelsItsSignIn() async throws {
+    let h = await Harness()
+    h.listeners.hang.withLock { $0 = true }
+    let flow = Task {
+      try await h.broker.acquireTokenInteractive(try h.request(), caller: CallerInfo(busName: ":1.77"))
+    }
+    while h.events.pending.withLock({ $0.isEmpty }) { await Task.yield() }
+    await h.broker.callerLeft(":1.78")
+    await h.broker.callerLeft(":1.77")
+    await XCTAssertThrowsTessera(.cancelled) { _ = try await flow.value }
+  }
+
+  func testClaimsSkipTheCacheAndCarryClientCapabilities() async throws {
+    var config = BrokerConfig()
+    config.defaultAuthority = FakeIdP.authority
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["read"]
+    config.trustedAuthorities = ["https://idp.test"]
+    config.clientCapabilities = ["cp1"]
+    let h = await Harness(config: config)
+    try await h.signIn()
+    let url = try XCTUnwrap(h.listeners.lastAuthorizationURL.withLock { $0 })
+    XCTAssertTrue(FormEncoding.decode(String(url.split(separator: "?")[1]))["claims"]?.contains("xms_cc") ?? false)
+    let challenge = #"{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}"#
+    let result = try await h.broker.acquireTokenSilent(try h.request(options: ["claims": .string(challenge)]))
+    XCTAssertEqual(result["access_token"], .string("at-2"), "a claims challenge skips the cache")
+    let sent = try XCTUnwrap(h.idp.form(try XCTUnwrap(h.idp.tokenRequests.last))["claims"])
+    XCTAssertEqual(
+      sent, #"{"access_token":{"nbf":{"essential":true,"value":"1700000000"},"xms_cc":{"values":["cp1"]}}}"#)
+    XCTAssertThrowsError(try h.request(options: ["claims": .string("not json")]))
+  }
+
+  func testSubErrorsExplainWhatTheUserMustDoAndPassTheClaimsOn() {
+    let body = #"""
+      {"error":"interaction_required","error_description":"AADSTS50076: Due to a configuration change you must use MFA.\r\nTrace ID: x","error_codes":[50076],"suberror":"additional_action","claims":"{\"access_token\":{\"capolids\":{\"essential\":true,\"values\":[\"p1\"]}}}","correlation_id":"c-1","trace_id":"t-1"}
+      """#
+    let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
+    XCTAssertEqual(error.code, .interactionRequired)
+    for part in ["AADSTS50076", "multi-factor", "c-1", "t-1", "claims set to", "capolids"] {
+      XCTAssertTrue(error.message.contains(part), "missing \(part): \(error.message)")
+    }
+  }
+
+  func testDefaultScopeRequestsAreServedFromTheCacheNextTime() async throws {
+    var config = BrokerConfig()
+    config.defaultAuthority = FakeIdP.authority
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["https://graph.microsoft.com/.default"]
+    config.trustedAuthorities = ["https://idp.test"]
+    let h = await Harness(config: config)
+    try await h.signIn()  // the IdP answers scope "read", as Entra lists the resource's scopes
+    let requests = h.idp.requests.withLock { $0.count }
+    let result = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(result["access_token"], .string("at-1"))
+    XCTAssertEqual(h.idp.requests.withLock { $0.count }, requests)
+  }
+
+  func testAKnownAccountIsPrefilledForAnotherClient() async throws {
+    let h = await Harness()
+    let first = try await h.signIn()
+    let id = try XCTUnwrap(first["account"]?.dictValue?["id"]?.stringValue)
+    _ = try await h.broker.acquireTokenInteractive(
+      try RequestParser.tokenRequest(clientID: "app2", scopes: [], accountID: id, options: [:]),
+      caller: CallerInfo(busName: ":1.5"))
+    let url = try XCTUnwrap(h.listeners.lastAuthorizationURL.withLock { $0 })
+    let query = FormEncoding.decode(String(url.split(separator: "?")[1]))
+    XCTAssertEqual(query["login_hint"], "alice@idp.test")
+    XCTAssertEqual(query["domain_hint"], "idp.test")
+  }
+}
