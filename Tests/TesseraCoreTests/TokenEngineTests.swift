@@ -226,3 +226,99 @@ final class TokenEngineTests: XCTestCase {
     XCTAssertEqual(query["domain_hint"], "idp.test")
   }
 }
+
+/// Review follow-ups: trust policy on discovery, sign-out atomicity and races.
+final class PolicyAndRaceTests: XCTestCase {
+  func metadata(issuer: String, token: String) -> OIDCMetadata {
+    OIDCMetadata(
+      issuer: issuer, authorizationEndpoint: "https://idp.test/t/authorize", tokenEndpoint: token,
+      jwksURI: "https://idp.test/t/jwks", deviceAuthorizationEndpoint: nil, revocationEndpoint: nil)
+  }
+
+  func testDiscoveryEndpointsAndIssuerMustBeTrusted() throws {
+    let authority = try Authority(parsing: "https://idp.test/t")
+    let policy = AuthorityPolicy(trusted: [authority, try Authority(parsing: "https://tokens.example")], allowInsecureLoopback: true)
+    XCTAssertNoThrow(try OIDCDirectory.check(metadata(issuer: "https://idp.test/t/", token: "https://idp.test/t/token"), of: authority, policy: policy))
+    XCTAssertNoThrow(try OIDCDirectory.check(metadata(issuer: "https://idp.test/t", token: "https://tokens.example/x"), of: authority, policy: policy))
+    for (issuer, token) in [
+      ("https://idp.test/t", "https://evil.test/token"),  // a host nobody trusted
+      ("https://idp.test/t", "http://127.0.0.1:9/token"),  // plain http from an https authority
+      ("https://idp.test/other", "https://idp.test/t/token"),  // another issuer's document
+    ] {
+      XCTAssertThrowsError(try OIDCDirectory.check(metadata(issuer: issuer, token: token), of: authority, policy: policy)) {
+        XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
+      }
+    }
+    let entra = try Authority(parsing: "https://login.microsoftonline.com/common")
+    XCTAssertNoThrow(
+      try OIDCDirectory.check(
+        OIDCMetadata(
+          issuer: "https://login.microsoftonline.com/{tenantid}/v2.0",
+          authorizationEndpoint: "https://login.microsoftonline.com/common/oauth2/v2.0/authorize",
+          tokenEndpoint: "https://login.microsoftonline.com/common/oauth2/v2.0/token",
+          jwksURI: "https://login.microsoftonline.com/common/discovery/v2.0/keys", deviceAuthorizationEndpoint: nil,
+          revocationEndpoint: nil), of: entra, policy: policy))
+    XCTAssertThrowsError(
+      try OIDCDirectory.check(
+        metadata(issuer: "https://login.microsoftonline.com/x/v2.0", token: "https://idp.test/t/token"), of: entra,
+        policy: policy))
+  }
+
+  func testSignOutWhileTheKeyringIsLockedChangesNothing() async throws {
+    let h = await Harness()
+    let result = try await h.signIn()
+    let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
+    h.store.locked.withLock { $0 = true }
+    await XCTAssertThrowsTessera(.storeUnavailable) {
+      try await h.broker.signOut(SignOutRequest(accountID: id, clientID: nil, revoke: true, correlationID: "c"))
+    }
+    XCTAssertFalse(h.idp.requests.withLock { $0.contains { $0.url.hasSuffix("/revoke") } }, "nothing revoked")
+    let accounts = try await h.broker.accounts(matching: AccountFilter())
+    XCTAssertEqual(accounts.count, 1, "still signed in")
+    XCTAssertEqual(h.events.accountsChangedCount.withLock { $0 }, 1, "no AccountsChanged for a sign-out that failed")
+    h.store.locked.withLock { $0 = false }
+    let served = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(served["access_token"], .string("at-1"))
+    try await h.broker.signOut(SignOutRequest(accountID: id, clientID: nil, revoke: true, correlationID: "c"))
+    XCTAssertTrue(h.store.items.withLock { $0.isEmpty })
+  }
+
+  func testASignOutDuringARefreshDoesNotBringTheAccountBack() async throws {
+    let h = await Harness()
+    let result = try await h.signIn()
+    let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
+    h.idp.tokenDelay.withLock { $0 = 0.2 }
+    let refresh = Task { try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)])) }
+    while h.idp.tokenRequests.count < 2 { await Task.yield() }  // the refresh is at the IdP
+    try await h.broker.signOut(SignOutRequest(accountID: id, clientID: nil, revoke: true, correlationID: "c"))
+    await XCTAssertThrowsTessera(.noSuchAccount) { _ = try await refresh.value }
+    XCTAssertTrue(h.store.items.withLock { $0.isEmpty }, "nothing stored for the signed-out account")
+    let revoked = h.idp.requests.withLock { $0.filter { $0.url.hasSuffix("/revoke") } }.map { h.idp.form($0)["token"] }
+    XCTAssertEqual(Set(revoked.compactMap { $0 }), ["rt-1", "rt-2"], "the token the IdP issued meanwhile is revoked too")
+  }
+
+  func testFailedWritesAreRetriedInOrderBeforeNewOnes() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    h.store.locked.withLock { $0 = true }
+    // A refresh whose rotated token cannot be saved: the caller hears of it, memory keeps it.
+    await XCTAssertThrowsTessera(.storeUnavailable) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    }
+    h.store.locked.withLock { $0 = false }
+    // The next refresh uses the rotated token from memory, and the keyring ends with the newest one.
+    _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    XCTAssertEqual(h.idp.form(try XCTUnwrap(h.idp.tokenRequests.last))["refresh_token"], "rt-2")
+    let stored = h.store.secrets(kind: "refresh_token")
+    XCTAssertEqual(stored.count, 1)
+    XCTAssertTrue(stored[0].contains("rt-3"), stored[0])
+  }
+
+  func testHugeNumbersFromTheIdPAreRefusedOrBounded() async throws {
+    XCTAssertThrowsError(
+      try TokenResponse.parse(Array(#"{"access_token":"a","expires_in":99999999999999}"#.utf8), endpoint: "e"))
+    let lifetimes = TokenLifetimes(now: 0, expiresIn: 3600, extExpiresIn: .max / 2, refreshIn: .max)
+    XCTAssertEqual(lifetimes.extExpiresOn, 366 * 86_400)
+    XCTAssertEqual(lifetimes.refreshOn, 3240)
+  }
+}
