@@ -235,14 +235,22 @@ public actor Broker {
           "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken."
         )
       }
-      guard Self.serves(authority, account) else {
+      // Entra: a named account may be used in any tenant of its cloud (as a guest there).
+      let usable =
+        authority.isMicrosoft ? account.environment == authority.environment : Self.serves(authority, account)
+      guard usable else {
         throw TesseraError.noSuchAccount(
           "Account '\(account.username)' signed in at \(account.authority), not at \(authority.url). Use its own authority."
         )
       }
       return account
     }
-    let candidates = accounts(in: authority)
+    var candidates = accounts(in: authority)
+    if candidates.isEmpty && authority.isMicrosoft {
+      candidates = cache.accounts.values.filter { $0.environment == authority.environment }.sorted {
+        $0.username < $1.username
+      }
+    }
     guard let only = candidates.first else {
       throw TesseraError.noSuchAccount(
         "No account is signed in for \(authority.url). Sign in first with AcquireToken (or `tessera login`).")
@@ -265,7 +273,7 @@ public actor Broker {
     if let idToken = response.idToken {
       claims = try await directory.validate(idToken: idToken, metadata: metadata, clientID: clientID, nonce: nonce)
     }
-    let account: Account
+    var account: Account
     if let claims {
       account = Self.account(
         from: claims, clientInfo: response.clientInfo, authority: authority, issuer: metadata.issuer)
@@ -273,6 +281,8 @@ public actor Broker {
         throw TesseraError.provider(
           "The identity provider answered for a different user than \(knownAccount.username). Sign in again.")
       }
+      // A refresh in another tenant (a guest realm) must not move the account's home.
+      if let knownAccount { account = knownAccount }
     } else if let knownAccount {
       account = knownAccount
     } else {

@@ -99,7 +99,9 @@ struct RecordingBrowser: BrowserLauncher {
 final class FakeIdP: HTTPClient, Sendable {
   static let authority = "https://idp.test/tenant1"
   let keys: JWTKeyCollection
-  let jwks: String
+  let jwks: Mutex<String>
+  /// The key id id_tokens are signed with.
+  let signingKid = Mutex("k1")
   let clock: FakeClock
   let requests = Mutex<[HTTPRequest]>([])
   /// Answers for token-endpoint POSTs, in order; when empty, a fresh token is issued.
@@ -119,9 +121,25 @@ final class FakeIdP: HTTPClient, Sendable {
     keys = JWTKeyCollection()
     await keys.add(ecdsa: key, kid: "k1")
     let p = key.parameters!
-    jwks = #"{"keys":[{"kty":"EC","crv":"P-256","use":"sig","alg":"ES256","kid":"k1","x":"\#(p.x)","y":"\#(p.y)"}]}"#
+    jwks = Mutex(#"{"keys":[\#(Self.jwk(p, kid: "k1"))]}"#)
     self.clock = clock
   }
+
+  static func jwk(_ p: ECDSAParameters, kid: String) -> String {
+    #"{"kty":"EC","crv":"P-256","use":"sig","alg":"ES256","kid":"\#(kid)","x":"\#(p.x)","y":"\#(p.y)"}"#
+  }
+
+  /// Signs from now on with a new key `kid`; `publish` puts it in the JWKS (else the IdP "forgot").
+  func rotateKey(to kid: String, publish: Bool = true) async {
+    let key = ES256PrivateKey()
+    await keys.add(ecdsa: key, kid: JWKIdentifier(string: kid))
+    signingKid.withLock { $0 = kid }
+    if publish {
+      jwks.withLock { $0 = #"{"keys":[\#(Self.jwk(key.parameters!, kid: kid))]}"# }
+    }
+  }
+
+  var jwksFetches: Int { requests.withLock { $0.filter { $0.url.hasSuffix("/jwks") }.count } }
 
   var tokenRequests: [HTTPRequest] { requests.withLock { $0.filter { $0.url.hasSuffix("/token") } } }
   func form(_ r: HTTPRequest) -> [String: String] { FormEncoding.decode(String(decoding: r.body ?? [], as: UTF8.self)) }
@@ -135,16 +153,29 @@ final class FakeIdP: HTTPClient, Sendable {
     var nonce: String?
     var preferred_username: String
     var name: String
+    var tid: String?
     func verify(using algorithm: some JWTAlgorithm) async throws {}
   }
 
-  func idToken(nonce: String?, clientID: String) async throws -> String {
+  /// Entra mode: the tenant (realm) of the account's home.
+  static let homeTenant = "home-tid"
+
+  /// Tenant of a login.microsoftonline.com URL, with common/organizations mapped to the home tenant.
+  static func entraTenant(_ url: String) -> String? {
+    guard url.hasPrefix("https://login.microsoftonline.com/") else { return nil }
+    let tenant = String(url.dropFirst("https://login.microsoftonline.com/".count).prefix { $0 != "/" })
+    return ["common", "organizations"].contains(tenant) ? homeTenant : tenant
+  }
+
+  func idToken(nonce: String?, clientID: String, tenant: String? = nil) async throws -> String {
     let now = clock.now().timeIntervalSince1970
     return try await keys.sign(
       Claims(
-        iss: Self.authority, sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID,
+        iss: tenant.map { "https://login.microsoftonline.com/\($0)/v2.0" } ?? Self.authority,
+        sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID,
         exp: now + 3600,
-        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice"), kid: "k1")
+        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice", tid: tenant),
+      kid: JWKIdentifier(string: signingKid.withLock { $0 }))
   }
 
   /// Nonce of the last authorization request (set by tests that drive the browser flow).
@@ -153,6 +184,17 @@ final class FakeIdP: HTTPClient, Sendable {
   func send(_ request: HTTPRequest) async throws -> HTTPResponse {
     requests.withLock { $0.append(request) }
     let url = request.url
+    if url.hasSuffix("/.well-known/openid-configuration"), url.hasPrefix("https://login.microsoftonline.com/") {
+      let base = String(url.dropLast("/v2.0/.well-known/openid-configuration".count))
+      return HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"issuer":"https://login.microsoftonline.com/{tenantid}/v2.0","authorization_endpoint":"\#(base)/oauth2/v2.0/authorize","token_endpoint":"\#(base)/oauth2/v2.0/token","jwks_uri":"\#(base)/discovery/v2.0/keys"}"#
+            .utf8))
+    }
+    if url.hasSuffix("/discovery/v2.0/keys") {
+      return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8))
+    }
     if url.hasSuffix("/.well-known/openid-configuration") {
       return HTTPResponse(
         status: 200,
@@ -160,7 +202,7 @@ final class FakeIdP: HTTPClient, Sendable {
           #"{"issuer":"\#(Self.authority)","authorization_endpoint":"\#(Self.authority)/authorize","token_endpoint":"\#(Self.authority)/token","jwks_uri":"\#(Self.authority)/jwks","device_authorization_endpoint":"\#(Self.authority)/device","revocation_endpoint":"\#(Self.authority)/revoke"}"#
             .utf8))
     }
-    if url.hasSuffix("/jwks") { return HTTPResponse(status: 200, body: Array(jwks.utf8)) }
+    if url.hasSuffix("/jwks") { return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8)) }
     if url.hasSuffix("/revoke") { return HTTPResponse(status: 200, body: []) }
     if url.hasSuffix("/device") {
       return HTTPResponse(
@@ -182,9 +224,13 @@ final class FakeIdP: HTTPClient, Sendable {
         $0 += 1; return $0
       }
       let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
-      let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "")
+      let tenant = Self.entraTenant(url)
+      let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "", tenant: tenant)
+      let clientInfo =
+        tenant == nil
+        ? "" : #","client_info":"\#(Base64URL.encode(Array(#"{"uid":"uid1","utid":"\#(Self.homeTenant)"}"#.utf8)))""#
       let body =
-        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"\#(extraTokenFields.withLock { $0 })}"#
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])

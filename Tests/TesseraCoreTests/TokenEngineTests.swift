@@ -237,15 +237,22 @@ final class PolicyAndRaceTests: XCTestCase {
 
   func testDiscoveryEndpointsAndIssuerMustBeTrusted() throws {
     let authority = try Authority(parsing: "https://idp.test/t")
-    let policy = AuthorityPolicy(trusted: [authority, try Authority(parsing: "https://tokens.example")], allowInsecureLoopback: true)
-    XCTAssertNoThrow(try OIDCDirectory.check(metadata(issuer: "https://idp.test/t/", token: "https://idp.test/t/token"), of: authority, policy: policy))
-    XCTAssertNoThrow(try OIDCDirectory.check(metadata(issuer: "https://idp.test/t", token: "https://tokens.example/x"), of: authority, policy: policy))
+    let policy = AuthorityPolicy(
+      trusted: [authority, try Authority(parsing: "https://tokens.example")], allowInsecureLoopback: true)
+    XCTAssertNoThrow(
+      try OIDCDirectory.check(
+        metadata(issuer: "https://idp.test/t/", token: "https://idp.test/t/token"), of: authority, policy: policy))
+    XCTAssertNoThrow(
+      try OIDCDirectory.check(
+        metadata(issuer: "https://idp.test/t", token: "https://tokens.example/x"), of: authority, policy: policy))
     for (issuer, token) in [
       ("https://idp.test/t", "https://evil.test/token"),  // a host nobody trusted
       ("https://idp.test/t", "http://127.0.0.1:9/token"),  // plain http from an https authority
       ("https://idp.test/other", "https://idp.test/t/token"),  // another issuer's document
     ] {
-      XCTAssertThrowsError(try OIDCDirectory.check(metadata(issuer: issuer, token: token), of: authority, policy: policy)) {
+      XCTAssertThrowsError(
+        try OIDCDirectory.check(metadata(issuer: issuer, token: token), of: authority, policy: policy)
+      ) {
         XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
       }
     }
@@ -294,7 +301,8 @@ final class PolicyAndRaceTests: XCTestCase {
     await XCTAssertThrowsTessera(.noSuchAccount) { _ = try await refresh.value }
     XCTAssertTrue(h.store.items.withLock { $0.isEmpty }, "nothing stored for the signed-out account")
     let revoked = h.idp.requests.withLock { $0.filter { $0.url.hasSuffix("/revoke") } }.map { h.idp.form($0)["token"] }
-    XCTAssertEqual(Set(revoked.compactMap { $0 }), ["rt-1", "rt-2"], "the token the IdP issued meanwhile is revoked too")
+    XCTAssertEqual(
+      Set(revoked.compactMap { $0 }), ["rt-1", "rt-2"], "the token the IdP issued meanwhile is revoked too")
   }
 
   func testFailedWritesAreRetriedInOrderBeforeNewOnes() async throws {
@@ -320,5 +328,72 @@ final class PolicyAndRaceTests: XCTestCase {
     let lifetimes = TokenLifetimes(now: 0, expiresIn: 3600, extExpiresIn: .max / 2, refreshIn: .max)
     XCTAssertEqual(lifetimes.extExpiresOn, 366 * 86_400)
     XCTAssertEqual(lifetimes.refreshOn, 3240)
+  }
+}
+
+final class SigningKeyTests: XCTestCase {
+  func testRotatedSigningKeysAreFetchedOnceAndUnknownKeysAtMostOnceAMinute() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    XCTAssertEqual(h.idp.jwksFetches, 1)
+    // The IdP rotates its key: the next id_token has an unknown kid; the broker refetches once.
+    await h.idp.rotateKey(to: "k2")
+    h.clock.advance(61)
+    _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    XCTAssertEqual(h.idp.jwksFetches, 2)
+    _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    XCTAssertEqual(h.idp.jwksFetches, 2, "known keys need no fetch")
+    // A key the IdP does not publish: refused, and no refetch storm within a minute.
+    await h.idp.rotateKey(to: "k3", publish: false)
+    h.clock.advance(120)
+    await XCTAssertThrowsTessera(.provider) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    }
+    XCTAssertEqual(h.idp.jwksFetches, 3)
+    await XCTAssertThrowsTessera(.provider) {
+      _ = try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)]))
+    }
+    XCTAssertEqual(h.idp.jwksFetches, 3, "at most one refetch a minute")
+  }
+}
+
+final class MultiTenantTests: XCTestCase {
+  func entraHarness() async -> Harness {
+    var config = BrokerConfig()
+    config.defaultAuthority = "https://login.microsoftonline.com/common"
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["read"]
+    return await Harness(config: config)
+  }
+
+  func testOneHomeAccountServesSeveralTenants() async throws {
+    let h = await entraHarness()
+    let first = try await h.signIn()
+    let account = try XCTUnwrap(first["account"]?.dictValue)
+    XCTAssertEqual(account["id"], .string("uid1.home-tid"), "client_info gives the home account id")
+    XCTAssertEqual(account["realm"], .string("home-tid"))
+    XCTAssertEqual(account["environment"], .string("login.microsoftonline.com"))
+    let id = try XCTUnwrap(account["id"]?.stringValue)
+    // The same account in a guest tenant: the home refresh token, sent to that tenant's endpoint.
+    let guest = try await h.broker.acquireTokenSilent(
+      try RequestParser.tokenRequest(
+        clientID: "", scopes: [], accountID: id,
+        options: ["authority": .string("https://login.microsoftonline.com/guest-tenant")]))
+    XCTAssertEqual(guest["access_token"], .string("at-2"))
+    XCTAssertTrue(
+      try XCTUnwrap(h.idp.tokenRequests.last).url.hasPrefix("https://login.microsoftonline.com/guest-tenant/"))
+    XCTAssertEqual(guest["account"]?.dictValue?["realm"], .string("home-tid"), "the account keeps its home realm")
+    // Each tenant's token is cached under its own realm.
+    let requests = h.idp.tokenRequests.count
+    let home = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(home["access_token"], .string("at-1"))
+    let guestAgain = try await h.broker.acquireTokenSilent(
+      try RequestParser.tokenRequest(
+        clientID: "", scopes: [], accountID: id,
+        options: ["authority": .string("https://login.microsoftonline.com/GUEST-TENANT")]))
+    XCTAssertEqual(guestAgain["access_token"], .string("at-2"), "tenant names compare case-insensitively")
+    XCTAssertEqual(h.idp.tokenRequests.count, requests)
+    let accounts = try await h.broker.accounts(matching: AccountFilter())
+    XCTAssertEqual(accounts.count, 1)
   }
 }
