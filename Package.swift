@@ -60,6 +60,14 @@ let package = Package(
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
+    // The benchmark (scripts/bench): measures a tesserad binary against the D-Bus floor.
+    .executableTarget(
+      name: "tessera-bench",
+      dependencies: [
+        "TesseraCore", "TesseraPlatform",
+        .product(name: "ArgumentParser", package: "swift-argument-parser"),
+      ]
+    ),
     .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore"]),
     .testTarget(
       name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore"],

@@ -49,6 +49,17 @@ public struct RefreshTokenRecord: Codable, Sendable, Equatable {
   /// Microsoft's family of client ids ("1"), when the token is a family refresh token.
   public var familyID: String? = nil
 
+  public init(
+    accountID: String, environment: String, clientID: String, authority: String, secret: String, familyID: String? = nil
+  ) {
+    self.accountID = accountID
+    self.environment = environment
+    self.clientID = clientID
+    self.authority = authority
+    self.secret = secret
+    self.familyID = familyID
+  }
+
   /// Where it is filed: the client id, or `family:<id>`.
   public var slot: String { familyID.map { "family:" + $0 } ?? clientID }
 }
@@ -78,6 +89,23 @@ public struct AccessTokenRecord: Codable, Sendable, Equatable {
   public var extExpiresOn: Int64? = nil
   /// When to refresh it ahead of expiry (`refresh_in`, else a default; see TokenLifetimes).
   public var refreshOn: Int64? = nil
+
+  public init(
+    accountID: String, environment: String, realm: String, clientID: String, scopes: [String], secret: String,
+    tokenType: String, expiresOn: Int64, idToken: String?, extExpiresOn: Int64? = nil, refreshOn: Int64? = nil
+  ) {
+    self.accountID = accountID
+    self.environment = environment
+    self.realm = realm
+    self.clientID = clientID
+    self.scopes = scopes
+    self.secret = secret
+    self.tokenType = tokenType
+    self.expiresOn = expiresOn
+    self.idToken = idToken
+    self.extExpiresOn = extExpiresOn
+    self.refreshOn = refreshOn
+  }
 }
 
 /// Scope handling: comparisons are case-insensitive; OIDC scopes are not resource scopes.

@@ -1,0 +1,354 @@
+import ArgumentParser
+import Foundation
+import TesseraCore
+import TesseraPlatform
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)
+/// and measures a tesserad binary against the D-Bus floor. See BENCHMARKS.md for how to read it.
+@main
+struct Bench: ParsableCommand {
+  static let configuration = CommandConfiguration(
+    commandName: "tessera-bench",
+    abstract: "Measure tesserad: silent latency and throughput against the D-Bus floor, single-flight, refresh cost, memory, start-up.",
+    discussion: "Run it through scripts/bench, which sets up the session bus, keyring and test IdP it needs.")
+
+  @Option(help: "The tesserad binary to measure.") var tesserad: String
+  @Option(help: "Interleaved latency rounds (each: floor calls, then broker calls).") var rounds = 20
+  @Option(help: "Calls per latency round and side.") var callsPerRound = 250
+  @Option(help: "Seconds per throughput phase.") var phaseSeconds = 1.0
+  @Option(help: "Throughput phases per side and concurrency.") var phases = 3
+  @Option(help: "Refresh-cost pairs (broker force_refresh, direct request).") var refreshes = 30
+  @Option(help: "Silent calls for the memory-growth measurement.") var growthCalls = 100_000
+  @Option(help: "Start-ups to time (each way).") var startups = 5
+  @Option(help: "Cached load for the memory measurement: accounts × clients × scope sets.") var load = "100x10x3"
+  @Option(help: "Write the results as JSON to this file.") var json: String?
+  @Option(help: "Write BENCHMARKS.md (results, machine, how to read them) to this file.") var markdown: String?
+  @Option(help: "The commit measured, for the report.") var commit = "unknown"
+  @Flag(help: "One quick round of everything (CI's check that the benchmark still runs).") var smoke = false
+
+  mutating func run() throws {
+    if smoke {
+      rounds = 2
+      callsPerRound = 50
+      phaseSeconds = 0.2
+      phases = 1
+      refreshes = 3
+      growthCalls = 2000
+      startups = 1
+      load = "10x2x1"
+    }
+    let env = try Environment()
+    var report = Report(machine: Machine.describe(), tesserad: tesserad, smoke: smoke)
+    let daemon = Daemon(binary: tesserad, log: env.sessionDir + "/bench-tesserad.log")
+    defer { daemon.stop() }
+
+    // 5a. Memory, idle.
+    try daemon.start()
+    usleep(500_000)
+    report.add(.init(id: "rss_idle", name: "RSS idle after start", value: daemon.rssMiB(), unit: "MiB", goal: 24, lowerIsBetter: true))
+
+    let client = try BusClient()
+    let signedIn = try Broker.signIn(client, clientID: "tessera-test")
+    log("signed in as \(signedIn)")
+
+    // 1. Silent latency against the floor, interleaved.
+    let latency = try measureLatency(client)
+    report.add(.init(id: "silent_p50", name: "Silent latency, median", value: latency.broker.p50, unit: "µs", detail: "floor \(fmt(latency.floor.p50)) µs"))
+    report.add(.init(id: "silent_p90", name: "Silent latency, p90", value: latency.broker.p90, unit: "µs", detail: "floor \(fmt(latency.floor.p90)) µs"))
+    report.add(.init(id: "silent_p99", name: "Silent latency, p99", value: latency.broker.p99, unit: "µs", detail: "floor \(fmt(latency.floor.p99)) µs"))
+    report.add(.init(id: "silent_ratio", name: "Silent median / floor median", value: latency.broker.p50 / latency.floor.p50, unit: "×", goal: 1.3, lowerIsBetter: true))
+
+    // 2. Throughput at 1, 4, 16 connections.
+    for connections in [1, 4, 16] {
+      let (floor, broker) = try measureThroughput(connections: connections)
+      report.add(.init(id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: broker, unit: "calls/s", detail: "floor \(fmt(floor)) calls/s"))
+      report.add(.init(id: "throughput_ratio_\(connections)", name: "Throughput / floor, \(connections) connection(s)", value: broker / floor, unit: "×", goal: 0.8, lowerIsBetter: false))
+    }
+
+    // 3. Single-flight on an expired token.
+    let requests = try measureSingleFlight(env: env, client: client)
+    report.add(.init(id: "single_flight", name: "Token requests for 64 concurrent silent calls on an expired token", value: Double(requests), unit: "requests", goal: 1, lowerIsBetter: true, exact: true))
+
+    // 4. Refresh cost against a direct request.
+    let refresh = try measureRefresh(env: env, client: client)
+    report.add(.init(id: "refresh_broker", name: "force_refresh silent call, median", value: refresh.broker, unit: "ms", detail: "direct refresh \(fmt(refresh.direct)) ms"))
+    report.add(.init(id: "refresh_ratio", name: "Refresh: broker / direct", value: refresh.broker / refresh.direct, unit: "×", goal: 1.2, lowerIsBetter: true))
+
+    // 5c. Memory growth over many silent calls.
+    let before = daemon.rssMiB()
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    for _ in 0..<growthCalls { _ = try client.call(member: silent.member, arguments: silent.arguments) }
+    let after = daemon.rssMiB()
+    report.add(.init(id: "rss_growth", name: "RSS growth over \(growthCalls) silent calls", value: after - before, unit: "MiB", goal: 1, lowerIsBetter: true, strict: true))
+
+    // 6. Start-up from exec and through D-Bus activation, and the keyring's own time.
+    daemon.stop()
+    let keyring = try measureKeyringLoad()
+    let exec = try measureStartup(daemon: daemon, activation: false)
+    report.add(.init(id: "keyring_load", name: "Keyring: loading every Tessera item (reported apart)", value: keyring, unit: "ms"))
+    report.add(.init(id: "startup_exec", name: "Start-up: exec to first silent token, minus keyring", value: exec - keyring, unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(exec)) ms"))
+    if env.activationAvailable {
+      daemon.stop()
+      let activated = try measureStartup(daemon: daemon, activation: true)
+      report.add(.init(id: "startup_activation", name: "Start-up: D-Bus activation to first silent token, minus keyring", value: activated - keyring, unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(activated)) ms"))
+      daemon.adoptActivated()
+    }
+
+    // 5b. Memory with a loaded cache.
+    daemon.stop()
+    let parts = load.split(separator: "x").compactMap { Int($0) }
+    guard parts.count == 3 else { throw ValidationError("--load is ACCOUNTSxCLIENTSxSCOPESETS, e.g. 100x10x3") }
+    try populate(accounts: parts[0], clients: parts[1], scopeSets: parts[2], environment: env)
+    try daemon.start()
+    let loaded = try BusClient()
+    _ = try loaded.call(member: "GetAccounts", arguments: [.dict([:])])
+    usleep(300_000)
+    report.add(.init(id: "rss_loaded", name: "RSS with \(parts[0]) accounts × \(parts[1]) clients × \(parts[2]) scope sets cached", value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true))
+    daemon.stop()
+    try clearKeyring()
+
+    print(report.table())
+    if let json { try report.json().write(toFile: json, atomically: true, encoding: .utf8) }
+    if let markdown { try report.markdown(commit: commit).write(toFile: markdown, atomically: true, encoding: .utf8) }
+  }
+
+  // MARK: Measurements
+
+  func measureLatency(_ client: BusClient) throws -> (floor: Stats, broker: Stats) {
+    let floorCall = BrokerCall.floor
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    var floor: [Double] = []
+    var broker: [Double] = []
+    for _ in 0..<(smoke ? 10 : 200) {  // warm-up
+      _ = try client.call(destination: floorCall.destination, path: floorCall.path, interface: floorCall.interface, member: floorCall.member, arguments: [])
+      _ = try client.call(member: silent.member, arguments: silent.arguments)
+    }
+    for _ in 0..<rounds {
+      floor += try timeCalls(client, floorCall, count: callsPerRound)
+      broker += try timeCalls(client, silent, count: callsPerRound)
+    }
+    return (Stats(floor), Stats(broker))
+  }
+
+  func timeCalls(_ client: BusClient, _ call: BrokerCall, count: Int) throws -> [Double] {
+    var samples: [Double] = []
+    samples.reserveCapacity(count)
+    for _ in 0..<count {
+      let start = monotonic()
+      _ = try client.call(destination: call.destination, path: call.path, interface: call.interface, member: call.member, arguments: call.arguments)
+      samples.append((monotonic() - start) * 1e6)
+    }
+    return samples
+  }
+
+  /// Calls per second for `connections` clients, each on its own connection and thread; floor and
+  /// broker phases alternate so drift hits both.
+  func measureThroughput(connections: Int) throws -> (floor: Double, broker: Double) {
+    var floorRates: [Double] = []
+    var brokerRates: [Double] = []
+    for _ in 0..<phases {
+      floorRates.append(try phase(.floor, connections: connections))
+      brokerRates.append(try phase(.silent(clientID: "tessera-test"), connections: connections))
+    }
+    return (Stats(floorRates).p50, Stats(brokerRates).p50)
+  }
+
+  func phase(_ call: BrokerCall, connections: Int) throws -> Double {
+    let clients = try (0..<connections).map { _ in try BusClient() }
+    let counts = UnsafeMutableBufferPointer<Int>.allocate(capacity: connections)
+    counts.initialize(repeating: 0)
+    defer { counts.deallocate() }
+    let failures = Locked(0)
+    let group = DispatchGroup()
+    let start = DispatchSemaphore(value: 0)
+    let duration = phaseSeconds
+    for index in 0..<connections {
+      group.enter()
+      let client = UncheckedBox(clients[index])
+      let slot = UncheckedBox(counts.baseAddress! + index)
+      Thread.detachNewThread {
+        start.wait()
+        let end = monotonic() + duration
+        var n = 0
+        while monotonic() < end {
+          do {
+            _ = try client.value.call(destination: call.destination, path: call.path, interface: call.interface, member: call.member, arguments: call.arguments)
+            n += 1
+          } catch {
+            failures.mutate { $0 += 1 }
+          }
+        }
+        slot.value.pointee = n
+        group.leave()
+      }
+    }
+    let began = monotonic()
+    for _ in 0..<connections { start.signal() }
+    group.wait()
+    let elapsed = monotonic() - began
+    if failures.value > 0 { throw BenchError("\(failures.value) calls failed during a throughput phase") }
+    return Double(counts.reduce(0, +)) / elapsed
+  }
+
+  func measureSingleFlight(env: Environment, client: BusClient) throws -> Int {
+    let signedIn = try Broker.signIn(client, clientID: "tessera-short")
+    _ = signedIn
+    usleep(3_600_000)  // tessera-short tokens live 3 s
+    let mark = env.idpLogLines()
+    let count = 64
+    let clients = try (0..<count).map { _ in try BusClient() }
+    let group = DispatchGroup()
+    let start = DispatchSemaphore(value: 0)
+    let tokens = Locked<[String]>([])
+    let call = BrokerCall.silent(clientID: "tessera-short", minValidity: 0)
+    for c in clients {
+      group.enter()
+      let box = UncheckedBox(c)
+      Thread.detachNewThread {
+        start.wait()
+        let reply = try? box.value.call(member: call.member, arguments: call.arguments, timeoutSeconds: 60)
+        tokens.mutate { $0.append(reply?.first?.dictValue?["access_token"]?.stringValue ?? "(failed)") }
+        group.leave()
+      }
+    }
+    for _ in 0..<count { start.signal() }
+    group.wait()
+    let distinct = Set(tokens.value)
+    guard !distinct.contains("(failed)") else { throw BenchError("a concurrent silent call failed") }
+    return env.idpRequests(since: mark).filter { $0.grantType == "refresh_token" }.count
+  }
+
+  func measureRefresh(env: Environment, client: BusClient) throws -> (broker: Double, direct: Double) {
+    // The broker's account for the device client.
+    _ = try Broker.signInWithDeviceCode(client, clientID: "tessera-device", env: env)
+    // The benchmark's own refresh token, from its own device-code sign-in, for the direct requests.
+    var direct = try DirectClient(env: env)
+    let force = BrokerCall.silent(clientID: "tessera-device", forceRefresh: true)
+    var brokerTimes: [Double] = []
+    var directTimes: [Double] = []
+    _ = try direct.refresh()  // warm the connection
+    for _ in 0..<refreshes {
+      var start = monotonic()
+      _ = try client.call(member: force.member, arguments: force.arguments, timeoutSeconds: 60)
+      brokerTimes.append((monotonic() - start) * 1000)
+      start = monotonic()
+      try direct.refresh()
+      directTimes.append((monotonic() - start) * 1000)
+    }
+    return (Stats(brokerTimes).p50, Stats(directTimes).p50)
+  }
+
+  func measureKeyringLoad() throws -> Double {
+    var samples: [Double] = []
+    for _ in 0..<max(3, startups) {
+      let start = monotonic()
+      _ = try blocking { try await SecretServiceStore().loadAll() }
+      samples.append((monotonic() - start) * 1000)
+    }
+    return Stats(samples).p50
+  }
+
+  /// Milliseconds from exec (or from the first call, with activation) to the first silent token.
+  func measureStartup(daemon: Daemon, activation: Bool) throws -> Double {
+    var samples: [Double] = []
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    for _ in 0..<startups {
+      daemon.stop()
+      let client = try BusClient()
+      let start = monotonic()
+      if activation {
+        _ = try client.call(member: silent.member, arguments: silent.arguments, timeoutSeconds: 30)
+      } else {
+        try daemon.launch()
+        while !(try client.nameHasOwner(BrokerInterface.busName)) { usleep(200) }
+        _ = try client.call(member: silent.member, arguments: silent.arguments, timeoutSeconds: 30)
+      }
+      samples.append((monotonic() - start) * 1000)
+      if activation { daemon.adoptActivated() }
+    }
+    return Stats(samples).p50
+  }
+
+  /// Writes synthetic accounts and tokens in the documented schema (docs/storage.md).
+  func populate(accounts: Int, clients: Int, scopeSets: Int, environment: Environment) throws {
+    var cache = TokenCache()
+    var operations: [TokenCache.StoreOperation] = []
+    let env = environment.idpEnvironment
+    let expires = Int64(Date().timeIntervalSince1970) + 3600
+    for a in 0..<accounts {
+      let id = "bench-\(a).bench"
+      operations += cache.upsert(account: Account(id: id, username: "user\(a)@bench.test", name: "User \(a)", authority: environment.authority, environment: env, realm: "bench", localAccountID: "\(a)"))
+      for c in 0..<clients {
+        let clientID = "bench-client-\(c)"
+        operations += cache.upsert(refreshToken: RefreshTokenRecord(accountID: id, environment: env, clientID: clientID, authority: environment.authority, secret: String(repeating: "r", count: 400)))
+        for s in 0..<scopeSets {
+          operations += cache.insert(accessToken: AccessTokenRecord(accountID: id, environment: env, realm: "bench", clientID: clientID, scopes: ["scope-\(s)"], secret: String(repeating: "a", count: 1500), tokenType: "Bearer", expiresOn: expires, idToken: String(repeating: "i", count: 900)))
+        }
+      }
+    }
+    log("writing \(operations.count) keyring items")
+    let store = SecretServiceStore()
+    let items = operations.compactMap { if case .save(let item) = $0 { item } else { nil } }
+    try blocking {
+      for item in items { try await store.save(item) }
+    }
+  }
+
+  func clearKeyring() throws {
+    try blocking { try await SecretServiceStore().delete(matching: TokenCache.allItemsAttributes) }
+  }
+}
+
+func log(_ text: String) {
+  FileHandle.standardError.write(Data("tessera-bench: \(text)\n".utf8))
+}
+
+func fmt(_ value: Double) -> String {
+  value >= 100 ? String(format: "%.0f", value) : value >= 10 ? String(format: "%.1f", value) : String(format: "%.2f", value)
+}
+
+func monotonic() -> Double {
+  var now = timespec()
+  clock_gettime(CLOCK_MONOTONIC, &now)
+  return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+}
+
+struct BenchError: Error, CustomStringConvertible {
+  let description: String
+  init(_ description: String) { self.description = description }
+}
+
+/// Runs async work from synchronous benchmark code (on a thread of its own, not the caller's).
+func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+  let done = DispatchSemaphore(value: 0)
+  let result = Locked<Result<T, any Error>?>(nil)
+  Task.detached {
+    do {
+      let value = try await body()
+      result.mutate { $0 = .success(value) }
+    } catch {
+      result.mutate { $0 = .failure(error) }
+    }
+    done.signal()
+  }
+  done.wait()
+  return try result.value!.get()
+}
+
+/// A value handed to exactly one other thread.
+struct UncheckedBox<T>: @unchecked Sendable {
+  let value: T
+  init(_ value: T) { self.value = value }
+}
+
+final class Locked<T>: @unchecked Sendable {
+  private var stored: T
+  private let lock = NSLock()
+  init(_ value: T) { stored = value }
+  var value: T { lock.withLock { stored } }
+  func mutate(_ body: (inout T) -> Void) { lock.withLock { body(&stored) } }
+}

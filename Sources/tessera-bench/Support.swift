@@ -1,0 +1,407 @@
+import ArgumentParser
+import Foundation
+import TesseraCore
+import TesseraPlatform
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// What the test session provides (scripts/test-session, scripts/idp).
+struct Environment {
+  let sessionDir: String
+  let idpLog: String
+  let authority: String
+  let idpPython: String
+  let repo: String
+  let activationAvailable: Bool
+
+  init() throws {
+    let env = ProcessInfo.processInfo.environment
+    func need(_ key: String) throws -> String {
+      guard let value = env[key], !value.isEmpty else {
+        throw BenchError("$\(key) is not set: run the benchmark through scripts/bench (it sets up the session).")
+      }
+      return value
+    }
+    sessionDir = try need("TESSERA_SESSION_DIR")
+    idpLog = try need("TESSERA_IDP_LOG")
+    authority = try need("TESSERA_IDP_AUTHORITY")
+    idpPython = try need("TESSERA_IDP_PYTHON")
+    repo = try need("TESSERA_REPO")
+    activationAvailable = env["TESSERA_BENCH_ACTIVATION"] == "1"
+  }
+
+  var idpEnvironment: String { (try? Authority(parsing: authority))?.environment ?? "" }
+
+  struct IdPRequest: Decodable {
+    let path: String
+    let grant_type: String?
+    var grantType: String? { grant_type }
+  }
+
+  func idpLogLines() -> Int {
+    ((try? String(contentsOfFile: idpLog, encoding: .utf8)) ?? "").split(separator: "\n").count
+  }
+
+  func idpRequests(since mark: Int) -> [IdPRequest] {
+    let lines = ((try? String(contentsOfFile: idpLog, encoding: .utf8)) ?? "").split(separator: "\n").dropFirst(mark)
+    return lines.compactMap { try? JSONDecoder().decode(IdPRequest.self, from: Data($0.utf8)) }
+  }
+
+  /// Plays the user on another device: approves a device code at the test IdP.
+  func approveDeviceCode(_ userCode: String) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: idpPython)
+    process.arguments = [repo + "/Tests/idp/approve_device.py", userCode, "--user", "alice"]
+    process.standardOutput = FileHandle.nullDevice
+    try process.run()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else { throw BenchError("approve_device.py failed (\(process.terminationStatus))") }
+  }
+}
+
+/// The tesserad under test: started by exec, or adopted after D-Bus activation started it.
+final class Daemon: @unchecked Sendable {
+  let binary: String
+  let log: String
+  private(set) var pid: pid_t = 0
+
+  init(binary: String, log: String) {
+    self.binary = binary
+    self.log = log
+  }
+
+  /// Starts it and waits for its bus name.
+  func start() throws {
+    try launch()
+    let client = try BusClient()
+    let deadline = monotonic() + 10
+    while !(try client.nameHasOwner(BrokerInterface.busName)) {
+      guard monotonic() < deadline else { throw BenchError("tesserad did not take its bus name; see \(log)") }
+      usleep(1000)
+    }
+  }
+
+  /// Execs it; returns at once.
+  func launch() throws {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    var argv: [UnsafeMutablePointer<CChar>?] = [strdup(binary), strdup("--log-level"), strdup("notice"), nil]
+    defer { argv.forEach { free($0) } }
+    let r = posix_spawn(&pid, binary, &actions, nil, &argv, environ)
+    guard r == 0 else { throw BenchError("cannot start \(binary): \(String(cString: strerror(r)))") }
+  }
+
+  /// After D-Bus activation started it: find its pid through the bus.
+  func adoptActivated() {
+    guard let client = try? BusClient(),
+      case .uint32(let owner)? = try? client.call(
+        destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+        member: "GetConnectionUnixProcessID", arguments: [.string(BrokerInterface.busName)]
+      ).first
+    else { return }
+    pid = pid_t(owner)
+  }
+
+  func stop() {
+    guard pid > 0 else { return }
+    kill(pid, SIGTERM)
+    var status: Int32 = 0
+    // Ours: reap it. Activated by the bus: wait until the process is gone.
+    if waitpid(pid, &status, 0) < 0 {
+      while kill(pid, 0) == 0, !isZombie(pid) { usleep(1000) }
+    }
+    pid = 0
+    if let client = try? BusClient() {
+      while (try? client.nameHasOwner(BrokerInterface.busName)) == true { usleep(1000) }
+    }
+  }
+
+  private func isZombie(_ pid: pid_t) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+      let close = stat.range(of: ") ", options: .backwards)
+    else { return true }
+    return stat[close.upperBound...].hasPrefix("Z")
+  }
+
+  /// Resident set size, from /proc.
+  func rssMiB() -> Double {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+      let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+      let kib = Double(line.split(separator: " ").dropFirst().first ?? "")
+    else { return .nan }
+    return kib / 1024
+  }
+}
+
+extension BusClient {
+  func nameHasOwner(_ name: String) throws -> Bool {
+    let reply = try call(
+      destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+      member: "NameHasOwner", arguments: [.string(name)])
+    return reply.first == .bool(true)
+  }
+}
+
+/// The calls the benchmark makes.
+struct BrokerCall: Sendable {
+  var destination = BrokerInterface.busName
+  var path = BrokerInterface.objectPath
+  var interface = BrokerInterface.interfaceName
+  var member: String
+  var arguments: [BusValue]
+
+  /// The floor: the bus daemon's own cheapest method, on the same connection.
+  static let floor = BrokerCall(
+    destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+    member: "GetId", arguments: [])
+
+  static func silent(clientID: String, minValidity: UInt32? = nil, forceRefresh: Bool = false) -> BrokerCall {
+    var options: [String: BusValue] = [:]
+    if let minValidity { options["min_validity"] = .uint32(minValidity) }
+    if forceRefresh { options["force_refresh"] = .bool(true) }
+    return BrokerCall(member: "AcquireTokenSilent", arguments: [.string(clientID), .strings([]), .string(""), .dict(options)])
+  }
+}
+
+enum Broker {
+  /// Interactive sign-in through the session's headless browser (Tests/idp/browser.py).
+  static func signIn(_ client: BusClient, clientID: String) throws -> String {
+    let reply = try client.call(
+      member: "AcquireToken", arguments: [.string(clientID), .strings([]), .dict(["login_hint": .string("alice")])],
+      timeoutSeconds: 120)
+    return reply.first?.dictValue?["account"]?.dictValue?["username"]?.stringValue ?? "?"
+  }
+
+  /// Device-code sign-in through the broker, approved as the user on "another device".
+  static func signInWithDeviceCode(_ client: BusClient, clientID: String, env: Environment) throws -> String {
+    let failure = Locked<(any Error)?>(nil)
+    let reply = try client.call(
+      member: "AcquireToken", arguments: [.string(clientID), .strings([]), .dict(["flow": .string("device_code")])],
+      timeoutSeconds: 120,
+      onSignal: { member, values in
+        guard member == "InteractionPending", values.count == 2, let code = values[1].dictValue?["user_code"]?.stringValue
+        else { return }
+        let approve = UncheckedBox(env)
+        Thread.detachNewThread {
+          do { try approve.value.approveDeviceCode(code) } catch { failure.mutate { $0 = error } }
+        }
+      })
+    if let error = failure.value { throw error }
+    return reply.first?.dictValue?["account"]?.dictValue?["username"]?.stringValue ?? "?"
+  }
+}
+
+/// The benchmark's own OAuth client: a device-code sign-in, then refresh-token requests over one
+/// reused libcurl connection, with nothing of the broker in between.
+struct DirectClient {
+  let http: CurlHTTPClient
+  let tokenEndpoint: String
+  var refreshToken: String
+
+  init(env: Environment) throws {
+    let caFile = ProcessInfo.processInfo.environment["TESSERA_IDP_CA"]
+    http = try CurlHTTPClient(caFile: caFile, allowInsecureLoopback: false)
+    let http = self.http
+    let authority = env.authority
+    struct Discovery: Decodable {
+      let token_endpoint: String
+      let device_authorization_endpoint: String
+    }
+    struct Device: Decodable {
+      let device_code: String
+      let user_code: String
+    }
+    struct Tokens: Decodable { let refresh_token: String? }
+    let discovery = try JSONDecoder().decode(
+      Discovery.self,
+      from: Data(try blocking { try await http.send(HTTPRequest(method: "GET", url: authority + "/.well-known/openid-configuration")) }.body))
+    tokenEndpoint = discovery.token_endpoint
+    let device = try JSONDecoder().decode(
+      Device.self,
+      from: Data(try blocking { try await http.send(.form(discovery.device_authorization_endpoint, [("client_id", "tessera-device"), ("scope", "openid read")])) }.body))
+    try env.approveDeviceCode(device.user_code)
+    let endpoint = tokenEndpoint
+    let answer = try blocking {
+      try await http.send(
+        .form(endpoint, [("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", "tessera-device"), ("device_code", device.device_code)]))
+    }
+    guard let token = try JSONDecoder().decode(Tokens.self, from: Data(answer.body)).refresh_token else {
+      throw BenchError("the direct device-code sign-in returned no refresh token (HTTP \(answer.status))")
+    }
+    refreshToken = token
+  }
+
+  /// One refresh-token request; keeps the rotated token.
+  mutating func refresh() throws {
+    struct Tokens: Decodable { let refresh_token: String? }
+    let (endpoint, token, http) = (tokenEndpoint, refreshToken, self.http)
+    let answer = try blocking {
+      try await http.send(.form(endpoint, [("grant_type", "refresh_token"), ("client_id", "tessera-device"), ("refresh_token", token), ("scope", "openid read")]))
+    }
+    guard answer.status == 200, let next = try JSONDecoder().decode(Tokens.self, from: Data(answer.body)).refresh_token else {
+      throw BenchError("a direct refresh failed (HTTP \(answer.status))")
+    }
+    refreshToken = next
+  }
+}
+
+struct Stats {
+  let p50: Double
+  let p90: Double
+  let p99: Double
+  init(_ samples: [Double]) {
+    let sorted = samples.sorted()
+    func at(_ q: Double) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))] }
+    p50 = at(0.5)
+    p90 = at(0.9)
+    p99 = at(0.99)
+  }
+}
+
+enum Machine {
+  static func describe() -> [String: String] {
+    var info: [String: String] = [:]
+    var name = utsname()
+    uname(&name)
+    info["kernel"] = withUnsafeBytes(of: name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    info["cores"] = "\(ProcessInfo.processInfo.activeProcessorCount)"
+    info["memory_gib"] = String(format: "%.0f", Double(ProcessInfo.processInfo.physicalMemory) / 1_073_741_824)
+    if let cpu = try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8),
+      let model = cpu.split(separator: "\n").first(where: { $0.hasPrefix("model name") })?.split(separator: ":").last
+    {
+      info["cpu"] = model.trimmingCharacters(in: .whitespaces)
+    }
+    info["date"] = ISO8601DateFormatter().string(from: Date())
+    return info
+  }
+}
+
+struct Measurement: Codable {
+  var id: String
+  var name: String
+  var value: Double
+  var unit: String
+  var goal: Double?
+  var lowerIsBetter = true
+  var exact = false
+  var strict = false
+  var detail: String?
+
+  init(id: String, name: String, value: Double, unit: String, goal: Double? = nil, lowerIsBetter: Bool = true, exact: Bool = false, strict: Bool = false, detail: String? = nil) {
+    self.id = id
+    self.name = name
+    self.value = value
+    self.unit = unit
+    self.goal = goal
+    self.lowerIsBetter = lowerIsBetter
+    self.exact = exact
+    self.strict = strict
+    self.detail = detail
+  }
+
+  var met: Bool? {
+    guard let goal else { return nil }
+    if exact { return value == goal }
+    if strict { return lowerIsBetter ? value < goal : value > goal }
+    return lowerIsBetter ? value <= goal : value >= goal
+  }
+
+  var goalText: String {
+    guard let goal else { return "" }
+    let op = exact ? "=" : strict ? (lowerIsBetter ? "<" : ">") : (lowerIsBetter ? "≤" : "≥")
+    return "\(op) \(fmt(goal))"
+  }
+}
+
+struct Report: Codable {
+  var machine: [String: String]
+  var tesserad: String
+  var smoke: Bool
+  var results: [Measurement] = []
+
+  init(machine: [String: String], tesserad: String, smoke: Bool) {
+    self.machine = machine
+    self.tesserad = tesserad
+    self.smoke = smoke
+  }
+
+  mutating func add(_ result: Measurement) {
+    results.append(result)
+    log("\(result.name): \(fmt(result.value)) \(result.unit)")
+  }
+
+  func table() -> String {
+    let header = ["measurement", "value", "goal", "verdict", "detail"]
+    let rows = results.map { r in
+      [r.name, "\(fmt(r.value)) \(r.unit)", r.goalText, r.met.map { $0 ? "met" : "MISSED" } ?? "", r.detail ?? ""]
+    }
+    let widths = header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max() ?? 0 }
+    func line(_ cells: [String]) -> String {
+      zip(cells, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  ")
+    }
+    var out = [line(header), widths.map { String(repeating: "-", count: $0) }.joined(separator: "  ")]
+    out += rows.map(line)
+    let missed = results.filter { $0.met == false }.map(\.name)
+    out.append("")
+    out.append(missed.isEmpty ? "All goals met." : "Goals missed: \(missed.joined(separator: "; ")).")
+    if smoke { out.append("(smoke run: one quick round; the numbers are not meaningful)") }
+    return out.joined(separator: "\n")
+  }
+
+  func markdown(commit: String) -> String {
+    var out = """
+      # Benchmarks
+
+      Produced by `scripts/bench` (the whole file is rewritten by `scripts/bench --write-md`). It starts a
+      private session bus, an unlocked gnome-keyring and the test identity provider, runs a release build
+      of `tesserad`, and measures it with `tessera-bench`. Benchmarks report; they never fail the test
+      suite on a number. CI runs `scripts/bench --smoke` (one quick round) so the benchmark cannot rot.
+
+      ## How to read it
+
+      - **The floor** is `org.freedesktop.DBus.GetId`, answered by the bus daemon itself, called by the same
+        client on the same connection. A broker call cannot cost less than a bus round trip, so the
+        broker is judged by its ratio to the floor. Floor and broker calls alternate in rounds (latency)
+        or phases (throughput), so machine noise hits both.
+      - **Silent** calls are `AcquireTokenSilent` answered from the in-memory cache.
+      - **Single-flight** counts the refresh requests at the identity provider for 64 concurrent silent
+        calls on an expired token (separate connections).
+      - **Refresh cost** compares a `force_refresh` silent call with a refresh-token request the benchmark
+        makes itself with libcurl over a reused connection to the same IdP: the ratio is the broker's
+        own overhead (bus, id_token validation, keyring writes of the rotated tokens).
+      - **Memory** is `VmRSS` of `tesserad` from /proc: idle after start, with a large cache loaded from
+        the keyring, and its growth over many silent calls.
+      - **Start-up** is from exec (or from the first call, for D-Bus activation) to the first silent token
+        answered from a cold cache, i.e. loaded from the Secret Service. The keyring's own time to hand
+        over the items is measured apart and subtracted.
+      - Numbers vary between runs on a shared 2-core machine by 10–20 %; compare medians across commits
+        (the JSON from `scripts/bench --json FILE`), not single runs.
+
+      ## Latest run
+
+      Commit `\(commit)`\(smoke ? " (smoke run: not meaningful)" : "")
+
+      | measurement | value | goal | verdict | detail |
+      |---|---|---|---|---|
+
+      """
+    for r in results {
+      out +=
+        "| \(r.name) | \(fmt(r.value)) \(r.unit) | \(r.goalText) | \(r.met.map { $0 ? "met" : "**missed**" } ?? "") | \(r.detail ?? "") |\n"
+    }
+    out += "\n## Machine\n\n"
+    for key in machine.keys.sorted() { out += "- \(key): \(machine[key]!)\n" }
+    return out
+  }
+
+  func json() throws -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    return String(decoding: try encoder.encode(self), as: UTF8.self)
+  }
+}
