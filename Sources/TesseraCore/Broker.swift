@@ -367,8 +367,8 @@ public actor Broker {
       accounts = accounts.filter { Self.serves(wanted, $0) }
     }
     if let clientID = filter.clientID {
-      let withTokens = Set(cache.refreshTokens.filter { $0.clientID == clientID }.map(\.accountID))
-      accounts = accounts.filter { withTokens.contains($0.id) }
+      // Accounts this client can use silently: its own refresh token, or its family's.
+      accounts = accounts.filter { cache.refreshToken(accountID: $0.id, environment: $0.environment, clientID: clientID) != nil }
     }
     if let username = filter.username?.lowercased() {
       accounts = accounts.filter { $0.username.lowercased() == username }

@@ -60,7 +60,11 @@ extension String {
 extension StringProtocol {
   /// Without leading and trailing spaces, tabs and line breaks.
   public func trimmingSpaces() -> String {
-    let isSpace = { (c: Character) in c == " " || c == "\t" || c == "\r" || c == "\n" }
-    return String(drop(while: isSpace).reversed().drop(while: isSpace).reversed())
+    // On scalars: "\r\n" is one Character, which a Character comparison with "\r" or "\n" misses.
+    let isSpace = { (c: Unicode.Scalar) in c == " " || c == "\t" || c == "\r" || c == "\n" }
+    var scalars = Substring(self).unicodeScalars[...]
+    while let first = scalars.first, isSpace(first) { scalars = scalars.dropFirst() }
+    while let last = scalars.last, isSpace(last) { scalars = scalars.dropLast() }
+    return String(String.UnicodeScalarView(scalars))
   }
 }

@@ -158,7 +158,9 @@ extension Broker {
     }
     let response = try await deps.http.send(
       .form(
-        endpoint, [("client_id", clientID), ("scope", Self.requestScopes(scopes))],
+        endpoint,
+        [("client_id", clientID), ("scope", Self.requestScopes(scopes))]
+          + ((try claimsParameter(request.claims)).map { [("claims", $0)] } ?? []),
         headers: [("client-request-id", request.correlationID)]))
     guard response.status == 200 else {
       throw OAuthErrorResponse.map(

@@ -174,7 +174,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     var detail = parsed.error
     if let code = parsed.error_codes?.first { detail += " AADSTS\(code)" }
     if let description = parsed.error_description {
-      var firstLine = description.split(separator: "\n").first.map(String.init) ?? description
+      var firstLine =
+        description.split(whereSeparator: { $0 == "\n" || $0 == "\r\n" || $0 == "\r" }).first.map(String.init)
+        ?? description
       if firstLine.hasPrefix("AADSTS"), let colon = firstLine.firstIndex(of: ":") {  // the code is there already
         firstLine = String(firstLine[firstLine.index(after: colon)...]).trimmingSpaces()
       }

@@ -41,7 +41,6 @@ struct SilentTarget: Sendable {
 }
 
 extension Broker {
-  /// Added to min_validity: the token must survive the trip to the caller and then to the API.
   /// Added to min_validity. Expiry is computed from expires_in by this machine's clock when the
   /// token arrives, so the IdP's clock plays no part; min_validity (default 300 s) is the margin.
   public static let expiryMargin: Double = 0
@@ -211,7 +210,7 @@ extension Broker {
   /// recently. Failures are quiet and retried with backoff; they never drop an account.
   func startBackgroundRefresh(_ target: SilentTarget) {
     let key = target.key
-    guard backgroundRefreshes[key] == nil, refreshes[key] == nil else { return }
+    guard backgroundRefreshes[key] == nil, refreshes[key + "\u{1F}"] == nil else { return }
     if let wait = backoff[key], wait.notBefore > deps.clock.now() { return }
     backgroundRefreshes[key] = Task {
       await self.backgroundRefresh(target)

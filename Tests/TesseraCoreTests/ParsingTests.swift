@@ -249,3 +249,17 @@ final class ErrorTableTests: XCTestCase {
     XCTAssertEqual(map(400, #"{"error":"invalid_client"}"#), .invalidArgument)
   }
 }
+
+final class WireTextTests: XCTestCase {
+  func testHeaderValuesWithCRLFAreTrimmed() {
+    XCTAssertEqual(" 30\r\n".trimmingSpaces(), "30")
+    XCTAssertEqual(OAuthErrorResponse.retryAfterSeconds("30\r\n"), 30)
+  }
+
+  func testOnlyTheFirstLineOfAnEntraDescriptionIsQuoted() {
+    let body = #"{"error":"invalid_grant","error_description":"AADSTS700082: The refresh token has expired.\r\nTrace ID: abc\r\nCorrelation ID: def"}"#
+    let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
+    XCTAssertTrue(error.message.contains("The refresh token has expired."))
+    XCTAssertFalse(error.message.contains("Trace ID"), error.message)
+  }
+}
