@@ -46,6 +46,8 @@ public actor Broker {
   let logger: Logger
   let policy: AuthorityPolicy
   let directory: OIDCDirectory
+  /// Silent replies the bus thread may give without a hop to this actor (see SilentFastPath).
+  public nonisolated let fastPath = SilentFastPath()
 
   var cache = TokenCache()
   var loading: Task<Void, any Error>?
@@ -70,6 +72,9 @@ public actor Broker {
   var throttledUntil: [String: Date] = [:]
   /// Interactive sign-ins under way, by correlation id, with the bus name of their caller.
   var interactiveFlows: [String: (caller: String, task: Task<TokenResult, any Error>)] = [:]
+  /// Callers that left the bus recently (unique names), oldest first.
+  var departedCallers: Set<String> = []
+  var departedOrder: [String] = []
 
   public static let defaultBrowserTimeout: UInt32 = 300
   /// Each interactive sign-in holds a listener, a thread and a browser window: they are capped.
@@ -128,6 +133,7 @@ public actor Broker {
   }
 
   private func finishLoading(_ items: [StoredItem]) {
+    fastPath.clear()
     let (cache, skipped) = TokenCache.load(items)
     self.cache = cache
     loaded = true
@@ -150,6 +156,8 @@ public actor Broker {
   /// the daemon runs) and the unwritten operations are retried, still in order, before the next
   /// write; with `retryLater` false they are dropped instead (the caller rolls back).
   func apply(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) async throws {
+    // Every change to accounts or tokens is followed by a write: published replies are stale now.
+    fastPath.clear()
     let previous = storeLane
     let write = Task { () async throws -> Void in
       await previous?.value
@@ -368,7 +376,9 @@ public actor Broker {
     }
     if let clientID = filter.clientID {
       // Accounts this client can use silently: its own refresh token, or its family's.
-      accounts = accounts.filter { cache.refreshToken(accountID: $0.id, environment: $0.environment, clientID: clientID) != nil }
+      accounts = accounts.filter {
+        cache.refreshToken(accountID: $0.id, environment: $0.environment, clientID: clientID) != nil
+      }
     }
     if let username = filter.username?.lowercased() {
       accounts = accounts.filter { $0.username.lowercased() == username }

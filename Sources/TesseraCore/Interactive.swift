@@ -22,29 +22,33 @@ extension Broker {
         "An interactive request with correlation id \(request.correlationID) is already running. Use a new correlation id."
       )
     }
-    try await ensureLoaded()
-    var hints = (login: request.loginHint, domain: request.domainHint)
-    if !request.accountID.isEmpty {
-      // A known account (another app signed it in): pre-fill it, so the user sees at most a click.
-      let account = try resolveAccount(request.accountID, authority: authority)
-      if hints.login == nil { hints.login = account.username }
-      if hints.domain == nil, let at = account.username.lastIndex(of: "@") {
-        hints.domain = String(account.username[account.username.index(after: at)...])
-      }
-    }
-    let metadata = try await directory.metadata(for: authority, policy: policy)
+    // Registered before the first suspension, so the cap, duplicate ids, Cancel and callers leaving
+    // the bus all see this sign-in from the start.
     let task = Task { () async throws -> TokenResult in
+      try await self.ensureLoaded()
+      var hints = (login: request.loginHint, domain: request.domainHint)
+      if !request.accountID.isEmpty {
+        // A known account (another app signed it in): pre-fill it, so the user sees at most a click.
+        let account = try await self.resolveAccount(request.accountID, authority: authority)
+        if hints.login == nil { hints.login = account.username }
+        if hints.domain == nil, let at = account.username.lastIndex(of: "@") {
+          hints.domain = String(account.username[account.username.index(after: at)...])
+        }
+      }
+      let metadata = try await self.directory.metadata(for: authority, policy: self.policy)
+      try Task.checkCancellation()
       switch request.flow {
       case .browser:
-        try await self.browserSignIn(
+        return try await self.browserSignIn(
           request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, hints: hints,
           caller: caller)
       case .deviceCode:
-        try await self.deviceCodeSignIn(
+        return try await self.deviceCodeSignIn(
           request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
       }
     }
     interactiveFlows[request.correlationID] = (caller.busName, task)
+    if departedCallers.contains(caller.busName) { task.cancel() }  // it left before its call was handled
     defer { interactiveFlows[request.correlationID] = nil }
     do {
       return try await task.value.busValue(correlationID: request.correlationID)
@@ -68,6 +72,10 @@ extension Broker {
 
   /// A caller left the bus: its interactive sign-ins are cancelled (nobody would get the result).
   public func callerLeft(_ busName: String) {
+    // Unique names are never reused on a bus: remember the last few, for calls still on their way.
+    departedCallers.insert(busName)
+    departedOrder.append(busName)
+    if departedOrder.count > 1024 { departedCallers.remove(departedOrder.removeFirst()) }
     for (correlationID, flow) in interactiveFlows where flow.caller == busName {
       logger.info("The caller left the bus; cancelling its sign-in", metadata: ["correlation_id": "\(correlationID)"])
       flow.task.cancel()

@@ -105,7 +105,8 @@ public enum RequestParser {
   static func clip(_ s: String) -> String { s.count > 64 ? String(s.prefix(64)) + "…" : s }
 
   /// Checks a caller-supplied text: bounded length, no control characters.
-  static func checkText(_ value: String, name: String, max: Int = maxIdentifierLength, allowSpaces: Bool = true) throws
+  public static func checkText(_ value: String, name: String, max: Int = maxIdentifierLength, allowSpaces: Bool = true)
+    throws
   {
     guard value.utf8.count <= max else {
       throw TesseraError.invalidArgument(

@@ -13,6 +13,29 @@ public struct RequestHandler: Sendable {
     self.clock = clock
   }
 
+  /// Answers a silent request on the calling (bus) thread when the token actor has published its
+  /// reply; nil when the full path must answer. Logged like any other request.
+  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> [BusValue]? {
+    guard method == "AcquireTokenSilent",
+      let (reply, correlationID) = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970)
+    else { return nil }
+    if logger.logLevel <= .info {
+      var metadata: Logger.Metadata = [
+        "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
+        "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
+        "correlation_id": "\(correlationID)", "outcome": "ok", "cache": "hit",
+      ]
+      if case .string(let clientID) = arguments[0] {
+        metadata["client_id"] = "\(clientID.isEmpty ? "(default)" : clientID)"
+      }
+      if case .strings(let scopes) = arguments[1] {
+        metadata["scopes"] = "\(scopes.isEmpty ? "(default)" : scopes.joined(separator: " "))"
+      }
+      logger.info("\(method) succeeded", metadata: metadata)
+    }
+    return [.dict(reply)]
+  }
+
   public func handle(method: String, arguments: [BusValue], caller: CallerInfo) async -> Result<
     [BusValue], TesseraError
   > {

@@ -67,8 +67,11 @@ extension Broker {
         if let refreshOn = cached.refreshOn, now.timeIntervalSince1970 >= Double(refreshOn) {
           startBackgroundRefresh(target)
         }
-        return TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
+        var reply = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
           .busValue(correlationID: request.correlationID)
+        fastPath.publish(request, target: target, token: cached, reply: reply)
+        reply["correlation_id"] = .string(request.correlationID)
+        return reply
       }
     }
     do {
@@ -242,6 +245,9 @@ extension Broker {
   /// One pass of refresh-ahead: tokens used in the last 30 minutes whose refresh time has come (or
   /// that are close to expiry) are refreshed now, so callers in steady use never wait on the network.
   public func refreshAhead() async {
+    for (target, time) in fastPath.takeUses() {  // answers the bus thread gave by itself count as use
+      recentUse[target.key] = (target, Date(timeIntervalSince1970: time))
+    }
     let now = deps.clock.now()
     for (key, use) in recentUse {
       guard now.timeIntervalSince(use.lastUsed) <= Self.recentUseWindow, cache.accounts[use.target.account.id] != nil

@@ -27,6 +27,8 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   public typealias CallHandler =
     @Sendable (_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ reply: ReplyToken) -> Void
   private let onCall: CallHandler
+  /// Tried on the bus thread before `onCall`: a reply it returns is sent at once.
+  private let answerAtOnce: (@Sendable (String, [BusValue], CallerInfo) -> [BusValue]?)?
   /// Called (on the bus thread) when a unique name leaves the bus.
   private let onCallerGone: @Sendable (String) -> Void
 
@@ -46,10 +48,12 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   }
 
   public init(
-    logger: Logger, onCall: @escaping CallHandler, onCallerGone: @escaping @Sendable (String) -> Void = { _ in }
+    logger: Logger, onCall: @escaping CallHandler, onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
+    answerAtOnce: (@Sendable (String, [BusValue], CallerInfo) -> [BusValue]?)? = nil
   ) {
     self.logger = logger
     self.onCall = onCall
+    self.answerAtOnce = answerAtOnce
     self.onCallerGone = onCallerGone
     self.eventFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
   }
@@ -165,6 +169,10 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
         message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
     }
     let caller = callerInfo(message)
+    if let reply = answerAtOnce?(member, arguments, caller) {
+      send(reply: .success(reply), to: message)
+      return 1
+    }
     nextID &+= 1
     pending[nextID] = sd_bus_message_ref(message)
     onCall(member, arguments, caller, ReplyToken(id: nextID))

@@ -13,7 +13,8 @@ import TesseraPlatform
 struct Bench: ParsableCommand {
   static let configuration = CommandConfiguration(
     commandName: "tessera-bench",
-    abstract: "Measure tesserad: silent latency and throughput against the D-Bus floor, single-flight, refresh cost, memory, start-up.",
+    abstract:
+      "Measure tesserad: silent latency and throughput against the D-Bus floor, single-flight, refresh cost, memory, start-up.",
     discussion: "Run it through scripts/bench, which sets up the session bus, keyring and test IdP it needs.")
 
   @Option(help: "The tesserad binary to measure.") var tesserad: String
@@ -49,7 +50,10 @@ struct Bench: ParsableCommand {
     // 5a. Memory, idle.
     try daemon.start()
     usleep(500_000)
-    report.add(.init(id: "rss_idle", name: "RSS idle after start", value: daemon.rssMiB(), unit: "MiB", goal: 24, lowerIsBetter: true))
+    report.add(
+      .init(
+        id: "rss_idle", name: "RSS idle after start", value: daemon.rssMiB(), unit: "MiB", goal: 24, lowerIsBetter: true
+      ))
 
     let client = try BusClient()
     let signedIn = try Broker.signIn(client, clientID: "tessera-test")
@@ -57,44 +61,82 @@ struct Bench: ParsableCommand {
 
     // 1. Silent latency against the floor, interleaved.
     let latency = try measureLatency(client)
-    report.add(.init(id: "silent_p50", name: "Silent latency, median", value: latency.broker.p50, unit: "µs", detail: "floor \(fmt(latency.floor.p50)) µs"))
-    report.add(.init(id: "silent_p90", name: "Silent latency, p90", value: latency.broker.p90, unit: "µs", detail: "floor \(fmt(latency.floor.p90)) µs"))
-    report.add(.init(id: "silent_p99", name: "Silent latency, p99", value: latency.broker.p99, unit: "µs", detail: "floor \(fmt(latency.floor.p99)) µs"))
-    report.add(.init(id: "silent_ratio", name: "Silent median / floor median", value: latency.broker.p50 / latency.floor.p50, unit: "×", goal: 1.3, lowerIsBetter: true))
+    report.add(
+      .init(
+        id: "silent_p50", name: "Silent latency, median", value: latency.broker.p50, unit: "µs",
+        detail: "floor \(fmt(latency.floor.p50)) µs"))
+    report.add(
+      .init(
+        id: "silent_p90", name: "Silent latency, p90", value: latency.broker.p90, unit: "µs",
+        detail: "floor \(fmt(latency.floor.p90)) µs"))
+    report.add(
+      .init(
+        id: "silent_p99", name: "Silent latency, p99", value: latency.broker.p99, unit: "µs",
+        detail: "floor \(fmt(latency.floor.p99)) µs"))
+    report.add(
+      .init(
+        id: "silent_ratio", name: "Silent median / floor median", value: latency.broker.p50 / latency.floor.p50,
+        unit: "×", goal: 1.3, lowerIsBetter: true))
 
     // 2. Throughput at 1, 4, 16 connections.
     for connections in [1, 4, 16] {
       let (floor, broker) = try measureThroughput(connections: connections)
-      report.add(.init(id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: broker, unit: "calls/s", detail: "floor \(fmt(floor)) calls/s"))
-      report.add(.init(id: "throughput_ratio_\(connections)", name: "Throughput / floor, \(connections) connection(s)", value: broker / floor, unit: "×", goal: 0.8, lowerIsBetter: false))
+      report.add(
+        .init(
+          id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: broker,
+          unit: "calls/s", detail: "floor \(fmt(floor)) calls/s"))
+      report.add(
+        .init(
+          id: "throughput_ratio_\(connections)", name: "Throughput / floor, \(connections) connection(s)",
+          value: broker / floor, unit: "×", goal: 0.8, lowerIsBetter: false))
     }
 
     // 3. Single-flight on an expired token.
     let requests = try measureSingleFlight(env: env, client: client)
-    report.add(.init(id: "single_flight", name: "Token requests for 64 concurrent silent calls on an expired token", value: Double(requests), unit: "requests", goal: 1, lowerIsBetter: true, exact: true))
+    report.add(
+      .init(
+        id: "single_flight", name: "Token requests for 64 concurrent silent calls on an expired token",
+        value: Double(requests), unit: "requests", goal: 1, lowerIsBetter: true, exact: true))
 
     // 4. Refresh cost against a direct request.
     let refresh = try measureRefresh(env: env, client: client)
-    report.add(.init(id: "refresh_broker", name: "force_refresh silent call, median", value: refresh.broker, unit: "ms", detail: "direct refresh \(fmt(refresh.direct)) ms"))
-    report.add(.init(id: "refresh_ratio", name: "Refresh: broker / direct", value: refresh.broker / refresh.direct, unit: "×", goal: 1.2, lowerIsBetter: true))
+    report.add(
+      .init(
+        id: "refresh_broker", name: "force_refresh silent call, median", value: refresh.broker, unit: "ms",
+        detail: "direct refresh \(fmt(refresh.direct)) ms"))
+    report.add(
+      .init(
+        id: "refresh_ratio", name: "Refresh: broker / direct", value: refresh.broker / refresh.direct, unit: "×",
+        goal: 1.2, lowerIsBetter: true))
 
     // 5c. Memory growth over many silent calls.
     let before = daemon.rssMiB()
     let silent = BrokerCall.silent(clientID: "tessera-test")
     for _ in 0..<growthCalls { _ = try client.call(member: silent.member, arguments: silent.arguments) }
     let after = daemon.rssMiB()
-    report.add(.init(id: "rss_growth", name: "RSS growth over \(growthCalls) silent calls", value: after - before, unit: "MiB", goal: 1, lowerIsBetter: true, strict: true))
+    report.add(
+      .init(
+        id: "rss_growth", name: "RSS growth over \(growthCalls) silent calls", value: after - before, unit: "MiB",
+        goal: 1, lowerIsBetter: true, strict: true))
 
     // 6. Start-up from exec and through D-Bus activation, and the keyring's own time.
     daemon.stop()
     let keyring = try measureKeyringLoad()
     let exec = try measureStartup(daemon: daemon, activation: false)
-    report.add(.init(id: "keyring_load", name: "Keyring: loading every Tessera item (reported apart)", value: keyring, unit: "ms"))
-    report.add(.init(id: "startup_exec", name: "Start-up: exec to first silent token, minus keyring", value: exec - keyring, unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(exec)) ms"))
+    report.add(
+      .init(
+        id: "keyring_load", name: "Keyring: loading every Tessera item (reported apart)", value: keyring, unit: "ms"))
+    report.add(
+      .init(
+        id: "startup_exec", name: "Start-up: exec to first silent token, minus keyring", value: exec - keyring,
+        unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(exec)) ms"))
     if env.activationAvailable {
       daemon.stop()
       let activated = try measureStartup(daemon: daemon, activation: true)
-      report.add(.init(id: "startup_activation", name: "Start-up: D-Bus activation to first silent token, minus keyring", value: activated - keyring, unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(activated)) ms"))
+      report.add(
+        .init(
+          id: "startup_activation", name: "Start-up: D-Bus activation to first silent token, minus keyring",
+          value: activated - keyring, unit: "ms", goal: 50, lowerIsBetter: true, detail: "total \(fmt(activated)) ms"))
       daemon.adoptActivated()
     }
 
@@ -107,7 +149,10 @@ struct Bench: ParsableCommand {
     let loaded = try BusClient()
     _ = try loaded.call(member: "GetAccounts", arguments: [.dict([:])])
     usleep(300_000)
-    report.add(.init(id: "rss_loaded", name: "RSS with \(parts[0]) accounts × \(parts[1]) clients × \(parts[2]) scope sets cached", value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true))
+    report.add(
+      .init(
+        id: "rss_loaded", name: "RSS with \(parts[0]) accounts × \(parts[1]) clients × \(parts[2]) scope sets cached",
+        value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true))
     daemon.stop()
     try clearKeyring()
 
@@ -124,7 +169,9 @@ struct Bench: ParsableCommand {
     var floor: [Double] = []
     var broker: [Double] = []
     for _ in 0..<(smoke ? 10 : 200) {  // warm-up
-      _ = try client.call(destination: floorCall.destination, path: floorCall.path, interface: floorCall.interface, member: floorCall.member, arguments: [])
+      _ = try client.call(
+        destination: floorCall.destination, path: floorCall.path, interface: floorCall.interface,
+        member: floorCall.member, arguments: [])
       _ = try client.call(member: silent.member, arguments: silent.arguments)
     }
     for _ in 0..<rounds {
@@ -139,7 +186,9 @@ struct Bench: ParsableCommand {
     samples.reserveCapacity(count)
     for _ in 0..<count {
       let start = monotonic()
-      _ = try client.call(destination: call.destination, path: call.path, interface: call.interface, member: call.member, arguments: call.arguments)
+      _ = try client.call(
+        destination: call.destination, path: call.path, interface: call.interface, member: call.member,
+        arguments: call.arguments)
       samples.append((monotonic() - start) * 1e6)
     }
     return samples
@@ -176,7 +225,9 @@ struct Bench: ParsableCommand {
         var n = 0
         while monotonic() < end {
           do {
-            _ = try client.value.call(destination: call.destination, path: call.path, interface: call.interface, member: call.member, arguments: call.arguments)
+            _ = try client.value.call(
+              destination: call.destination, path: call.path, interface: call.interface, member: call.member,
+              arguments: call.arguments)
             n += 1
           } catch {
             failures.mutate { $0 += 1 }
@@ -281,12 +332,22 @@ struct Bench: ParsableCommand {
     let expires = Int64(Date().timeIntervalSince1970) + 3600
     for a in 0..<accounts {
       let id = "bench-\(a).bench"
-      operations += cache.upsert(account: Account(id: id, username: "user\(a)@bench.test", name: "User \(a)", authority: environment.authority, environment: env, realm: "bench", localAccountID: "\(a)"))
+      operations += cache.upsert(
+        account: Account(
+          id: id, username: "user\(a)@bench.test", name: "User \(a)", authority: environment.authority,
+          environment: env, realm: "bench", localAccountID: "\(a)"))
       for c in 0..<clients {
         let clientID = "bench-client-\(c)"
-        operations += cache.upsert(refreshToken: RefreshTokenRecord(accountID: id, environment: env, clientID: clientID, authority: environment.authority, secret: String(repeating: "r", count: 400)))
+        operations += cache.upsert(
+          refreshToken: RefreshTokenRecord(
+            accountID: id, environment: env, clientID: clientID, authority: environment.authority,
+            secret: String(repeating: "r", count: 400)))
         for s in 0..<scopeSets {
-          operations += cache.insert(accessToken: AccessTokenRecord(accountID: id, environment: env, realm: "bench", clientID: clientID, scopes: ["scope-\(s)"], secret: String(repeating: "a", count: 1500), tokenType: "Bearer", expiresOn: expires, idToken: String(repeating: "i", count: 900)))
+          operations += cache.insert(
+            accessToken: AccessTokenRecord(
+              accountID: id, environment: env, realm: "bench", clientID: clientID, scopes: ["scope-\(s)"],
+              secret: String(repeating: "a", count: 1500), tokenType: "Bearer", expiresOn: expires,
+              idToken: String(repeating: "i", count: 900)))
         }
       }
     }
@@ -308,7 +369,8 @@ func log(_ text: String) {
 }
 
 func fmt(_ value: Double) -> String {
-  value >= 100 ? String(format: "%.0f", value) : value >= 10 ? String(format: "%.1f", value) : String(format: "%.2f", value)
+  value >= 100
+    ? String(format: "%.0f", value) : value >= 10 ? String(format: "%.1f", value) : String(format: "%.2f", value)
 }
 
 func monotonic() -> Double {

@@ -57,7 +57,9 @@ struct Environment {
     process.standardOutput = FileHandle.nullDevice
     try process.run()
     process.waitUntilExit()
-    guard process.terminationStatus == 0 else { throw BenchError("approve_device.py failed (\(process.terminationStatus))") }
+    guard process.terminationStatus == 0 else {
+      throw BenchError("approve_device.py failed (\(process.terminationStatus))")
+    }
   }
 }
 
@@ -164,7 +166,8 @@ struct BrokerCall: Sendable {
     var options: [String: BusValue] = [:]
     if let minValidity { options["min_validity"] = .uint32(minValidity) }
     if forceRefresh { options["force_refresh"] = .bool(true) }
-    return BrokerCall(member: "AcquireTokenSilent", arguments: [.string(clientID), .strings([]), .string(""), .dict(options)])
+    return BrokerCall(
+      member: "AcquireTokenSilent", arguments: [.string(clientID), .strings([]), .string(""), .dict(options)])
   }
 }
 
@@ -184,7 +187,8 @@ enum Broker {
       member: "AcquireToken", arguments: [.string(clientID), .strings([]), .dict(["flow": .string("device_code")])],
       timeoutSeconds: 120,
       onSignal: { member, values in
-        guard member == "InteractionPending", values.count == 2, let code = values[1].dictValue?["user_code"]?.stringValue
+        guard member == "InteractionPending", values.count == 2,
+          let code = values[1].dictValue?["user_code"]?.stringValue
         else { return }
         let approve = UncheckedBox(env)
         Thread.detachNewThread {
@@ -219,16 +223,28 @@ struct DirectClient {
     struct Tokens: Decodable { let refresh_token: String? }
     let discovery = try JSONDecoder().decode(
       Discovery.self,
-      from: Data(try blocking { try await http.send(HTTPRequest(method: "GET", url: authority + "/.well-known/openid-configuration")) }.body))
+      from: Data(
+        try blocking {
+          try await http.send(HTTPRequest(method: "GET", url: authority + "/.well-known/openid-configuration"))
+        }.body))
     tokenEndpoint = discovery.token_endpoint
     let device = try JSONDecoder().decode(
       Device.self,
-      from: Data(try blocking { try await http.send(.form(discovery.device_authorization_endpoint, [("client_id", "tessera-device"), ("scope", "openid read")])) }.body))
+      from: Data(
+        try blocking {
+          try await http.send(
+            .form(discovery.device_authorization_endpoint, [("client_id", "tessera-device"), ("scope", "openid read")]))
+        }.body))
     try env.approveDeviceCode(device.user_code)
     let endpoint = tokenEndpoint
     let answer = try blocking {
       try await http.send(
-        .form(endpoint, [("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", "tessera-device"), ("device_code", device.device_code)]))
+        .form(
+          endpoint,
+          [
+            ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", "tessera-device"),
+            ("device_code", device.device_code),
+          ]))
     }
     guard let token = try JSONDecoder().decode(Tokens.self, from: Data(answer.body)).refresh_token else {
       throw BenchError("the direct device-code sign-in returned no refresh token (HTTP \(answer.status))")
@@ -241,9 +257,16 @@ struct DirectClient {
     struct Tokens: Decodable { let refresh_token: String? }
     let (endpoint, token, http) = (tokenEndpoint, refreshToken, self.http)
     let answer = try blocking {
-      try await http.send(.form(endpoint, [("grant_type", "refresh_token"), ("client_id", "tessera-device"), ("refresh_token", token), ("scope", "openid read")]))
+      try await http.send(
+        .form(
+          endpoint,
+          [
+            ("grant_type", "refresh_token"), ("client_id", "tessera-device"), ("refresh_token", token),
+            ("scope", "openid read"),
+          ]))
     }
-    guard answer.status == 200, let next = try JSONDecoder().decode(Tokens.self, from: Data(answer.body)).refresh_token else {
+    guard answer.status == 200, let next = try JSONDecoder().decode(Tokens.self, from: Data(answer.body)).refresh_token
+    else {
       throw BenchError("a direct refresh failed (HTTP \(answer.status))")
     }
     refreshToken = next
@@ -256,7 +279,9 @@ struct Stats {
   let p99: Double
   init(_ samples: [Double]) {
     let sorted = samples.sorted()
-    func at(_ q: Double) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))] }
+    func at(_ q: Double) -> Double {
+      sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))]
+    }
     p50 = at(0.5)
     p90 = at(0.9)
     p99 = at(0.99)
@@ -292,7 +317,10 @@ struct Measurement: Codable {
   var strict = false
   var detail: String?
 
-  init(id: String, name: String, value: Double, unit: String, goal: Double? = nil, lowerIsBetter: Bool = true, exact: Bool = false, strict: Bool = false, detail: String? = nil) {
+  init(
+    id: String, name: String, value: Double, unit: String, goal: Double? = nil, lowerIsBetter: Bool = true,
+    exact: Bool = false, strict: Bool = false, detail: String? = nil
+  ) {
     self.id = id
     self.name = name
     self.value = value

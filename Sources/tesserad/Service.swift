@@ -10,6 +10,10 @@ final class RequestRouter: Sendable {
 
   func install(server: BusServer, handler: RequestHandler) { target.withLock { $0 = (server, handler) } }
 
+  func answerAtOnce(_ method: String, _ arguments: [BusValue], _ caller: CallerInfo) -> [BusValue]? {
+    target.withLock { $0 }?.1.answerAtOnce(method: method, arguments: arguments, caller: caller)
+  }
+
   func callerGone(_ busName: String) {
     guard let (_, handler) = target.withLock({ $0 }) else { return }
     Task { await handler.broker.callerLeft(busName) }

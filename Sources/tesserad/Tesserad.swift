@@ -80,7 +80,8 @@ struct Tesserad: AsyncParsableCommand {
     let server = BusServer(
       logger: logger,
       onCall: { method, arguments, caller, token in requests.dispatch(method, arguments, caller, token) },
-      onCallerGone: { busName in requests.callerGone(busName) })
+      onCallerGone: { busName in requests.callerGone(busName) },
+      answerAtOnce: { method, arguments, caller in requests.answerAtOnce(method, arguments, caller) })
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(

@@ -257,7 +257,8 @@ final class WireTextTests: XCTestCase {
   }
 
   func testOnlyTheFirstLineOfAnEntraDescriptionIsQuoted() {
-    let body = #"{"error":"invalid_grant","error_description":"AADSTS700082: The refresh token has expired.\r\nTrace ID: abc\r\nCorrelation ID: def"}"#
+    let body =
+      #"{"error":"invalid_grant","error_description":"AADSTS700082: The refresh token has expired.\r\nTrace ID: abc\r\nCorrelation ID: def"}"#
     let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
     XCTAssertTrue(error.message.contains("The refresh token has expired."))
     XCTAssertFalse(error.message.contains("Trace ID"), error.message)
