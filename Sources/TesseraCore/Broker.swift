@@ -23,10 +23,13 @@ public struct BrokerDependencies: Sendable {
   public var listeners: any RedirectListenerFactory
   public var events: any BrokerEvents
   public var clock: any BrokerClock
+  /// Called after the store was loaded (the daemon returns the load's transient memory).
+  public var afterLoad: @Sendable () -> Void = {}
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
-    events: any BrokerEvents, clock: any BrokerClock
+    events: any BrokerEvents, clock: any BrokerClock,
+    afterLoad: @escaping @Sendable () -> Void = {}
   ) {
     self.http = http
     self.store = store
@@ -34,6 +37,7 @@ public struct BrokerDependencies: Sendable {
     self.listeners = listeners
     self.events = events
     self.clock = clock
+    self.afterLoad = afterLoad
   }
 }
 
@@ -138,6 +142,7 @@ public actor Broker {
     self.cache = cache
     loaded = true
     loading = nil
+    deps.afterLoad()
     logger.info(
       "Loaded the token store",
       metadata: [
@@ -156,6 +161,13 @@ public actor Broker {
   /// the daemon runs) and the unwritten operations are retried, still in order, before the next
   /// write; with `retryLater` false they are dropped instead (the caller rolls back).
   func apply(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) async throws {
+    try await enqueueWrite(operations, retryLater: retryLater).value
+  }
+
+  /// Queues a write behind every write queued before it, without waiting for it. Queueing happens
+  /// at once (no suspension), so writes land in the order the actor asked for them.
+  @discardableResult
+  func enqueueWrite(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) -> Task<Void, any Error> {
     // Every change to accounts or tokens is followed by a write: published replies are stale now.
     fastPath.clear()
     let previous = storeLane
@@ -163,28 +175,28 @@ public actor Broker {
       await previous?.value
       try await self.write(operations, retryLater: retryLater)
     }
-    let end = Task { _ = await write.result }
-    storeLane = end
-    defer { if storeLane == end { storeLane = nil } }
-    try await write.value
+    storeLane = Task { _ = await write.result }
+    return write
   }
 
   private func write(_ operations: [TokenCache.StoreOperation], retryLater: Bool) async throws {
     let queue = pendingStoreOperations + operations  // the older, failed writes first
     pendingStoreOperations = []
-    for (index, operation) in queue.enumerated() {
-      do {
-        switch operation {
-        case .save(let item): try await deps.store.save(item)
-        case .delete(let attributes): try await deps.store.delete(matching: attributes)
-        }
-      } catch {
-        // Without retryLater only the older failed writes stay queued; this batch is dropped.
-        let olderCount = queue.count - operations.count
-        pendingStoreOperations = retryLater ? Array(queue[index...]) : Array(queue[min(index, olderCount)..<olderCount])
-        throw error
-      }
+    guard !queue.isEmpty else { return }
+    do {
+      try await deps.store.apply(queue)
+    } catch {
+      let index = (error as? StoreBatchError)?.completed ?? 0
+      // Without retryLater only the older failed writes stay queued; this batch is dropped.
+      let olderCount = queue.count - operations.count
+      pendingStoreOperations = retryLater ? Array(queue[index...]) : Array(queue[min(index, olderCount)..<olderCount])
+      throw (error as? StoreBatchError)?.error ?? error
     }
+  }
+
+  /// Waits for every queued store write (at shutdown).
+  public func finishStoreWrites() async {
+    await storeLane?.value
   }
 
   // MARK: - Defaults and lookups
@@ -340,10 +352,14 @@ public actor Broker {
           accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?
         .idToken,
       extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn)
-    operations += cache.insert(accessToken: accessToken)
+    let accessTokenWrites = cache.insert(accessToken: accessToken)
     if isNewAccount { deps.events.accountsChanged() }
-    // The refresh token is saved first: a crash after this costs at most that one rotation.
-    try await apply(operations)
+    // The account and the refresh token are stored before the reply: a crash after this costs at most
+    // that one rotation. The access token is written behind the reply (in order, retried on failure):
+    // losing it costs one refresh, never a sign-in.
+    let storedFirst = enqueueWrite(operations)
+    enqueueWrite(accessTokenWrites)  // queued now, so a sign-out queued later still deletes it
+    try await storedFirst.value
     return TokenResult(accessToken: accessToken, grantedScopes: granted, account: account)
   }
 

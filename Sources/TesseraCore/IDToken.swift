@@ -87,7 +87,7 @@ public actor OIDCDirectory {
     let refuse = { (why: String) in
       TesseraError.untrustedAuthority("The discovery document of \(authority.url) \(why); refusing to use it.")
     }
-    guard let issuer = try? Authority(parsing: document.issuer.replacingOccurrences(of: "{tenantid}", with: "tenant"))
+    guard let issuer = try? Authority(parsing: document.issuer.replacing("{tenantid}", with: "tenant"))
     else { throw refuse("has an unusable issuer") }
     if authority.isMicrosoft {
       guard issuer.isMicrosoft else { throw refuse("names a non-Microsoft issuer (\(issuer.environment))") }
@@ -154,8 +154,8 @@ public actor OIDCDirectory {
       }
     }
     var expectedIssuer = metadata.issuer
-    if expectedIssuer.contains("{tenantid}"), let tid = claims.tid {
-      expectedIssuer = expectedIssuer.replacingOccurrences(of: "{tenantid}", with: tid)
+    if expectedIssuer.firstRange(of: "{tenantid}") != nil, let tid = claims.tid {
+      expectedIssuer = expectedIssuer.replacing("{tenantid}", with: tid)
     }
     func trimmed(_ s: String) -> String { s.hasSuffix("/") ? String(s.dropLast()) : s }
     guard trimmed(claims.iss) == trimmed(expectedIssuer) else {

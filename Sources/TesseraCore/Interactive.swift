@@ -101,7 +101,7 @@ extension Broker {
     if let domain = hints.domain { query.append(("domain_hint", domain)) }
     if let claims = try claimsParameter(request.claims) { query.append(("claims", claims)) }
     query += request.extraQuery.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
-    let separator = metadata.authorizationEndpoint.contains("?") ? "&" : "?"
+    let separator = metadata.authorizationEndpoint.contains(Character("?")) ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
     let timeout = request.timeout ?? Self.defaultBrowserTimeout
 

@@ -89,6 +89,33 @@ public protocol SecretStore: Sendable {
   func save(_ item: StoredItem) async throws
   /// Deletes every item whose attributes include all of `attributes`.
   func delete(matching attributes: [String: String]) async throws
+  /// Saves and deletes in order. On failure throws `StoreBatchError` saying how many were done.
+  func apply(_ operations: [TokenCache.StoreOperation]) async throws
+}
+
+/// A batch of store operations stopped part-way.
+public struct StoreBatchError: Error {
+  public var completed: Int
+  public var error: any Error
+  public init(completed: Int, error: any Error) {
+    self.completed = completed
+    self.error = error
+  }
+}
+
+extension SecretStore {
+  public func apply(_ operations: [TokenCache.StoreOperation]) async throws {
+    for (index, operation) in operations.enumerated() {
+      do {
+        switch operation {
+        case .save(let item): try await save(item)
+        case .delete(let attributes): try await delete(matching: attributes)
+        }
+      } catch {
+        throw StoreBatchError(completed: index, error: error)
+      }
+    }
+  }
 }
 
 /// Opens a URL in the user's browser.

@@ -3,12 +3,12 @@ import Crypto
 /// Base64url without padding (RFC 7515 §2).
 public enum Base64URL {
   public static func encode(_ bytes: some Sequence<UInt8>) -> String {
-    Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-      .replacingOccurrences(of: "=", with: "")
+    Data(bytes).base64EncodedString().replacing("+", with: "-").replacing("/", with: "_")
+      .replacing("=", with: "")
   }
 
   public static func decode(_ text: String) -> Data? {
-    var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    var s = text.replacing("-", with: "+").replacing("_", with: "/")
     while s.count % 4 != 0 { s += "=" }
     return Data(base64Encoded: s)
   }

@@ -88,7 +88,10 @@ public struct TokenCache: Sendable {
         old.accountID == record.accountID && old.environment == record.environment && old.clientID == record.clientID
         && old.realm == record.realm
         && (!ScopeSet.resourceScopes(old.scopes).isDisjoint(with: newScopes) || old.scopes == record.scopes)
-      if replaced { operations.append(.delete(Self.attributes(old))) }
+      // An item with the very same attributes is replaced by the save below: no delete needed.
+      if replaced && Self.attributes(old) != Self.attributes(record) {
+        operations.append(.delete(Self.attributes(old)))
+      }
       return replaced
     }
     accessTokens.append(record)

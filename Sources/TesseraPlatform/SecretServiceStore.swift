@@ -1,5 +1,7 @@
 import CSecret
+import CTesseraShim
 import Dispatch
+import Glibc
 import TesseraCore
 
 /// The Secret Service through libsecret. libsecret's `*_sync` calls block, so they run on one
@@ -13,7 +15,13 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   public static let schemaName = "org.tessera.Broker1"
   static let attributeNames = ["tessera_schema", "kind", "account_id", "environment", "client_id", "realm", "scopes"]
 
-  public init() {
+  /// The collection new items go to: nil for the default (the user's login keyring). Loading
+  /// always searches every collection.
+  private let collection: String?
+
+  /// `collection` "session" keeps items in memory only (the benchmark uses it for bulk data).
+  public init(collection: String? = nil) {
+    self.collection = collection
     let types = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, nil)
     for name in Self.attributeNames {
       // SECRET_SCHEMA_ATTRIBUTE_STRING is 0, stored as a NULL pointer value.
@@ -117,30 +125,65 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     }
   }
 
+  /// Hands memory freed after a big load back to the system (glibc keeps it otherwise).
+  public static func releaseFreedMemory() {
+    _ = malloc_trim(0)
+  }
+
   public func save(_ item: StoredItem) async throws {
     try await run {
-      let schema = self.schema
       // Checked first: storing into a locked collection would ask the keyring to prompt for the
       // password, which could hold the store queue until someone answers.
       try self.checkUnlocked()
-      let attributes = Self.attributesTable(item.attributes)
-      defer { g_hash_table_unref(attributes) }
-      var error: UnsafeMutablePointer<GError>?
-      if secret_password_storev_sync(schema, attributes, nil, item.label, item.secret, nil, &error) == 0 {
-        throw Self.unavailable(Self.take(error))
+      try self.saveNow(item)
+    }
+  }
+
+  /// On the store queue, after checkUnlocked().
+  private func saveNow(_ item: StoredItem) throws {
+    let attributes = Self.attributesTable(item.attributes)
+    defer { g_hash_table_unref(attributes) }
+    var error: UnsafeMutablePointer<GError>?
+    if secret_password_storev_sync(schema, attributes, collection, item.label, item.secret, nil, &error) == 0 {
+      throw Self.unavailable(Self.take(error))
+    }
+  }
+
+  /// On the store queue, after checkUnlocked().
+  private func deleteNow(_ attributes: [String: String]) throws {
+    let table = Self.attributesTable(attributes)
+    defer { g_hash_table_unref(table) }
+    var error: UnsafeMutablePointer<GError>?
+    _ = secret_password_clearv_sync(schema, table, nil, &error)
+    if let error { throw Self.unavailable(Self.take(error)) }
+  }
+
+  /// One hop to the store queue and one lock check for the whole batch.
+  public func apply(_ operations: [TokenCache.StoreOperation]) async throws {
+    try await run {
+      do {
+        try self.checkUnlocked()
+      } catch {
+        throw StoreBatchError(completed: 0, error: error)
+      }
+      for (index, operation) in operations.enumerated() {
+        do {
+          switch operation {
+          case .save(let item): try self.saveNow(item)
+          case .delete(let attributes): try self.deleteNow(attributes)
+          }
+        } catch {
+          throw StoreBatchError(completed: index, error: error)
+        }
       }
     }
   }
 
   public func delete(matching attributes: [String: String]) async throws {
     try await run {
-      let schema = self.schema
       try self.checkUnlocked()
-      let table = Self.attributesTable(attributes)
-      defer { g_hash_table_unref(table) }
-      var error: UnsafeMutablePointer<GError>?
-      _ = secret_password_clearv_sync(schema, table, nil, &error)
-      if let error { throw Self.unavailable(Self.take(error)) }
+      try self.deleteNow(attributes)
     }
   }
+
 }

@@ -87,7 +87,8 @@ struct Tesserad: AsyncParsableCommand {
       dependencies: BrokerDependencies(
         http: http, store: SecretServiceStore(),
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
-        listeners: LoopbackListenerFactory(), events: server, clock: SystemClock()),
+        listeners: LoopbackListenerFactory(), events: server, clock: SystemClock(),
+        afterLoad: { SecretServiceStore.releaseFreedMemory() }),
       logger: logger)
     requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))
 
@@ -100,6 +101,7 @@ struct Tesserad: AsyncParsableCommand {
         services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
     var groupError: (any Error)?
     do { try await group.run() } catch { groupError = error }
+    await broker.finishStoreWrites()
     // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
     if let failure = service.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
       printError("tesserad: \(failure)")

@@ -2,6 +2,7 @@
 #ifndef TESSERA_SHIM_H
 #define TESSERA_SHIM_H
 
+#include <malloc.h>  // malloc_trim: <malloc.h> is not part of Swift's Glibc module
 #include <stddef.h>
 #include <stdint.h>
 #include <curl/curl.h>
