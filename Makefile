@@ -14,7 +14,7 @@ demo:
 	scripts/demo
 
 bench:
-	@echo "bench: not yet: there are no benchmarks yet."
+	scripts/bench
 
 install:
 	scripts/install --prefix "$(PREFIX)" --destdir "$(DESTDIR)"
