@@ -130,6 +130,7 @@ public actor Broker {
     loading = task
     do {
       try await task.value
+      deps.afterLoad()  // the load's transient copies (every item's secret) are gone by now
     } catch {
       loading = nil
       throw error
@@ -142,7 +143,6 @@ public actor Broker {
     self.cache = cache
     loaded = true
     loading = nil
-    deps.afterLoad()
     logger.info(
       "Loaded the token store",
       metadata: [

@@ -25,7 +25,9 @@ struct Bench: ParsableCommand {
   @Option(help: "Refresh-cost pairs (broker force_refresh, direct request).") var refreshes = 30
   @Option(help: "Silent calls for the memory-growth measurement.") var growthCalls = 100_000
   @Option(help: "Start-ups to time (each way).") var startups = 5
-  @Option(help: "Cached load for the memory measurement: accounts × clients × scope sets.") var load = "100x10x3"
+  @Option(
+    help: "Cached load for the memory measurement: accounts × clients × scope sets (default 100x10x3; smoke 10x2x1).")
+  var load: String?
   @Option(help: "Write the results as JSON to this file.") var json: String?
   @Option(help: "Write BENCHMARKS.md (results, machine, how to read them) to this file.") var markdown: String?
   @Option(help: "The commit measured, for the report.") var commit = "unknown"
@@ -40,7 +42,7 @@ struct Bench: ParsableCommand {
       refreshes = 3
       growthCalls = 2000
       startups = 1
-      load = "10x2x1"
+      load = load ?? "10x2x1"
     }
     let env = try Environment()
     var report = Report(machine: Machine.describe(), tesserad: tesserad, smoke: smoke)
@@ -142,7 +144,7 @@ struct Bench: ParsableCommand {
 
     // 5b. Memory with a loaded cache.
     daemon.stop()
-    let parts = load.split(separator: "x").compactMap { Int($0) }
+    let parts = (load ?? "100x10x3").split(separator: "x").compactMap { Int($0) }
     guard parts.count == 3 else { throw ValidationError("--load is ACCOUNTSxCLIENTSxSCOPESETS, e.g. 100x10x3") }
     try populate(accounts: parts[0], clients: parts[1], scopeSets: parts[2], environment: env)
     try daemon.start()

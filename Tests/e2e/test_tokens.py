@@ -168,3 +168,22 @@ def test_tokens_survive_a_daemon_restart(daemon, broker, idp):
     finally:
         fresh.close()
     assert idp.requests(mark) == [], "after a restart the token must come from the Secret Service"
+
+
+def test_refresh_ahead_renews_a_token_in_use_without_making_the_caller_wait(broker, idp):
+    # tessera-short tokens live 3 s; the broker refreshes them ahead after half their life.
+    signed_in = broker.sign_in(client_id="tessera-short")
+    time.sleep(max(0.0, signed_in["expires_on"] - 0.7 - time.time()))  # past refresh time, still valid
+    mark = idp.mark()
+    served = broker.silent("tessera-short", min_validity=0)
+    assert served["access_token"] == signed_in["access_token"], "the caller got the cached token at once"
+    # ... and the broker renewed it in the background.
+    for _ in range(100):
+        if idp.token_posts(mark, grant_type="refresh_token"):
+            break
+        time.sleep(0.02)
+    assert [p["status"] for p in idp.token_posts(mark, grant_type="refresh_token")] == [200]
+    time.sleep(0.2)
+    renewed = broker.silent("tessera-short", min_validity=0)
+    assert renewed["access_token"] != signed_in["access_token"]
+    assert len(idp.token_posts(mark, grant_type="refresh_token")) == 1, "the renewed token came from the cache"
