@@ -15,7 +15,7 @@ import dbus
 import dbus.lowlevel
 import pytest
 
-from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, INTERACTIVE_TIMEOUT, OBJECT_PATH, TESSERA, Async, Broker,
+from conftest import (BUS_NAME, stop_process, ERROR_PREFIX, IFACE, INTERACTIVE_TIMEOUT, OBJECT_PATH, TESSERA, Async, Broker,
                       expect_error, new_connection, options, wait_until)
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -138,12 +138,7 @@ class InteractionMonitor:
 
     def close(self):
         self._conn.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture
