@@ -136,6 +136,10 @@ public struct TokenCache: Sendable {
   // MARK: Secret Service items
 
   static let base = "tessera_schema"
+  /// The `kind` attribute of every item type, for stores that load by kind.
+  public static let itemKinds = [
+    Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
+  ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
 

@@ -76,50 +76,60 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     }
   }
 
+  /// Loads every Tessera item in a few D-Bus calls whatever their number: one search per kind (item
+  /// paths only) and one GetSecrets for all of them. (libsecret's item search would make a proxy,
+  /// and a D-Bus round trip, per item: seconds for a few thousand.)
   public func loadAll() async throws -> [StoredItem] {
     try await run {
-      let schema = self.schema
       try self.checkUnlocked()
-      let match = Self.attributesTable(TokenCache.allItemsAttributes)
-      defer { g_hash_table_unref(match) }
       var error: UnsafeMutablePointer<GError>?
-      let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
-      let list = secret_password_searchv_sync(schema, match, flags, nil, &error)
-      if let error { throw Self.unavailable(Self.take(error)) }
-      defer { g_list_free_full(list, g_object_unref) }
+      guard let service = secret_service_get_sync(SECRET_SERVICE_OPEN_SESSION, nil, &error) else {
+        throw Self.unavailable(Self.take(error))
+      }
+      defer { g_object_unref(UnsafeMutableRawPointer(service)) }
+      var found: [(path: String, kind: String)] = []
+      for kind in TokenCache.itemKinds {
+        let match = Self.attributesTable(TokenCache.allItemsAttributes.merging(["kind": kind]) { $1 })
+        defer { g_hash_table_unref(match) }
+        var unlocked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>?
+        var locked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>?
+        guard secret_service_search_for_dbus_paths_sync(service, self.schema, match, nil, &unlocked, &locked, &error) != 0
+        else { throw Self.unavailable(Self.take(error)) }
+        defer {
+          g_strfreev(unlocked)
+          g_strfreev(locked)
+        }
+        if let locked, locked.pointee != nil {
+          // Some of Tessera's items sit in a locked collection: not "signed out", just unreadable.
+          throw TesseraError.storeUnavailable(
+            "Some of Tessera's keyring items are in a locked keyring collection. Unlock it (Passwords and Keys / seahorse), then retry."
+          )
+        }
+        var cursor = unlocked
+        while let path = cursor?.pointee {
+          found.append((String(cString: path), kind))
+          cursor = cursor! + 1
+        }
+      }
+      guard !found.isEmpty else { return [] }
+      var paths: [UnsafePointer<gchar>?] = found.map { UnsafePointer(strdup($0.path)) } + [nil]
+      defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
+      guard let secrets = paths.withUnsafeMutableBufferPointer({
+        secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
+      }) else {
+        throw Self.unavailable(Self.take(error))
+      }
+      defer { g_hash_table_unref(secrets) }
       var items: [StoredItem] = []
-      var node = list
-      while let current = node {
-        node = current.pointee.next
-        guard let raw = current.pointee.data else { continue }
-        let retrievable = OpaquePointer(raw)
-        var attributes: [String: String] = [:]
-        if let table = secret_retrievable_get_attributes(retrievable) {
-          var iterator = GHashTableIter()
-          g_hash_table_iter_init(&iterator, table)
-          var key: gpointer?
-          var value: gpointer?
-          while g_hash_table_iter_next(&iterator, &key, &value) != 0 {
-            if let key, let value {
-              attributes[String(cString: key.assumingMemoryBound(to: CChar.self))] = String(
-                cString: value.assumingMemoryBound(to: CChar.self))
-            }
-          }
-          g_hash_table_unref(table)
-        }
-        var itemError: UnsafeMutablePointer<GError>?
-        guard let secret = secret_retrievable_retrieve_secret_sync(retrievable, nil, &itemError) else {
-          throw Self.unavailable("an item could not be read: \(Self.take(itemError))")
-        }
-        let text = secret_value_get_text(secret).map { String(cString: $0) }
-        secret_value_unref(UnsafeMutableRawPointer(secret))
-        guard let text else { continue }
-        let label =
-          secret_retrievable_get_label(retrievable).map { pointer in
-            defer { g_free(pointer) }
-            return String(cString: pointer)
-          } ?? ""
-        items.append(StoredItem(attributes: attributes, secret: text, label: label))
+      items.reserveCapacity(found.count)
+      for (index, entry) in found.enumerated() {
+        guard let value = g_hash_table_lookup(secrets, paths[index]),
+          let text = secret_value_get_text(OpaquePointer(value))
+        else { continue }
+        items.append(
+          StoredItem(
+            attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 }, secret: String(cString: text),
+            label: ""))
       }
       return items
     }

@@ -149,12 +149,15 @@ struct Bench: ParsableCommand {
     try populate(accounts: parts[0], clients: parts[1], scopeSets: parts[2], environment: env)
     try daemon.start()
     let loaded = try BusClient()
-    _ = try loaded.call(member: "GetAccounts", arguments: [.dict([:])])
+    let loadStart = monotonic()
+    _ = try loaded.call(member: "GetAccounts", arguments: [.dict([:])], timeoutSeconds: 300)
+    log("the daemon loaded its cache in \(fmt((monotonic() - loadStart) * 1000)) ms")
     usleep(300_000)
     report.add(
       .init(
         id: "rss_loaded", name: "RSS with \(parts[0]) accounts × \(parts[1]) clients × \(parts[2]) scope sets cached",
-        value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true))
+        value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true,
+        detail: "anonymous \(fmt(daemon.anonymousMiB())) MiB"))
     daemon.stop()
     // The synthetic items are in the session's in-memory collection, gone with the session.
 

@@ -130,6 +130,15 @@ final class Daemon: @unchecked Sendable {
     return stat[close.upperBound...].hasPrefix("Z")
   }
 
+  /// Anonymous (heap and stacks) part of the resident set, from /proc/PID/smaps_rollup.
+  func anonymousMiB() -> Double {
+    guard let rollup = try? String(contentsOfFile: "/proc/\(pid)/smaps_rollup", encoding: .utf8),
+      let line = rollup.split(separator: "\n").first(where: { $0.hasPrefix("Anonymous:") }),
+      let kib = Double(line.split(separator: " ").dropFirst().first ?? "")
+    else { return .nan }
+    return kib / 1024
+  }
+
   /// Resident set size, from /proc.
   func rssMiB() -> Double {
     guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
