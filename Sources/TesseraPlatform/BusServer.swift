@@ -182,7 +182,11 @@ public final class BusServer: BrokerEvents, @unchecked Sendable {
   /// Rejects calls whose argument types do not match the contract with our own error name
   /// (sd-bus would answer org.freedesktop.DBus.Error.InvalidArgs).
   fileprivate func filter(_ message: OpaquePointer) -> Int32 {
-    guard sd_bus_message_is_method_call(message, BrokerInterface.interfaceName, nil) > 0,
+    // Calls may omit the interface field; sd-bus then dispatches them by member name.
+    let interface = sd_bus_message_get_interface(message).map { String(cString: $0) }
+    guard sd_bus_message_is_method_call(message, nil, nil) > 0,
+      interface == nil || interface == BrokerInterface.interfaceName,
+      sd_bus_message_get_path(message).map({ String(cString: $0) }) == BrokerInterface.objectPath,
       let member = sd_bus_message_get_member(message).map({ String(cString: $0) }),
       let method = BrokerInterface.method(named: member),
       sd_bus_message_has_signature(message, method.inputSignature) == 0

@@ -93,7 +93,8 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         defer { g_hash_table_unref(match) }
         var unlocked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>?
         var locked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>?
-        guard secret_service_search_for_dbus_paths_sync(service, self.schema, match, nil, &unlocked, &locked, &error) != 0
+        guard
+          secret_service_search_for_dbus_paths_sync(service, self.schema, match, nil, &unlocked, &locked, &error) != 0
         else { throw Self.unavailable(Self.take(error)) }
         defer {
           g_strfreev(unlocked)
@@ -114,9 +115,11 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
       guard !found.isEmpty else { return [] }
       var paths: [UnsafePointer<gchar>?] = found.map { UnsafePointer(strdup($0.path)) } + [nil]
       defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
-      guard let secrets = paths.withUnsafeMutableBufferPointer({
-        secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
-      }) else {
+      guard
+        let secrets = paths.withUnsafeMutableBufferPointer({
+          secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
+        })
+      else {
         throw Self.unavailable(Self.take(error))
       }
       defer { g_hash_table_unref(secrets) }
@@ -128,7 +131,8 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         else { continue }
         items.append(
           StoredItem(
-            attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 }, secret: String(cString: text),
+            attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 },
+            secret: String(cString: text),
             label: ""))
       }
       return items

@@ -10,7 +10,7 @@ import time
 import dbus
 import pytest
 
-from conftest import IDP_DIR, IDP_URL, Broker, expect_error
+from conftest import BUS_NAME, IDP_DIR, IDP_URL, OBJECT_PATH, Broker, expect_error
 
 
 def test_wrong_argument_types(broker):
@@ -20,6 +20,9 @@ def test_wrong_argument_types(broker):
     assert "AcquireTokenSilent" in message
     expect_error("InvalidArgument", broker.call, "GetAccounts", "s", ("not a dict",))
     expect_error("InvalidArgument", broker.call, "SignOut", "", ())
+    # A call without an interface field is checked the same way.
+    expect_error(
+        "InvalidArgument", broker.conn.call_blocking, BUS_NAME, OBJECT_PATH, None, "GetAccounts", "s", ("not a dict",))
 
 
 def test_unknown_option_key(broker):
