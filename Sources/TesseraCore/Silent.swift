@@ -41,9 +41,6 @@ struct SilentTarget: Sendable {
 }
 
 extension Broker {
-  /// Added to min_validity. Expiry is computed from expires_in by this machine's clock when the
-  /// token arrives, so the IdP's clock plays no part; min_validity (default 300 s) is the margin.
-  public static let expiryMargin: Double = 0
   /// How long after its last use a token is still refreshed ahead of time.
   public static let recentUseWindow: Double = 30 * 60
 
@@ -62,7 +59,9 @@ extension Broker {
 
     if usesCache, let cached = cachedToken(target) {
       let remaining = Double(cached.expiresOn) - now.timeIntervalSince1970
-      if remaining >= Double(request.minValidity) + Self.expiryMargin {
+      // Expiry was computed from expires_in by this machine's clock when the token arrived, so the
+      // IdP's clock plays no part; min_validity (default 300 s) is the whole margin.
+      if remaining >= Double(request.minValidity) {
         recentUse[target.key] = (target, now)
         if let refreshOn = cached.refreshOn, now.timeIntervalSince1970 >= Double(refreshOn) {
           startBackgroundRefresh(target)

@@ -1,4 +1,3 @@
-import Dispatch
 import Glibc
 import TesseraCore
 

@@ -1,6 +1,5 @@
 import CCurl
 import CTesseraShim
-import Dispatch
 import Glibc
 import Synchronization
 import TesseraCore
