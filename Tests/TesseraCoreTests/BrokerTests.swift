@@ -114,6 +114,8 @@ final class BrokerTests: XCTestCase {
   func testLockedStoreIsUnavailableNotSignedOutAndRecovers() async throws {
     let h = await Harness()
     try await h.signIn()
+    // The access token is written behind the reply; a clean shutdown waits for that write.
+    await h.broker.finishStoreWrites()
     // A new broker (daemon restart) over the same store, which is now locked.
     let restarted = Broker(
       config: await h.broker.config,

@@ -119,6 +119,7 @@ final class TokenEngineTests: XCTestCase {
       _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app3"))
     }
     XCTAssertEqual(h.idp.tokenRequests.count, requests)
+    await h.broker.finishStoreWrites()  // app metadata is written behind the reply
     XCTAssertTrue(
       h.store.items.withLock {
         $0.contains { $0.attributes["kind"] == "app_metadata" && $0.attributes["client_id"] == "app3" }
