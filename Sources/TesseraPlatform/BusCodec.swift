@@ -133,7 +133,7 @@ enum BusCodec {
       try container(m, "a", "s") { for s in strings { try append(m, .string(s)) } }
     case .stringMap(let map):
       try container(m, "a", "{ss}") {
-        for (k, v) in map.sorted(by: { $0.key < $1.key }) {
+        for (k, v) in map {  // a dict's order carries no meaning on the bus
           try container(m, "e", "ss") {
             try append(m, .string(k))
             try append(m, .string(v))
@@ -142,7 +142,7 @@ enum BusCodec {
       }
     case .dict(let dict):
       try container(m, "a", "{sv}") {
-        for (k, v) in dict.sorted(by: { $0.key < $1.key }) {
+        for (k, v) in dict {
           try container(m, "e", "sv") {
             try append(m, .string(k))
             try container(m, "v", v.signature) { try append(m, v) }

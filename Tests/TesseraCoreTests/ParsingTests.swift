@@ -56,6 +56,19 @@ final class RequestParserTests: XCTestCase {
     let b = try RequestParser.tokenRequest(clientID: "c", scopes: [], accountID: "", options: [:])
     XCTAssertEqual(a.correlationID.count, 36)
     XCTAssertNotEqual(a.correlationID, b.correlationID)
+    // A lower-case version-4 UUID, as Entra and MSAL write them, so IdP logs can be searched for it.
+    var seen = Set<String>()
+    for _ in 0..<2000 {
+      let id = RequestParser.newCorrelationID()
+      let groups = id.split(separator: "-", omittingEmptySubsequences: false).map(String.init)
+      XCTAssertEqual(groups.map(\.count), [8, 4, 4, 4, 12], id)
+      XCTAssertTrue(id.allSatisfy { "0123456789abcdef-".contains($0) }, id)
+      XCTAssertEqual(groups[2].first, "4", id)
+      XCTAssertTrue("89ab".contains(groups[3].first!), id)
+      XCTAssertNotNil(UUID(uuidString: id), id)
+      seen.insert(id)
+    }
+    XCTAssertEqual(seen.count, 2000)
   }
 
   func testBadEnumValuesAndReservedQueryKeys() {
