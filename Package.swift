@@ -13,7 +13,6 @@ let package = Package(
     .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
     .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
     .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
-    .package(url: "https://github.com/LebJe/TOMLKit.git", from: "0.6.0"),
     .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
   ],
   targets: [
@@ -31,7 +30,6 @@ let package = Package(
         .product(name: "Logging", package: "swift-log"),
         .product(name: "Crypto", package: "swift-crypto"),
         .product(name: "JWTKit", package: "jwt-kit"),
-        .product(name: "TOMLKit", package: "TOMLKit"),
       ]
     ),
     // The only importer of the C modules: sd-bus, libsecret, libcurl, journal, sockets, processes.

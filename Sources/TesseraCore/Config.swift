@@ -1,5 +1,3 @@
-import TOMLKit
-
 /// The daemon's configuration: `$XDG_CONFIG_HOME/tessera/config.toml`.
 public struct BrokerConfig: Sendable, Equatable {
   public var defaultAuthority: String = "https://login.microsoftonline.com/common"
@@ -42,33 +40,30 @@ public struct BrokerConfig: Sendable, Equatable {
 
   /// Parses a config file's text. Errors name the line and the key.
   public static func parse(_ text: String, path: String = "config.toml") throws(ParseError) -> BrokerConfig {
-    let table: TOMLTable
+    let file: ConfigFile
     do {
-      table = try TOMLTable(string: text)
-    } catch let error as TOMLParseError {
-      throw ParseError(path: path, line: error.source.begin.line, key: nil, reason: error.description)
+      file = try ConfigFile(parsing: text)
     } catch {
-      throw ParseError(path: path, line: nil, key: nil, reason: "\(error)")
-    }
-    func fail(_ key: String, _ reason: String) -> ParseError {
-      ParseError(path: path, line: lineOf(key: key, in: text), key: key, reason: reason)
+      throw ParseError(path: path, line: error.line, key: nil, reason: error.reason)
     }
     var config = BrokerConfig()
-    for key in table.keys.sorted() {
-      guard let value = table[key] else { continue }
+    for entry in file.entries {
+      let key = entry.key
+      let value = entry.value
+      func fail(_ reason: String) -> ParseError { ParseError(path: path, line: entry.line, key: key, reason: reason) }
       switch key {
       case "default_authority":
-        guard let s = value.string else { throw fail(key, "must be a string URL") }
-        do { _ = try Authority(parsing: s) } catch { throw fail(key, (error as? TesseraError)?.message ?? "\(error)") }
+        guard let s = value.string else { throw fail("must be a string URL") }
+        do { _ = try Authority(parsing: s) } catch { throw fail((error as? TesseraError)?.message ?? "\(error)") }
         config.defaultAuthority = s
       case "default_client_id":
-        guard let s = value.string else { throw fail(key, "must be a string") }
+        guard let s = value.string else { throw fail("must be a string") }
         config.defaultClientID = s
       case "default_scopes", "trusted_authorities", "client_capabilities":
-        guard let array = value.array else { throw fail(key, "must be an array of strings") }
+        guard let array = value.array else { throw fail("must be an array of strings") }
         var strings: [String] = []
         for element in array {
-          guard let s = element.string else { throw fail(key, "must be an array of strings") }
+          guard let s = element.string else { throw fail("must be an array of strings") }
           strings.append(s)
         }
         if key == "default_scopes" {
@@ -77,46 +72,34 @@ public struct BrokerConfig: Sendable, Equatable {
           config.clientCapabilities = strings
         } else {
           for s in strings {
-            do { _ = try Authority(parsing: s) } catch { throw fail(key, "'\(s)' is not an https URL") }
+            do { _ = try Authority(parsing: s) } catch { throw fail("'\(s)' is not an https URL") }
           }
           config.trustedAuthorities = strings
         }
       case "ca_file":
-        guard let s = value.string, s.hasPrefix("/") else { throw fail(key, "must be an absolute path") }
+        guard let s = value.string, s.hasPrefix("/") else { throw fail("must be an absolute path") }
         config.caFile = s
       case "browser":
         guard let s = value.string, s.contains(where: { !$0.isWhitespace }) else {
-          throw fail(key, "must be a non-empty command")
+          throw fail("must be a non-empty command")
         }
         config.browser = s
       case "redirect_port":
-        guard let n = value.int, (0...65535).contains(n) else { throw fail(key, "must be a port number 0–65535") }
+        guard let n = value.integer, (0...65535).contains(n) else { throw fail("must be a port number 0–65535") }
         config.redirectPort = UInt16(n)
       case "allow_insecure_loopback":
-        guard let b = value.bool else { throw fail(key, "must be true or false") }
+        guard let b = value.bool else { throw fail("must be true or false") }
         config.allowInsecureLoopback = b
       case "log_level":
         guard let s = value.string, logLevels.contains(s) else {
-          throw fail(key, "must be one of \(logLevels.joined(separator: ", "))")
+          throw fail("must be one of \(logLevels.joined(separator: ", "))")
         }
         config.logLevel = s
       default:
-        throw fail(key, "unknown key; known keys are \(keys.joined(separator: ", "))")
+        throw fail("unknown key; known keys are \(keys.joined(separator: ", "))")
       }
     }
     return config
-  }
-
-  /// Finds the line where `key` is assigned (TOMLKit does not keep positions for values).
-  static func lineOf(key: String, in text: String) -> Int? {
-    for (index, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-      let trimmed = line.drop(while: { $0 == " " || $0 == "\t" })
-      if trimmed.hasPrefix(key) {
-        let rest = trimmed.dropFirst(key.count).drop(while: { $0 == " " || $0 == "\t" })
-        if rest.hasPrefix("=") { return index + 1 }
-      }
-    }
-    return nil
   }
 
   public var authorityPolicy: AuthorityPolicy {

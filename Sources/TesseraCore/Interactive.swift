@@ -29,7 +29,7 @@ extension Broker {
       var hints = (login: request.loginHint, domain: request.domainHint)
       if !request.accountID.isEmpty {
         // A known account (another app signed it in): pre-fill it, so the user sees at most a click.
-        let account = try await self.resolveAccount(request.accountID, authority: authority)
+        let account = try self.resolveAccount(request.accountID, authority: authority)
         if hints.login == nil { hints.login = account.username }
         if hints.domain == nil, let at = account.username.lastIndex(of: "@") {
           hints.domain = String(account.username[account.username.index(after: at)...])

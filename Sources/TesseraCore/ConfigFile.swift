@@ -1,0 +1,278 @@
+/// Reads config.toml: the part of TOML 1.0 that a file of top-level settings uses.
+///
+/// Why not TOMLKit: it links full Foundation, ICU and libstdc++ into the daemon for this one read
+/// at start-up, about 8 MiB of resident memory, a third of the daemon's idle budget. Tessera's
+/// settings are all top-level keys whose values are strings, integers, booleans or arrays of them,
+/// so this reader takes exactly that part of TOML, to the letter, and refuses everything else
+/// with the line and a sentence saying what to write instead; it never guesses.
+///
+/// Supported: comments; bare and quoted keys; basic strings with every TOML escape; literal
+/// strings; decimal, hexadecimal, octal and binary integers with underscores; `true`/`false`;
+/// arrays of these over several lines, with comments and a trailing comma. Refused with a
+/// message: tables, dotted keys, inline tables, multi-line strings, floats, dates, duplicate keys.
+struct ConfigFile {
+  enum Value: Equatable {
+    case string(String)
+    case integer(Int64)
+    case bool(Bool)
+    case array([Value])
+
+    var string: String? { if case .string(let s) = self { s } else { nil } }
+    var integer: Int64? { if case .integer(let n) = self { n } else { nil } }
+    var bool: Bool? { if case .bool(let b) = self { b } else { nil } }
+    var array: [Value]? { if case .array(let a) = self { a } else { nil } }
+  }
+
+  struct Entry: Equatable {
+    var key: String
+    var value: Value
+    var line: Int
+  }
+
+  struct SyntaxError: Error, Equatable {
+    var line: Int
+    var reason: String
+  }
+
+  /// The file's settings in the order written.
+  private(set) var entries: [Entry] = []
+
+  init(parsing text: String) throws(SyntaxError) {
+    var scanner = Scanner(bytes: Array(text.utf8))
+    var seen: Set<String> = []
+    while true {
+      scanner.skipBlankLinesAndComments()
+      guard let byte = scanner.peek() else { break }
+      let line = scanner.line
+      if byte == UInt8(ascii: "[") {
+        throw SyntaxError(
+          line: line,
+          reason: "tables are not used in config.toml: every Tessera setting is a top-level key (key = value)")
+      }
+      let key = try scanner.key()
+      scanner.skipSpaces()
+      if scanner.peek() == UInt8(ascii: ".") {
+        throw SyntaxError(line: line, reason: "dotted keys are not used in config.toml: write the setting's own name")
+      }
+      guard scanner.take(UInt8(ascii: "=")) else {
+        throw SyntaxError(line: scanner.line, reason: "expected '=' after the key '\(key)'")
+      }
+      scanner.skipSpaces()
+      let value = try scanner.value()
+      try scanner.endOfLine()
+      guard seen.insert(key).inserted else {
+        throw SyntaxError(line: line, reason: "the key '\(key)' is set twice; keep one")
+      }
+      entries.append(Entry(key: key, value: value, line: line))
+    }
+  }
+}
+
+private struct Scanner {
+  let bytes: [UInt8]
+  var index = 0
+  var line = 1
+
+  init(bytes: [UInt8]) {
+    self.bytes = bytes
+    // A byte-order mark at the start is allowed by TOML.
+    if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { index = 3 }
+  }
+
+  func peek(_ offset: Int = 0) -> UInt8? { index + offset < bytes.count ? bytes[index + offset] : nil }
+
+  mutating func take(_ byte: UInt8) -> Bool {
+    guard peek() == byte else { return false }
+    index += 1
+    return true
+  }
+
+  func fail(_ reason: String) -> ConfigFile.SyntaxError { ConfigFile.SyntaxError(line: line, reason: reason) }
+
+  mutating func skipSpaces() {
+    while let b = peek(), b == UInt8(ascii: " ") || b == UInt8(ascii: "\t") { index += 1 }
+  }
+
+  mutating func skipComment() {
+    guard peek() == UInt8(ascii: "#") else { return }
+    while let b = peek(), b != UInt8(ascii: "\n") { index += 1 }
+  }
+
+  /// Consumes a newline (LF or CRLF); false when there is none here.
+  mutating func newline() -> Bool {
+    if peek() == UInt8(ascii: "\r") && peek(1) == UInt8(ascii: "\n") { index += 1 }
+    guard take(UInt8(ascii: "\n")) else { return false }
+    line += 1
+    return true
+  }
+
+  mutating func skipBlankLinesAndComments() {
+    while true {
+      skipSpaces()
+      skipComment()
+      if !newline() { return }
+    }
+  }
+
+  /// After a value: spaces, an optional comment, then a newline or the end.
+  mutating func endOfLine() throws(ConfigFile.SyntaxError) {
+    skipSpaces()
+    skipComment()
+    if peek() == nil || newline() { return }
+    throw fail("unexpected text after the value; put one setting per line")
+  }
+
+  static func isBareKeyByte(_ b: UInt8) -> Bool {
+    (b >= UInt8(ascii: "a") && b <= UInt8(ascii: "z")) || (b >= UInt8(ascii: "A") && b <= UInt8(ascii: "Z"))
+      || (b >= UInt8(ascii: "0") && b <= UInt8(ascii: "9")) || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")
+  }
+
+  mutating func key() throws(ConfigFile.SyntaxError) -> String {
+    switch peek() {
+    case UInt8(ascii: "\""): return try basicString()
+    case UInt8(ascii: "'"): return try literalString()
+    default:
+      let start = index
+      while let b = peek(), Self.isBareKeyByte(b) { index += 1 }
+      guard index > start else { throw fail("expected a setting name (key = value)") }
+      return String(decoding: bytes[start..<index], as: UTF8.self)
+    }
+  }
+
+  mutating func value() throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
+    guard let b = peek(), b != UInt8(ascii: "\n"), b != UInt8(ascii: "\r"), b != UInt8(ascii: "#") else {
+      throw fail("a value is missing after '='")
+    }
+    switch b {
+    case UInt8(ascii: "\""): return .string(try basicString())
+    case UInt8(ascii: "'"): return .string(try literalString())
+    case UInt8(ascii: "["): return try array()
+    case UInt8(ascii: "{"): throw fail("inline tables are not used in config.toml")
+    default:
+      let start = index
+      while let c = peek(),
+        !(c == UInt8(ascii: " ") || c == UInt8(ascii: "\t") || c == UInt8(ascii: "\n") || c == UInt8(ascii: "\r")
+          || c == UInt8(ascii: "#") || c == UInt8(ascii: ",") || c == UInt8(ascii: "]"))
+      {
+        index += 1
+      }
+      let word = String(decoding: bytes[start..<index], as: UTF8.self)
+      if word == "true" { return .bool(true) }
+      if word == "false" { return .bool(false) }
+      if let n = Self.integer(word) { return .integer(n) }
+      if word.isEmpty { throw fail("a value is missing") }
+      throw fail(
+        "'\(word)' is not a value Tessera reads: write a \"string\" in quotes, an integer, true, false or [an, array]")
+    }
+  }
+
+  /// TOML integers: decimal with an optional sign, or 0x / 0o / 0b; `_` only between digits.
+  static func integer(_ word: String) -> Int64? {
+    var text = Substring(word)
+    var radix = 10
+    var negative = false
+    if text.hasPrefix("0x") || text.hasPrefix("0o") || text.hasPrefix("0b") {
+      radix = text.hasPrefix("0x") ? 16 : text.hasPrefix("0o") ? 8 : 2
+      text = text.dropFirst(2)
+    } else {
+      if text.first == "+" || text.first == "-" {
+        negative = text.first == "-"
+        text = text.dropFirst()
+      }
+      // No leading zeros in decimal ("007" is not TOML).
+      if text.count > 1 && text.first == "0" { return nil }
+    }
+    guard !text.isEmpty, text.first != "_", text.last != "_", !text.contains("__") else { return nil }
+    let digits = text.filter { $0 != "_" }
+    guard digits.allSatisfy({ $0.isASCII && $0.isHexDigit }), let magnitude = UInt64(digits, radix: radix) else {
+      return nil
+    }
+    if negative { return magnitude <= UInt64(Int64.max) + 1 ? Int64(truncatingIfNeeded: 0 &- magnitude) : nil }
+    return magnitude <= UInt64(Int64.max) ? Int64(magnitude) : nil
+  }
+
+  mutating func array() throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
+    index += 1  // [
+    var values: [ConfigFile.Value] = []
+    while true {
+      skipBlankLinesAndComments()
+      if take(UInt8(ascii: "]")) { return .array(values) }
+      guard peek() != nil else { throw fail("the array is not closed with ']'") }
+      values.append(try value())
+      skipBlankLinesAndComments()
+      if take(UInt8(ascii: ",")) { continue }
+      if take(UInt8(ascii: "]")) { return .array(values) }
+      guard peek() != nil else { throw fail("the array is not closed with ']'") }
+      throw fail("expected ',' or ']' in the array")
+    }
+  }
+
+  mutating func literalString() throws(ConfigFile.SyntaxError) -> String {
+    if peek(1) == UInt8(ascii: "'") && peek(2) == UInt8(ascii: "'") {
+      throw fail("multi-line strings are not used in config.toml; write the value on one line")
+    }
+    index += 1
+    let start = index
+    while let b = peek(), b != UInt8(ascii: "'") {
+      if b == UInt8(ascii: "\n") || b == UInt8(ascii: "\r") { break }
+      try checkControl(b)
+      index += 1
+    }
+    guard take(UInt8(ascii: "'")) else { throw fail("the string is not closed with ' on this line") }
+    return try validUTF8(bytes[start..<(index - 1)])
+  }
+
+  mutating func basicString() throws(ConfigFile.SyntaxError) -> String {
+    if peek(1) == UInt8(ascii: "\"") && peek(2) == UInt8(ascii: "\"") {
+      throw fail("multi-line strings are not used in config.toml; write the value on one line")
+    }
+    index += 1
+    var out: [UInt8] = []
+    while let b = peek() {
+      if b == UInt8(ascii: "\"") {
+        index += 1
+        return try validUTF8(out[...])
+      }
+      if b == UInt8(ascii: "\n") || b == UInt8(ascii: "\r") { break }
+      if b != UInt8(ascii: "\\") {
+        try checkControl(b)
+        out.append(b)
+        index += 1
+        continue
+      }
+      index += 1
+      guard let e = peek() else { break }
+      index += 1
+      switch e {
+      case UInt8(ascii: "b"): out.append(0x08)
+      case UInt8(ascii: "t"): out.append(0x09)
+      case UInt8(ascii: "n"): out.append(0x0A)
+      case UInt8(ascii: "f"): out.append(0x0C)
+      case UInt8(ascii: "r"): out.append(0x0D)
+      case UInt8(ascii: "\""): out.append(UInt8(ascii: "\""))
+      case UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\"))
+      case UInt8(ascii: "u"), UInt8(ascii: "U"):
+        let count = e == UInt8(ascii: "u") ? 4 : 8
+        guard index + count <= bytes.count,
+          bytes[index..<(index + count)].allSatisfy({ Character(Unicode.Scalar($0)).isHexDigit }),
+          let code = UInt32(String(decoding: bytes[index..<(index + count)], as: UTF8.self), radix: 16),
+          let scalar = Unicode.Scalar(code)
+        else { throw fail("\\\(Character(Unicode.Scalar(e))) needs \(count) hex digits of a Unicode scalar") }
+        out.append(contentsOf: Array(String(Character(scalar)).utf8))
+        index += count
+      default:
+        throw fail("'\\\(Character(Unicode.Scalar(e)))' is not a TOML escape; write '\\\\' for a backslash")
+      }
+    }
+    throw fail("the string is not closed with \" on this line")
+  }
+
+  func checkControl(_ b: UInt8) throws(ConfigFile.SyntaxError) {
+    if (b < 0x20 && b != 0x09) || b == 0x7F { throw fail("control characters must be escaped in a string") }
+  }
+
+  func validUTF8(_ slice: ArraySlice<UInt8>) throws(ConfigFile.SyntaxError) -> String {
+    guard let text = String(validating: slice, as: UTF8.self) else { throw fail("the string is not valid UTF-8") }
+    return text
+  }
+}
