@@ -4,6 +4,12 @@ import Glibc
 import Synchronization
 import TesseraCore
 
+/// libcurl's global set-up, OpenSSL's with it, done on the first request rather than at start-up:
+/// it makes about 2 MiB of libcrypto resident, which a daemon answering from its cache never needs.
+/// A global `let` is initialised once, thread-safely, on first use; curl_global_init itself is
+/// thread-safe since curl 7.84.
+private let curlGlobalInitialised: Bool = curl_global_init(Int(CURL_GLOBAL_DEFAULT)) == CURLE_OK
+
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so requests run on a dispatch queue of their
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
 public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
@@ -24,7 +30,6 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   /// `caFile` is added to the system's trusted CAs. Plain http is allowed only to loopback hosts,
   /// and only when `allowInsecureLoopback` is set (the broker checks hosts before calling).
   public init(caFile: String?, allowInsecureLoopback: Bool) throws {
-    curl_global_init(Int(CURL_GLOBAL_DEFAULT))
     if let caFile {
       guard let extra = readFile(caFile) else {
         throw SetupError(description: "ca_file \(caFile) cannot be read. Fix the path in config.toml.")
@@ -53,6 +58,9 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   }
 
   private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
+    guard curlGlobalInitialised else {
+      throw TesseraError.internal("libcurl could not initialise (curl_global_init failed; out of memory?).")
+    }
     let handle = idle.withLock { $0.popLast() } ?? curl_easy_init().map { Handle(pointer: $0) }
     guard let handle else { throw TesseraError.internal("libcurl could not create a handle (out of memory?).") }
     defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { curl_easy_cleanup(handle.pointer) } } }
@@ -110,8 +118,8 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
         "\(Self.host(request.url)) sent an answer larger than \(Self.maxResponseBytes) bytes; it was refused.")
     }
     guard code == CURLE_OK else {
-      let detail =
-        String(cString: errorBuffer).isEmpty ? String(cString: curl_easy_strerror(code)) : String(cString: errorBuffer)
+      let message = String(decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+      let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
       throw Self.networkError(code, detail: detail, url: request.url)
     }
     var status = 0

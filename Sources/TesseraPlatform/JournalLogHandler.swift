@@ -37,18 +37,16 @@ public struct JournalLogHandler: LogHandler {
     "TESSERA_" + String(key.uppercased().map { $0.isLetter || $0.isNumber ? $0 : "_" })
   }
 
-  public func log(
-    level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?, source: String, file: String,
-    function: String, line: UInt
-  ) {
+  public func log(event: LogEvent) {
     var fields = [
-      "MESSAGE=\(message)", "PRIORITY=\(Self.priority(level))", "SYSLOG_IDENTIFIER=\(identifier)",
-      "CODE_FILE=\(file)", "CODE_LINE=\(line)", "CODE_FUNC=\(function)",
+      "MESSAGE=\(event.message)", "PRIORITY=\(Self.priority(event.level))", "SYSLOG_IDENTIFIER=\(identifier)",
+      "CODE_FILE=\(event.file)", "CODE_LINE=\(event.line)", "CODE_FUNC=\(event.function)",
     ]
-    for (key, value) in metadata.merging(explicit ?? [:], uniquingKeysWith: { $1 }) {
+    for (key, value) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) {
       fields.append("\(Self.fieldName(key))=\(value)")
     }
-    var pointers = fields.map { strdup($0)! }
+    if let error = event.error { fields.append("TESSERA_ERROR=\(error)") }
+    let pointers = fields.map { strdup($0)! }
     defer { pointers.forEach { free($0) } }
     var vectors = pointers.map { iovec(iov_base: UnsafeMutableRawPointer($0), iov_len: strlen($0)) }
     _ = sd_journal_sendv(&vectors, Int32(vectors.count))
