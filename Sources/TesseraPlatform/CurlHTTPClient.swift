@@ -118,7 +118,8 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
         "\(Self.host(request.url)) sent an answer larger than \(Self.maxResponseBytes) bytes; it was refused.")
     }
     guard code == CURLE_OK else {
-      let message = String(decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+      let message = String(
+        decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
       let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
       throw Self.networkError(code, detail: detail, url: request.url)
     }

@@ -113,31 +113,42 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         }
       }
       guard !found.isEmpty else { return [] }
-      var paths: [UnsafePointer<gchar>?] = found.map { UnsafePointer(strdup($0.path)) } + [nil]
-      defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
-      guard
-        let secrets = paths.withUnsafeMutableBufferPointer({
-          secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
-        })
-      else {
-        throw Self.unavailable(Self.take(error))
-      }
-      defer { g_hash_table_unref(secrets) }
+      // In batches: GDBus keeps its read buffer at the size of the largest message the connection
+      // ever received, for the life of the process, so one reply holding every secret would pin
+      // megabytes. A batch's reply is a few hundred KB.
       var items: [StoredItem] = []
       items.reserveCapacity(found.count)
-      for (index, entry) in found.enumerated() {
-        guard let value = g_hash_table_lookup(secrets, paths[index]),
-          let text = secret_value_get_text(OpaquePointer(value))
-        else { continue }
-        items.append(
-          StoredItem(
-            attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 },
-            secret: String(cString: text),
-            label: ""))
+      var start = 0
+      while start < found.count {
+        let batch = found[start..<min(start + Self.secretsPerBatch, found.count)]
+        start = batch.endIndex
+        var paths: [UnsafePointer<gchar>?] = batch.map { UnsafePointer(strdup($0.path)) } + [nil]
+        defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
+        guard
+          let secrets = paths.withUnsafeMutableBufferPointer({
+            secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
+          })
+        else {
+          throw Self.unavailable(Self.take(error))
+        }
+        defer { g_hash_table_unref(secrets) }
+        for (index, entry) in batch.enumerated() {
+          guard let value = g_hash_table_lookup(secrets, paths[index]),
+            let text = secret_value_get_text(OpaquePointer(value))
+          else { continue }
+          items.append(
+            StoredItem(
+              attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 },
+              secret: String(cString: text),
+              label: ""))
+        }
       }
       return items
     }
   }
+
+  /// Secrets asked for in one GetSecrets call (about 2.5 KB each at most).
+  static let secretsPerBatch = 128
 
   /// Hands memory freed after a big load back to the system (glibc keeps it otherwise).
   public static func releaseFreedMemory() {

@@ -364,6 +364,7 @@ def broker(daemon):
 SECRETS = "org.freedesktop.secrets"
 SECRETS_PATH = "/org/freedesktop/secrets"
 LOGIN_COLLECTION = "/org/freedesktop/secrets/collection/login"
+SESSION_COLLECTION = "/org/freedesktop/secrets/aliases/session"
 
 
 class Keyring:
@@ -377,6 +378,10 @@ class Keyring:
         unlocked, locked = self.service.SearchItems(dbus.Dictionary({"tessera_schema": "1"}, signature="ss"))
         return [str(p) for p in list(unlocked) + list(locked)]
 
+    def item_attributes_of(self, path):
+        props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
+        return unwrap(props.Get("org.freedesktop.Secret.Item", "Attributes"))
+
     def item_attributes(self):
         """Attributes of every Tessera item (readable without unlocking secrets)."""
         out = []
@@ -384,6 +389,29 @@ class Keyring:
             props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
             out.append(unwrap(props.Get("org.freedesktop.Secret.Item", "Attributes")))
         return out
+
+    def _plain_session(self):
+        _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
+        return dbus.ObjectPath(session)
+
+    def secret(self, path):
+        """The secret of one item, as text (through a plain session on the private test bus)."""
+        secrets = self.service.GetSecrets(dbus.Array([dbus.ObjectPath(path)], signature="o"), self._plain_session())
+        return bytes(secrets[dbus.ObjectPath(path)][2]).decode()
+
+    def create_item(self, attributes, secret, label="tessera test item", collection=SESSION_COLLECTION):
+        """Stores an item as libsecret would (xdg:schema added) in the in-memory session collection."""
+        props = {
+            "org.freedesktop.Secret.Item.Label": dbus.String(label, variant_level=1),
+            "org.freedesktop.Secret.Item.Attributes": dbus.Dictionary(
+                dict(attributes, **{"xdg:schema": "org.tessera.Broker1"}), signature="ss", variant_level=1),
+        }
+        value = dbus.Struct((self._plain_session(), dbus.ByteArray(b""), dbus.ByteArray(secret.encode()),
+                             dbus.String("text/plain")), signature="oayays")
+        coll = dbus.Interface(self.conn.get_object(SECRETS, collection), "org.freedesktop.Secret.Collection")
+        item, prompt = coll.CreateItem(dbus.Dictionary(props, signature="sv"), value, True)
+        assert str(prompt) == "/"
+        return str(item)
 
     def clear(self):
         for path in self.item_paths():

@@ -1,4 +1,5 @@
 """Sign-in, the token cache, refresh, several accounts and clients, restart."""
+import json
 import re
 import time
 import uuid
@@ -168,6 +169,28 @@ def test_tokens_survive_a_daemon_restart(daemon, broker, idp):
     finally:
         fresh.close()
     assert idp.requests(mark) == [], "after a restart the token must come from the Secret Service"
+
+
+def test_a_keyring_with_hundreds_of_accounts_loads_whole(daemon, broker, keyring):
+    # The broker reads the keyring in batches of GetSecrets calls; every batch must arrive.
+    signed_in = broker.sign_in()
+    [path] = [p for p in keyring.item_paths()
+              if keyring.item_attributes_of(p)["kind"] == "account"]
+    account = json.loads(keyring.secret(path))
+    ids = [f"bulk-{n}.bulk" for n in range(300)]
+    for n, account_id in enumerate(ids):
+        clone = dict(account, id=account_id, username=f"user{n}@bulk.test", localAccountID=str(n))
+        keyring.create_item(
+            {"tessera_schema": "1", "kind": "account", "account_id": account_id, "environment": account["environment"]},
+            json.dumps(clone))
+    daemon.restart()
+    fresh = Broker()
+    try:
+        listed = {a["id"] for a in fresh.accounts()}
+        assert listed == set(ids) | {signed_in["account"]["id"]}
+        assert fresh.silent(account_id=signed_in["account"]["id"])["access_token"] == signed_in["access_token"]
+    finally:
+        fresh.close()
 
 
 def test_refresh_ahead_renews_a_token_in_use_without_making_the_caller_wait(broker, idp):
