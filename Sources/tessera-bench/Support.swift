@@ -418,6 +418,8 @@ struct Report: Codable {
         over the items is measured apart and subtracted.
       - Numbers vary between runs on a shared 2-core machine by 10–20 %; compare medians across commits
         (the JSON from `scripts/bench --json FILE`), not single runs.
+      - Why each missed goal is missed, with profiles and what would close it:
+        [docs/performance.md](docs/performance.md).
 
       ## Latest run
 
