@@ -17,6 +17,13 @@ public indirect enum BusValue: Sendable, Equatable {
 
   /// The D-Bus type signature of this value.
   public var signature: String {
+    if case .other(let signature) = self { return signature }
+    return fixedSignature.description
+  }
+
+  /// The signature of every type the broker sends, as a static string (no allocation on the reply
+  /// path); `.other` has none and gives "v".
+  public var fixedSignature: StaticString {
     switch self {
     case .string: "s"
     case .bool: "b"
@@ -29,7 +36,7 @@ public indirect enum BusValue: Sendable, Equatable {
     case .stringMap: "a{ss}"
     case .dict: "a{sv}"
     case .dicts: "aa{sv}"
-    case .other(let signature): signature
+    case .other: "v"
     }
   }
 

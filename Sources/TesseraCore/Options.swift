@@ -131,21 +131,23 @@ public enum RequestParser {
   /// call, which was a tenth of the bus thread's time on a cached silent answer.
   public static func newCorrelationID() -> String {
     var generator = SystemRandomNumberGenerator()
-    var high = generator.next()
-    var low = generator.next()
-    high = (high & ~0xF000) | 0x4000  // version 4
-    low = (low & ~(0xC << 60)) | (0x8 << 60)  // RFC 4122 variant
-    let digits = Array("0123456789abcdef".utf8)
-    var text = [UInt8](repeating: UInt8(ascii: "-"), count: 36)
-    var position = 0
-    for (word, count) in [(high, 16), (low, 16)] {
-      for nibble in 0..<count {
-        if position == 8 || position == 13 || position == 18 || position == 23 { position += 1 }
-        text[position] = digits[Int((word >> UInt64(60 - 4 * nibble)) & 0xF)]
-        position += 1
+    let high = (generator.next() & ~0xF000) | 0x4000  // version 4
+    let low = (generator.next() & ~(0xC << 60)) | (0x8 << 60)  // RFC 4122 variant
+    return String(unsafeUninitializedCapacity: 36) { text in
+      var position = 0
+      for word in [high, low] {
+        for nibble in 0..<16 {
+          if position == 8 || position == 13 || position == 18 || position == 23 {
+            text[position] = UInt8(ascii: "-")
+            position += 1
+          }
+          let digit = UInt8((word >> UInt64(60 - 4 * nibble)) & 0xF)
+          text[position] = digit < 10 ? UInt8(ascii: "0") + digit : UInt8(ascii: "a") + digit - 10
+          position += 1
+        }
       }
+      return position
     }
-    return String(decoding: text, as: UTF8.self)
   }
 
   static func correlationID(_ options: [String: BusValue]) throws -> String {

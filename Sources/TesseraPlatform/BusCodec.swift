@@ -145,7 +145,7 @@ enum BusCodec {
         for (k, v) in dict {
           try container(m, "e", "sv") {
             try append(m, .string(k))
-            try container(m, "v", v.signature) { try append(m, v) }
+            try container(m, "v", v.fixedSignature) { try append(m, v) }
           }
         }
       }
@@ -157,9 +157,10 @@ enum BusCodec {
   }
 
   private static func container(
-    _ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: String, _ body: () throws -> Void
+    _ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: StaticString, _ body: () throws -> Void
   ) throws {
-    try check(sd_bus_message_open_container(m, CChar(UInt8(ascii: type)), contents), "open \(type)\(contents)")
+    let c = UnsafeRawPointer(contents.utf8Start).assumingMemoryBound(to: CChar.self)
+    try check(sd_bus_message_open_container(m, CChar(UInt8(ascii: type)), c), "open \(type)\(contents)")
     try body()
     try check(sd_bus_message_close_container(m), "close \(type)\(contents)")
   }
