@@ -40,9 +40,14 @@ public struct BrokerConfig: Sendable, Equatable {
 
   /// Parses a config file's text. Errors name the line and the key.
   public static func parse(_ text: String, path: String = "config.toml") throws(ParseError) -> BrokerConfig {
+    try parse(bytes: Array(text.utf8), path: path)
+  }
+
+  /// Parses a config file's bytes as read from disk (which must be UTF-8).
+  public static func parse(bytes: [UInt8], path: String = "config.toml") throws(ParseError) -> BrokerConfig {
     let file: ConfigFile
     do {
-      file = try ConfigFile(parsing: text)
+      file = try ConfigFile(parsing: bytes)
     } catch {
       throw ParseError(path: path, line: error.line, key: nil, reason: error.reason)
     }

@@ -38,10 +38,26 @@ struct ConfigFile {
   private(set) var entries: [Entry] = []
 
   init(parsing text: String) throws(SyntaxError) {
-    var scanner = Scanner(bytes: Array(text.utf8))
-    var seen: Set<String> = []
+    try self.init(parsing: Array(text.utf8))
+  }
+
+  /// Parses the file's bytes. They must be UTF-8, as TOML requires: a file saved in another encoding
+  /// is refused with the line of its first bad byte, never read with replacement characters.
+  init(parsing bytes: [UInt8]) throws(SyntaxError) {
+    if String(validating: bytes, as: UTF8.self) == nil {
+      var line = 1
+      for text in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+        if String(validating: text, as: UTF8.self) == nil { break }
+        line += 1
+      }
+      throw SyntaxError(line: line, reason: "this line is not valid UTF-8; save config.toml as UTF-8")
+    }
+    var scanner = Scanner(bytes: bytes)
+    // TOML keys are equal when their bytes are; Swift's String equality would also join
+    // canonically equivalent spellings (precomposed and combining accents).
+    var seen: Set<[UInt8]> = []
     while true {
-      scanner.skipBlankLinesAndComments()
+      try scanner.skipBlankLinesAndComments()
       guard let byte = scanner.peek() else { break }
       let line = scanner.line
       if byte == UInt8(ascii: "[") {
@@ -58,9 +74,9 @@ struct ConfigFile {
         throw SyntaxError(line: scanner.line, reason: "expected '=' after the key '\(key)'")
       }
       scanner.skipSpaces()
-      let value = try scanner.value()
+      let value = try scanner.value(depth: 0)
       try scanner.endOfLine()
-      guard seen.insert(key).inserted else {
+      guard seen.insert(Array(key.utf8)).inserted else {
         throw SyntaxError(line: line, reason: "the key '\(key)' is set twice; keep one")
       }
       entries.append(Entry(key: key, value: value, line: line))
@@ -93,9 +109,14 @@ private struct Scanner {
     while let b = peek(), b == UInt8(ascii: " ") || b == UInt8(ascii: "\t") { index += 1 }
   }
 
-  mutating func skipComment() {
+  /// TOML allows tab but no other control character in a comment (a CR only before its LF).
+  mutating func skipComment() throws(ConfigFile.SyntaxError) {
     guard peek() == UInt8(ascii: "#") else { return }
-    while let b = peek(), b != UInt8(ascii: "\n") { index += 1 }
+    while let b = peek(), b != UInt8(ascii: "\n") {
+      if b == UInt8(ascii: "\r") && peek(1) == UInt8(ascii: "\n") { return }
+      if (b < 0x20 && b != 0x09) || b == 0x7F { throw fail("a comment holds a control character; remove it") }
+      index += 1
+    }
   }
 
   /// Consumes a newline (LF or CRLF); false when there is none here.
@@ -106,10 +127,10 @@ private struct Scanner {
     return true
   }
 
-  mutating func skipBlankLinesAndComments() {
+  mutating func skipBlankLinesAndComments() throws(ConfigFile.SyntaxError) {
     while true {
       skipSpaces()
-      skipComment()
+      try skipComment()
       if !newline() { return }
     }
   }
@@ -117,7 +138,7 @@ private struct Scanner {
   /// After a value: spaces, an optional comment, then a newline or the end.
   mutating func endOfLine() throws(ConfigFile.SyntaxError) {
     skipSpaces()
-    skipComment()
+    try skipComment()
     if peek() == nil || newline() { return }
     throw fail("unexpected text after the value; put one setting per line")
   }
@@ -139,14 +160,19 @@ private struct Scanner {
     }
   }
 
-  mutating func value() throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
+  /// Arrays nest at most this deep (no setting nests them at all); deeper is refused, not recursed.
+  static let maxDepth = 8
+
+  mutating func value(depth: Int) throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
     guard let b = peek(), b != UInt8(ascii: "\n"), b != UInt8(ascii: "\r"), b != UInt8(ascii: "#") else {
       throw fail("a value is missing after '='")
     }
     switch b {
     case UInt8(ascii: "\""): return .string(try basicString())
     case UInt8(ascii: "'"): return .string(try literalString())
-    case UInt8(ascii: "["): return try array()
+    case UInt8(ascii: "["):
+      guard depth < Self.maxDepth else { throw fail("arrays nest at most \(Self.maxDepth) deep in config.toml") }
+      return try array(depth: depth + 1)
     case UInt8(ascii: "{"): throw fail("inline tables are not used in config.toml")
     default:
       let start = index
@@ -191,15 +217,15 @@ private struct Scanner {
     return magnitude <= UInt64(Int64.max) ? Int64(magnitude) : nil
   }
 
-  mutating func array() throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
+  mutating func array(depth: Int) throws(ConfigFile.SyntaxError) -> ConfigFile.Value {
     index += 1  // [
     var values: [ConfigFile.Value] = []
     while true {
-      skipBlankLinesAndComments()
+      try skipBlankLinesAndComments()
       if take(UInt8(ascii: "]")) { return .array(values) }
       guard peek() != nil else { throw fail("the array is not closed with ']'") }
-      values.append(try value())
-      skipBlankLinesAndComments()
+      values.append(try value(depth: depth))
+      try skipBlankLinesAndComments()
       if take(UInt8(ascii: ",")) { continue }
       if take(UInt8(ascii: "]")) { return .array(values) }
       guard peek() != nil else { throw fail("the array is not closed with ']'") }
@@ -261,7 +287,8 @@ private struct Scanner {
         out.append(contentsOf: Array(String(Character(scalar)).utf8))
         index += count
       default:
-        throw fail("'\\\(Character(Unicode.Scalar(e)))' is not a TOML escape; write '\\\\' for a backslash")
+        let shown = (0x21...0x7E).contains(e) ? "\\\(Character(Unicode.Scalar(e)))" : "\\ followed by byte \(e)"
+        throw fail("'\(shown)' is not a TOML escape; write '\\\\' for a backslash")
       }
     }
     throw fail("the string is not closed with \" on this line")

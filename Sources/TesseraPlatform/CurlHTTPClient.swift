@@ -6,9 +6,16 @@ import TesseraCore
 
 /// libcurl's global set-up, OpenSSL's with it, done on the first request rather than at start-up:
 /// it makes about 2 MiB of libcrypto resident, which a daemon answering from its cache never needs.
-/// A global `let` is initialised once, thread-safely, on first use; curl_global_init itself is
-/// thread-safe since curl 7.84.
-private let curlGlobalInitialised: Bool = curl_global_init(Int(CURL_GLOBAL_DEFAULT)) == CURLE_OK
+/// Tried again on the next request if it fails (out of memory); curl_global_init is thread-safe
+/// since curl 7.84, and the mutex keeps it to one successful call.
+private let curlGlobalState = Mutex(false)
+
+private func curlGlobalInitialised() -> Bool {
+  curlGlobalState.withLock { done in
+    if !done { done = curl_global_init(Int(CURL_GLOBAL_DEFAULT)) == CURLE_OK }
+    return done
+  }
+}
 
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so requests run on a dispatch queue of their
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
@@ -58,7 +65,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   }
 
   private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
-    guard curlGlobalInitialised else {
+    guard curlGlobalInitialised() else {
       throw TesseraError.internal("libcurl could not initialise (curl_global_init failed; out of memory?).")
     }
     let handle = idle.withLock { $0.popLast() } ?? curl_easy_init().map { Handle(pointer: $0) }

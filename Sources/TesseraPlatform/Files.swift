@@ -1,7 +1,7 @@
 import Glibc
 
 /// Reads a whole file; nil when it cannot be opened.
-func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
+public func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
   let fd = open(path, O_RDONLY | O_CLOEXEC)
   guard fd >= 0 else { return nil }
   defer { close(fd) }

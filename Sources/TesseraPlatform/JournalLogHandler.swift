@@ -45,7 +45,8 @@ public struct JournalLogHandler: LogHandler {
     for (key, value) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) {
       fields.append("\(Self.fieldName(key))=\(value)")
     }
-    if let error = event.error { fields.append("TESSERA_ERROR=\(error)") }
+    // Its own field: an "error" metadata key already makes TESSERA_ERROR.
+    if let error = event.error { fields.append("TESSERA_LOGGED_ERROR=\(error)") }
     let pointers = fields.map { strdup($0)! }
     defer { pointers.forEach { free($0) } }
     var vectors = pointers.map { iovec(iov_base: UnsafeMutableRawPointer($0), iov_len: strlen($0)) }

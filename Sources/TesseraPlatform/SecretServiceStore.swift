@@ -76,9 +76,11 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     }
   }
 
-  /// Loads every Tessera item in a few D-Bus calls whatever their number: one search per kind (item
-  /// paths only) and one GetSecrets for all of them. (libsecret's item search would make a proxy,
-  /// and a D-Bus round trip, per item: seconds for a few thousand.)
+  /// Loads every Tessera item in a few D-Bus calls: one search per kind (item paths only), then one
+  /// GetSecrets per `secretsPerBatch` items. (libsecret's item search would make a proxy, and a D-Bus
+  /// round trip, per item: seconds for a few thousand.) Our own writes run on the same serial queue,
+  /// so none lands between the search and the reads; an item another program deletes meanwhile fails
+  /// the load, which is retried on the next request.
   public func loadAll() async throws -> [StoredItem] {
     try await run {
       try self.checkUnlocked()

@@ -49,9 +49,9 @@ struct Tesserad: AsyncParsableCommand {
     let environment = ProcessInfo.processInfo.environment
     let path = config ?? environment["TESSERA_CONFIG"] ?? BrokerConfig.defaultPath(environment: environment)
     var brokerConfig = BrokerConfig()
-    if let text = readTextFile(path) {
+    if let bytes = readFile(path) {
       do {
-        brokerConfig = try BrokerConfig.parse(text, path: path)
+        brokerConfig = try BrokerConfig.parse(bytes: bytes, path: path)
       } catch {
         printError("tesserad: bad configuration: \(error)")
         throw ExitCode(78)

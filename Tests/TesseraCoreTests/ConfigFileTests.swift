@@ -99,11 +99,49 @@ final class ConfigFileTests: XCTestCase {
       ("a = [1, 2", 1, "not closed with ']'"),
       ("a = [1 2]", 1, "expected ',' or ']'"),
       ("\n\na = [\n1,\n,]", 5, "value is missing"),
+      ("a = [\n1,\n2", 3, "not closed with ']'"),
+      ("a = [,]", 1, "value is missing"),
+      ("a = +0x1", 1, "'+0x1' is not a value"),
+      ("a = -9223372036854775809", 1, "is not a value"),
+      ("a = \"\\U00110000\"", 1, "hex digits of a Unicode scalar"),
+      ("a = 1\r\nb = 2 # x\ry", 2, "control character"),
+      ("# \u{7F}", 1, "control character"),
+      ("a = 1\rb = 2", 1, "one setting per line"),
+      ("a = 1\r\n\r\nb = 'x\r\n", 3, "not closed"),
+      ("a = " + String(repeating: "[", count: 5000), 1, "nest at most 8 deep"),
     ]
     for (text, line, reason) in cases {
       guard let error = refusal(text) else { continue }
       XCTAssertEqual(error.line, line, text)
       XCTAssertTrue(error.reason.contains(reason), "\(text): \(error.reason)")
+    }
+  }
+
+  func testKeysAreComparedByTheirBytes() throws {
+    // Precomposed and combining spellings are different TOML keys (Swift's == would join them).
+    let v = try ConfigFile(parsing: "\"\u{E9}\" = 1\n\"e\u{301}\" = 2").entries
+    XCTAssertEqual(v.map(\.value), [.integer(1), .integer(2)])
+  }
+
+  func testInvalidUTF8IsRefusedWithItsLine() {
+    // A Latin-1 file: "ä" as the single byte 0xE4.
+    let bytes = Array("default_client_id = \"x\"\nbrowser = \"/opt/navig".utf8) + [0xE4] + Array("tor\"\n".utf8)
+    XCTAssertThrowsError(try ConfigFile(parsing: bytes)) {
+      let error = $0 as! ConfigFile.SyntaxError
+      XCTAssertEqual(error.line, 2)
+      XCTAssertTrue(error.reason.contains("not valid UTF-8"), error.reason)
+    }
+    XCTAssertThrowsError(try BrokerConfig.parse(bytes: bytes, path: "c.toml")) {
+      XCTAssertTrue("\($0)".hasPrefix("c.toml:2: "), "\($0)")
+    }
+  }
+
+  func testSettingErrorsInsideMultiLineArraysNameTheKeysLine() {
+    XCTAssertThrowsError(
+      try BrokerConfig.parse(
+        "log_level = \"info\"\ntrusted_authorities = [\n  \"https://a.example\",\n  42,\n]\n", path: "c.toml")
+    ) {
+      XCTAssertEqual("\($0)", "c.toml:2: key 'trusted_authorities': must be an array of strings")
     }
   }
 

@@ -108,7 +108,8 @@ final class BrowserLauncherTests: XCTestCase {
     mkdir(dir, 0o700)
     let out = dir + "/url"
     let script = dir + "/browser.sh"
-    FileManager.default.createFile(atPath: script, contents: Data("#!/bin/sh\nprintf '%s' \"$1\" > \(out)\n".utf8))
+    XCTAssertTrue(
+      FileManager.default.createFile(atPath: script, contents: Data("#!/bin/sh\nprintf '%s' \"$1\" > \(out)\n".utf8)))
     chmod(script, 0o700)
     try CommandBrowserLauncher(configured: script, environment: [:]).open("https://example.test/a?b=c&d=e")
     for _ in 0..<100 where readTextFile(out) == nil { usleep(20_000) }

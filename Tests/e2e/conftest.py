@@ -278,7 +278,9 @@ def toml_value(v):
         return str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+    # A JSON string is a TOML basic string, as long as non-ASCII stays literal: JSON's \ud83d\udd11
+    # surrogate-pair escapes are not TOML.
+    return json.dumps(str(v), ensure_ascii=False)
 
 
 def session_config():
@@ -391,8 +393,10 @@ class Keyring:
         return out
 
     def _plain_session(self):
-        _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
-        return dbus.ObjectPath(session)
+        if getattr(self, "_session", None) is None:
+            _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
+            self._session = dbus.ObjectPath(session)
+        return self._session
 
     def secret(self, path):
         """The secret of one item, as text (through a plain session on the private test bus)."""
