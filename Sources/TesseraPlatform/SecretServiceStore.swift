@@ -57,19 +57,44 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
 
   /// Fails unless the default collection exists and is unlocked. A locked keyring answers searches
   /// with "nothing found", which must never be read as "signed out".
+  ///
+  /// One property read on the default alias's path, on the session bus libsecret also uses: the
+  /// same answer libsecret's alias lookup gives (ReadAlias, then a collection proxy that loads every
+  /// property), at a third of the cost. It runs before every write, the refresh token's included.
   private func checkUnlocked() throws {
     var error: UnsafeMutablePointer<GError>?
-    guard let service = secret_service_get_sync(SECRET_SERVICE_NONE, nil, &error) else {
+    guard let bus = g_bus_get_sync(G_BUS_TYPE_SESSION, nil, &error) else {
       throw Self.unavailable(Self.take(error))
     }
-    defer { g_object_unref(UnsafeMutableRawPointer(service)) }
-    guard let collection = secret_collection_for_alias_sync(service, "default", SECRET_COLLECTION_NONE, nil, &error)
+    defer { g_object_unref(UnsafeMutableRawPointer(bus)) }
+    var names = [g_variant_new_string("org.freedesktop.Secret.Collection"), g_variant_new_string("Locked")]
+    let arguments = names.withUnsafeMutableBufferPointer { g_variant_new_tuple($0.baseAddress, 2) }
+    guard
+      let reply = g_dbus_connection_call_sync(
+        bus, "org.freedesktop.secrets", "/org/freedesktop/secrets/aliases/default", "org.freedesktop.DBus.Properties",
+        "Get", arguments, nil, G_DBUS_CALL_FLAGS_NONE, 25_000, nil, &error)
     else {
-      let detail = error == nil ? "there is no default keyring collection" : Self.take(error)
-      throw Self.unavailable(detail)
+      let remote = error.flatMap { g_dbus_error_get_remote_error($0) }
+      defer { g_free(remote) }
+      let name = remote.map { String(cString: $0) } ?? ""
+      // UnknownObject (no such alias) and its kin; ServiceUnknown (no keyring running) falls through.
+      if name.hasPrefix("org.freedesktop.DBus.Error.Unknown") {
+        g_clear_error(&error)
+        throw Self.unavailable("there is no default keyring collection")
+      }
+      throw Self.unavailable(Self.take(error))
     }
-    defer { g_object_unref(UnsafeMutableRawPointer(collection)) }
-    if secret_collection_get_locked(collection) != 0 {
+    defer { g_variant_unref(reply) }
+    // A reply of any other shape counts as locked: never guess "unlocked".
+    var locked = true
+    if String(cString: g_variant_get_type_string(reply)) == "(v)" {
+      let boxed = g_variant_get_child_value(reply, 0)
+      defer { g_variant_unref(boxed) }
+      let value = g_variant_get_variant(boxed)
+      defer { g_variant_unref(value) }
+      if g_variant_classify(value) == G_VARIANT_CLASS_BOOLEAN { locked = g_variant_get_boolean(value) != 0 }
+    }
+    if locked {
       throw TesseraError.storeUnavailable(
         "The keyring is locked. Unlock it (log in to the desktop session, or unlock the 'login' keyring in Passwords and Keys / seahorse), "
           + "then retry; Tessera keeps its accounts and will use them again once it is unlocked.")
