@@ -19,7 +19,8 @@ let package = Package(
     // System libraries, reached only through TesseraPlatform.
     .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
     .systemLibrary(name: "CSecret", pkgConfig: "libsecret-1", providers: [.apt(["libsecret-1-dev"])]),
-    .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+    // Headers only: libcurl itself is loaded on the first HTTP request (CurlLibrary.swift).
+    .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
     // What Swift cannot call: sd-bus vtable macros and libcurl's variadic setopt/getinfo.
     .target(name: "CTesseraShim", dependencies: ["CSystemd", "CCurl"]),
 

@@ -4,19 +4,6 @@ import Glibc
 import Synchronization
 import TesseraCore
 
-/// libcurl's global set-up, OpenSSL's with it, done on the first request rather than at start-up:
-/// it makes about 2 MiB of libcrypto resident, which a daemon answering from its cache never needs.
-/// Tried again on the next request if it fails (out of memory); curl_global_init is thread-safe
-/// since curl 7.84, and the mutex keeps it to one successful call.
-private let curlGlobalState = Mutex(false)
-
-private func curlGlobalInitialised() -> Bool {
-  curlGlobalState.withLock { done in
-    if !done { done = curl_global_init(Int(CURL_GLOBAL_DEFAULT)) == CURLE_OK }
-    return done
-  }
-}
-
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so requests run on a dispatch queue of their
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
 public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
@@ -65,19 +52,17 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   }
 
   private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
-    guard curlGlobalInitialised() else {
-      throw TesseraError.internal("libcurl could not initialise (curl_global_init failed; out of memory?).")
-    }
-    let handle = idle.withLock { $0.popLast() } ?? curl_easy_init().map { Handle(pointer: $0) }
+    let lib = try CurlLibrary.shared()
+    let handle = idle.withLock { $0.popLast() } ?? lib.easyInit().map { Handle(pointer: $0) }
     guard let handle else { throw TesseraError.internal("libcurl could not create a handle (out of memory?).") }
-    defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { curl_easy_cleanup(handle.pointer) } } }
+    defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { lib.easyCleanup(handle.pointer) } } }
     let curl = handle.pointer
-    curl_easy_reset(curl)
+    lib.easyReset(curl)
 
     var headerList: UnsafeMutablePointer<curl_slist>?
-    for (name, value) in request.headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
-    headerList = curl_slist_append(headerList, "Expect:")
-    defer { curl_slist_free_all(headerList) }
+    for (name, value) in request.headers { headerList = lib.slistAppend(headerList, "\(name): \(value)") }
+    headerList = lib.slistAppend(headerList, "Expect:")
+    defer { lib.slistFreeAll(headerList) }
 
     let exchange = Exchange()
     let exchangePointer = Unmanaged.passUnretained(exchange).toOpaque()
@@ -114,10 +99,10 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
               data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count,
               flags: UInt32(CURL_BLOB_NOCOPY))
             _ = tessera_curl_setopt_pointer(curl, CURLOPT_CAINFO_BLOB, &blob)
-            return curl_easy_perform(curl)
+            return lib.easyPerform(curl)
           }
         }
-        return curl_easy_perform(curl)
+        return lib.easyPerform(curl)
       }
     }
     if exchange.tooLarge {
@@ -127,7 +112,8 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     guard code == CURLE_OK else {
       let message = String(
         decoding: errorBuffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-      let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
+      let detail =
+        message.isEmpty ? lib.easyStrerror(code).map { String(cString: $0) } ?? "error \(code.rawValue)" : message
       throw Self.networkError(code, detail: detail, url: request.url)
     }
     var status = 0

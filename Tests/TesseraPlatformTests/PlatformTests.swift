@@ -141,6 +141,20 @@ final class CurlHTTPClientTests: XCTestCase {
     }
   }
 
+  func testAMissingLibcurlIsNamedWithWhatToInstall() {
+    // libcurl is loaded on the first request; without it the error says what to do.
+    XCTAssertThrowsError(try CurlLibrary.load("libcurl-tessera-missing.so.4")) {
+      let error = $0 as! TesseraError
+      XCTAssertEqual(error.code, .internal)
+      XCTAssertTrue(error.message.contains("libcurl-tessera-missing.so.4"), error.message)
+      XCTAssertTrue(error.message.contains("Install the libcurl4 package"), error.message)
+    }
+    // A library without libcurl's symbols is refused by name, not called.
+    XCTAssertThrowsError(try CurlLibrary.load("libz.so.1")) {
+      XCTAssertTrue(($0 as! TesseraError).message.contains("curl_global_init"), "\($0)")
+    }
+  }
+
   func testUnreadableCAFileIsAConfigurationError() {
     XCTAssertThrowsError(try CurlHTTPClient(caFile: "/nonexistent/ca.pem", allowInsecureLoopback: false))
   }

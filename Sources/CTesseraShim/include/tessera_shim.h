@@ -32,7 +32,11 @@ size_t tessera_vtable_entry_size(void);
 uint64_t tessera_vtable_property_const(void);
 
 // --- libcurl ---------------------------------------------------------------------------------
-// Reason: curl_easy_setopt and curl_easy_getinfo are variadic, with no va_list form.
+// Reason: curl_easy_setopt and curl_easy_getinfo are variadic, with no va_list form. libcurl is
+// loaded on first use (dlopen, see CurlLibrary.swift), so they are reached through the pointers
+// given to tessera_curl_bind, which the loader calls once, before any other call here.
+
+void tessera_curl_bind(void *easy_setopt, void *easy_getinfo);
 
 CURLcode tessera_curl_setopt_long(CURL *handle, CURLoption option, long value);
 CURLcode tessera_curl_setopt_string(CURL *handle, CURLoption option, const char *value);
