@@ -48,31 +48,26 @@ size_t tessera_vtable_entry_size(void) { return sizeof(sd_bus_vtable); }
 
 uint64_t tessera_vtable_property_const(void) { return SD_BUS_VTABLE_PROPERTY_CONST; }
 
-static CURLcode (*tessera_easy_setopt)(CURL *, CURLoption, ...);
-static CURLcode (*tessera_easy_getinfo)(CURL *, CURLINFO, ...);
+typedef CURLcode (*tessera_easy_setopt_fn)(CURL *, CURLoption, ...);
+typedef CURLcode (*tessera_easy_getinfo_fn)(CURL *, CURLINFO, ...);
 
-void tessera_curl_bind(void *easy_setopt, void *easy_getinfo) {
-  tessera_easy_setopt = (CURLcode(*)(CURL *, CURLoption, ...))easy_setopt;
-  tessera_easy_getinfo = (CURLcode(*)(CURL *, CURLINFO, ...))easy_getinfo;
+CURLcode tessera_curl_setopt_long(void *easy_setopt, CURL *handle, CURLoption option, long value) {
+  return ((tessera_easy_setopt_fn)easy_setopt)(handle, option, value);
 }
 
-CURLcode tessera_curl_setopt_long(CURL *handle, CURLoption option, long value) {
-  return tessera_easy_setopt(handle, option, value);
+CURLcode tessera_curl_setopt_string(void *easy_setopt, CURL *handle, CURLoption option, const char *value) {
+  return ((tessera_easy_setopt_fn)easy_setopt)(handle, option, value);
 }
 
-CURLcode tessera_curl_setopt_string(CURL *handle, CURLoption option, const char *value) {
-  return tessera_easy_setopt(handle, option, value);
+CURLcode tessera_curl_setopt_pointer(void *easy_setopt, CURL *handle, CURLoption option, void *value) {
+  return ((tessera_easy_setopt_fn)easy_setopt)(handle, option, value);
 }
 
-CURLcode tessera_curl_setopt_pointer(CURL *handle, CURLoption option, void *value) {
-  return tessera_easy_setopt(handle, option, value);
-}
-
-CURLcode tessera_curl_setopt_data_callback(CURL *handle, CURLoption option,
+CURLcode tessera_curl_setopt_data_callback(void *easy_setopt, CURL *handle, CURLoption option,
                                            size_t (*callback)(char *, size_t, size_t, void *)) {
-  return tessera_easy_setopt(handle, option, callback);
+  return ((tessera_easy_setopt_fn)easy_setopt)(handle, option, callback);
 }
 
-CURLcode tessera_curl_getinfo_long(CURL *handle, CURLINFO info, long *value) {
-  return tessera_easy_getinfo(handle, info, value);
+CURLcode tessera_curl_getinfo_long(void *easy_getinfo, CURL *handle, CURLINFO info, long *value) {
+  return ((tessera_easy_getinfo_fn)easy_getinfo)(handle, info, value);
 }

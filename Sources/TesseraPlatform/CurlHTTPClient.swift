@@ -68,37 +68,54 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     let exchangePointer = Unmanaged.passUnretained(exchange).toOpaque()
     var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
 
-    let code: CURLcode = withExtendedLifetime(exchange) {
-      errorBuffer.withUnsafeMutableBufferPointer { errorPointer in
-        _ = tessera_curl_setopt_string(curl, CURLOPT_URL, request.url)
-        _ = tessera_curl_setopt_long(curl, CURLOPT_NOSIGNAL, 1)
-        _ = tessera_curl_setopt_long(curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000))
-        _ = tessera_curl_setopt_long(curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000)
-        _ = tessera_curl_setopt_long(curl, CURLOPT_FOLLOWLOCATION, 0)
-        _ = tessera_curl_setopt_string(curl, CURLOPT_PROTOCOLS_STR, protocols)
-        _ = tessera_curl_setopt_string(curl, CURLOPT_USERAGENT, Self.userAgent)
-        _ = tessera_curl_setopt_pointer(curl, CURLOPT_HTTPHEADER, headerList)
-        _ = tessera_curl_setopt_pointer(curl, CURLOPT_ERRORBUFFER, errorPointer.baseAddress)
-        _ = tessera_curl_setopt_data_callback(curl, CURLOPT_WRITEFUNCTION, writeBody)
-        _ = tessera_curl_setopt_pointer(curl, CURLOPT_WRITEDATA, exchangePointer)
-        _ = tessera_curl_setopt_data_callback(curl, CURLOPT_HEADERFUNCTION, writeHeader)
-        _ = tessera_curl_setopt_pointer(curl, CURLOPT_HEADERDATA, exchangePointer)
+    // Every option is checked: on a libcurl that lacks one (CURLOPT_PROTOCOLS_STR needs 7.85, a CA
+    // blob needs a TLS back-end that takes one) the request is refused, never sent without it.
+    let setopt = lib.easySetopt
+    func set(_ result: CURLcode, _ name: String) throws {
+      guard result == CURLE_OK else {
+        throw TesseraError.internal(
+          "The installed libcurl refused \(name) (\(lib.easyStrerror(result).map { String(cString: $0) } ?? "error \(result.rawValue)")). "
+            + "Install libcurl 7.85 or later built with OpenSSL (Debian: libcurl4), then retry.")
+      }
+    }
+    let code: CURLcode = try withExtendedLifetime(exchange) {
+      try errorBuffer.withUnsafeMutableBufferPointer { errorPointer in
+        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_URL, request.url), "CURLOPT_URL")
+        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
+        try set(
+          tessera_curl_setopt_long(setopt, curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000)), "CURLOPT_TIMEOUT_MS")
+        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000), "CURLOPT_CONNECTTIMEOUT_MS")
+        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_FOLLOWLOCATION, 0), "CURLOPT_FOLLOWLOCATION")
+        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_PROTOCOLS_STR, protocols), "CURLOPT_PROTOCOLS_STR")
+        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_USERAGENT, Self.userAgent), "CURLOPT_USERAGENT")
+        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HTTPHEADER, headerList), "CURLOPT_HTTPHEADER")
+        try set(
+          tessera_curl_setopt_pointer(setopt, curl, CURLOPT_ERRORBUFFER, errorPointer.baseAddress),
+          "CURLOPT_ERRORBUFFER")
+        try set(
+          tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_WRITEFUNCTION, writeBody), "CURLOPT_WRITEFUNCTION")
+        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_WRITEDATA, exchangePointer), "CURLOPT_WRITEDATA")
+        try set(
+          tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_HEADERFUNCTION, writeHeader), "CURLOPT_HEADERFUNCTION"
+        )
+        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HEADERDATA, exchangePointer), "CURLOPT_HEADERDATA")
         if request.method == "POST" {
           let body = request.body ?? []
-          _ = tessera_curl_setopt_long(curl, CURLOPT_POST, 1)
-          _ = tessera_curl_setopt_long(curl, CURLOPT_POSTFIELDSIZE, body.count)
-          _ = body.withUnsafeBytes {
-            tessera_curl_setopt_pointer(
-              curl, CURLOPT_COPYPOSTFIELDS,
-              UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!))
-          }
+          try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POST, 1), "CURLOPT_POST")
+          try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POSTFIELDSIZE, body.count), "CURLOPT_POSTFIELDSIZE")
+          try set(
+            body.withUnsafeBytes {
+              tessera_curl_setopt_pointer(
+                setopt, curl, CURLOPT_COPYPOSTFIELDS,
+                UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!))
+            }, "CURLOPT_COPYPOSTFIELDS")
         }
         if let caBundle {
-          return caBundle.withUnsafeBytes { bytes in
+          return try caBundle.withUnsafeBytes { bytes in
             var blob = curl_blob(
               data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count,
               flags: UInt32(CURL_BLOB_NOCOPY))
-            _ = tessera_curl_setopt_pointer(curl, CURLOPT_CAINFO_BLOB, &blob)
+            try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_CAINFO_BLOB, &blob), "CURLOPT_CAINFO_BLOB")
             return lib.easyPerform(curl)
           }
         }
@@ -117,7 +134,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
       throw Self.networkError(code, detail: detail, url: request.url)
     }
     var status = 0
-    _ = tessera_curl_getinfo_long(curl, CURLINFO_RESPONSE_CODE, &status)
+    _ = tessera_curl_getinfo_long(lib.easyGetinfo, curl, CURLINFO_RESPONSE_CODE, &status)
     return HTTPResponse(status: status, headers: exchange.headers, body: exchange.body)
   }
 

@@ -21,6 +21,10 @@ struct CurlLibrary: @unchecked Sendable {
   let slistAppend:
     @convention(c) (UnsafeMutablePointer<curl_slist>?, UnsafePointer<CChar>?) -> UnsafeMutablePointer<curl_slist>?
   let slistFreeAll: @convention(c) (UnsafeMutablePointer<curl_slist>?) -> Void
+  /// The variadic curl_easy_setopt and curl_easy_getinfo, passed to the shim's wrappers on each
+  /// call (Swift cannot call a variadic C function).
+  let easySetopt: UnsafeMutableRawPointer
+  let easyGetinfo: UnsafeMutableRawPointer
 
   /// The soname of libcurl 4 (the ABI every current libcurl has).
   static let soname = "libcurl.so.4"
@@ -36,7 +40,8 @@ struct CurlLibrary: @unchecked Sendable {
     }
   }
 
-  /// Loads `soname` and resolves what Tessera calls; for tests, also with a name that does not exist.
+  /// Loads `soname`, resolves what Tessera calls and sets libcurl up; used by `shared()`, and by
+  /// tests with names that do not exist.
   static func load(_ soname: String) throws(TesseraError) -> CurlLibrary {
     guard let handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL) else {
       let reason = dlerror().map { String(cString: $0) } ?? "unknown error"
@@ -50,7 +55,7 @@ struct CurlLibrary: @unchecked Sendable {
       }
       return unsafeBitCast(pointer, to: type)
     }
-    let globalInit = try symbol("curl_global_init", as: (@convention(c) (Int) -> CURLcode).self)
+    let globalInit = try symbol("curl_global_init", as: (@convention(c) (CLong) -> CURLcode).self)
     let library = CurlLibrary(
       easyInit: try symbol("curl_easy_init", as: (@convention(c) () -> UnsafeMutableRawPointer?).self),
       easyCleanup: try symbol("curl_easy_cleanup", as: (@convention(c) (UnsafeMutableRawPointer?) -> Void).self),
@@ -63,12 +68,10 @@ struct CurlLibrary: @unchecked Sendable {
           curl_slist
         >?).self),
       slistFreeAll: try symbol(
-        "curl_slist_free_all", as: (@convention(c) (UnsafeMutablePointer<curl_slist>?) -> Void).self))
-    // The variadic setters, for the shim (Swift cannot call a variadic C function).
-    tessera_curl_bind(
-      try symbol("curl_easy_setopt", as: UnsafeMutableRawPointer.self),
-      try symbol("curl_easy_getinfo", as: UnsafeMutableRawPointer.self))
-    guard globalInit(Int(CURL_GLOBAL_DEFAULT)) == CURLE_OK else {
+        "curl_slist_free_all", as: (@convention(c) (UnsafeMutablePointer<curl_slist>?) -> Void).self),
+      easySetopt: try symbol("curl_easy_setopt", as: UnsafeMutableRawPointer.self),
+      easyGetinfo: try symbol("curl_easy_getinfo", as: UnsafeMutableRawPointer.self))
+    guard globalInit(CLong(CURL_GLOBAL_DEFAULT)) == CURLE_OK else {
       throw TesseraError.internal("libcurl could not initialise (curl_global_init failed; out of memory?). Retry.")
     }
     return library

@@ -33,17 +33,15 @@ uint64_t tessera_vtable_property_const(void);
 
 // --- libcurl ---------------------------------------------------------------------------------
 // Reason: curl_easy_setopt and curl_easy_getinfo are variadic, with no va_list form. libcurl is
-// loaded on first use (dlopen, see CurlLibrary.swift), so they are reached through the pointers
-// given to tessera_curl_bind, which the loader calls once, before any other call here.
+// loaded on first use (dlopen, see CurlLibrary.swift), so each call passes the function as found
+// by dlsym (`easy_setopt` / `easy_getinfo`); the shim keeps no state.
 
-void tessera_curl_bind(void *easy_setopt, void *easy_getinfo);
-
-CURLcode tessera_curl_setopt_long(CURL *handle, CURLoption option, long value);
-CURLcode tessera_curl_setopt_string(CURL *handle, CURLoption option, const char *value);
-CURLcode tessera_curl_setopt_pointer(CURL *handle, CURLoption option, void *value);
+CURLcode tessera_curl_setopt_long(void *easy_setopt, CURL *handle, CURLoption option, long value);
+CURLcode tessera_curl_setopt_string(void *easy_setopt, CURL *handle, CURLoption option, const char *value);
+CURLcode tessera_curl_setopt_pointer(void *easy_setopt, CURL *handle, CURLoption option, void *value);
 /// For CURLOPT_WRITEFUNCTION and CURLOPT_HEADERFUNCTION.
-CURLcode tessera_curl_setopt_data_callback(CURL *handle, CURLoption option,
+CURLcode tessera_curl_setopt_data_callback(void *easy_setopt, CURL *handle, CURLoption option,
                                            size_t (*callback)(char *, size_t, size_t, void *));
-CURLcode tessera_curl_getinfo_long(CURL *handle, CURLINFO info, long *value);
+CURLcode tessera_curl_getinfo_long(void *easy_getinfo, CURL *handle, CURLINFO info, long *value);
 
 #endif
