@@ -140,9 +140,17 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         }
       }
       guard !found.isEmpty else { return [] }
-      // In batches: GDBus keeps its read buffer at the size of the largest message the connection
-      // ever received, for the life of the process, so one reply holding every secret would pin
-      // megabytes. A batch's reply is a few hundred KB.
+      // GetSecrets is called here, in libsecret's own (encrypted) session, and each answer is
+      // decoded with libsecret's secret_service_decode_dbus_secret. libsecret's
+      // secret_service_get_secrets_for_dbus_paths would do the same, but (0.20.5) never frees its
+      // reply: measured, every load kept a copy of all the secrets it read. In batches: GDBus
+      // keeps its read buffer at the size of the largest message the connection ever received.
+      guard secret_service_ensure_session_sync(service, nil, &error) != 0,
+        let session = secret_service_get_session_dbus_path(service).map({ String(cString: $0) })
+      else { throw Self.unavailable(Self.take(error)) }
+      guard let bus = g_bus_get_sync(G_BUS_TYPE_SESSION, nil, &error) else { throw Self.unavailable(Self.take(error)) }
+      defer { g_object_unref(UnsafeMutableRawPointer(bus)) }
+      let kinds = Dictionary(found.map { ($0.path, $0.kind) }, uniquingKeysWith: { first, _ in first })
       var items: [StoredItem] = []
       items.reserveCapacity(found.count)
       var start = 0
@@ -151,21 +159,39 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
         start = batch.endIndex
         var paths: [UnsafePointer<gchar>?] = batch.map { UnsafePointer(strdup($0.path)) } + [nil]
         defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
+        var arguments = [
+          paths.withUnsafeBufferPointer { g_variant_new_objv($0.baseAddress, gssize(batch.count)) },
+          g_variant_new_object_path(session),
+        ]
         guard
-          let secrets = paths.withUnsafeMutableBufferPointer({
-            secret_service_get_secrets_for_dbus_paths_sync(service, $0.baseAddress, nil, &error)
-          })
-        else {
-          throw Self.unavailable(Self.take(error))
+          let reply = g_dbus_connection_call_sync(
+            bus, "org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service", "GetSecrets",
+            arguments.withUnsafeMutableBufferPointer { g_variant_new_tuple($0.baseAddress, 2) }, nil,
+            G_DBUS_CALL_FLAGS_NO_AUTO_START, 25_000, nil, &error)
+        else { throw Self.unavailable(Self.take(error)) }
+        defer { g_variant_unref(reply) }
+        guard String(cString: g_variant_get_type_string(reply)) == "(a{o(oayays)})" else {
+          throw Self.unavailable(
+            "the Secret Service answered GetSecrets with \(String(cString: g_variant_get_type_string(reply)))")
         }
-        defer { g_hash_table_unref(secrets) }
-        for (index, entry) in batch.enumerated() {
-          guard let value = g_hash_table_lookup(secrets, paths[index]),
-            let text = secret_value_get_text(OpaquePointer(value))
-          else { continue }
+        let secrets = g_variant_get_child_value(reply, 0)
+        defer { g_variant_unref(secrets) }
+        for index in 0..<g_variant_n_children(secrets) {
+          let entry = g_variant_get_child_value(secrets, index)
+          defer { g_variant_unref(entry) }
+          let pathValue = g_variant_get_child_value(entry, 0)
+          let path = String(cString: g_variant_get_string(pathValue, nil))
+          g_variant_unref(pathValue)
+          let encoded = g_variant_get_child_value(entry, 1)
+          defer { g_variant_unref(encoded) }
+          guard let kind = kinds[path], let value = secret_service_decode_dbus_secret(service, encoded) else {
+            continue
+          }
+          defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+          guard let text = secret_value_get_text(value) else { continue }
           items.append(
             StoredItem(
-              attributes: TokenCache.allItemsAttributes.merging(["kind": entry.kind]) { $1 },
+              attributes: TokenCache.allItemsAttributes.merging(["kind": kind]) { $1 },
               secret: String(cString: text),
               label: ""))
         }
