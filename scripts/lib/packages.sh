@@ -1,0 +1,33 @@
+# Sourced, not run. The one list of Debian packages Tessera needs, and the one function that
+# installs them. Every script that builds Tessera or runs it calls this before anything else, so a
+# fresh Debian 12 with Swift works as the README says (scripts/setup, scripts/test, scripts/demo,
+# scripts/bench, scripts/install). Tests/scripts checks that each script the README names does.
+
+# To build tesserad and tessera: the headers of the C libraries they reach.
+TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
+# To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
+TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin python3-dbus python3-venv
+    openssl systemd)
+
+# tessera_install_packages NAME...: installs those of NAME... that are missing (apt-get, as root or
+# through sudo). Prints what it does; returns non-zero when it could not.
+tessera_install_packages() {
+    local missing=() p sudo=()
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        echo "all $# Debian packages are installed"
+        return 0
+    fi
+    echo "installing Debian packages: ${missing[*]}"
+    if [[ $(id -u) -ne 0 ]]; then
+        if ! command -v sudo >/dev/null; then
+            echo "not root and no sudo: install these first: ${missing[*]}" >&2
+            return 1
+        fi
+        sudo=(sudo)
+    fi
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
