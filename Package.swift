@@ -14,39 +14,59 @@ let package = Package(
     .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
     .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
     .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
   ],
   targets: [
-    // System libraries, reached only through TesseraPlatform.
+    // What both sides of the bus share: values, the interface, the error table, the option table,
+    // the wire mapping of accounts and results, correlation ids. No dependencies at all.
+    .target(name: "TesseraInterface"),
+
+    // System libraries. libsystemd is reached only through TesseraBus (sd-bus) and TesseraPlatform
+    // (journal); libsecret and libcurl only through TesseraPlatform.
     .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
     .systemLibrary(name: "CSecret", pkgConfig: "libsecret-1", providers: [.apt(["libsecret-1-dev"])]),
     // Headers only: libcurl itself is loaded on the first HTTP request (CurlLibrary.swift).
     .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
-    // What Swift cannot call: sd-bus vtable macros and libcurl's variadic setopt/getinfo.
-    .target(name: "CTesseraShim", dependencies: ["CSystemd", "CCurl"]),
+    // What Swift cannot call of sd-bus: the vtable macros.
+    .target(name: "CTesseraBusShim", dependencies: ["CSystemd"]),
+    // What Swift cannot call of libcurl (variadic setopt/getinfo), and malloc_trim's header.
+    .target(name: "CTesseraShim", dependencies: ["CCurl"]),
 
-    // Pure Swift: accounts, token cache, OAuth/OIDC protocol, request handling, configuration.
+    // The bus layer, for both sides: sd-bus client and server, the value codec, system calls.
+    // Depends on libsystemd (and swift-system's Errno) only: no engine, no libsecret, no libcurl.
+    .target(
+      name: "TesseraBus",
+      dependencies: [
+        "TesseraInterface", "CSystemd", "CTesseraBusShim", .product(name: "SystemPackage", package: "swift-system"),
+      ]
+    ),
+
+    // The engine, pure Swift: accounts, token cache, OAuth/OIDC protocol, request handling, policy.
     .target(
       name: "TesseraCore",
       dependencies: [
+        "TesseraInterface",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "Crypto", package: "swift-crypto"),
         .product(name: "JWTKit", package: "jwt-kit"),
       ]
     ),
-    // The only importer of the C modules: sd-bus, libsecret, libcurl, journal, sockets, processes.
+    // The engine's adapters: libsecret, libcurl, the loopback listener, the browser, the journal, and
+    // the engine's events on the bus. The only importer of libsecret and libcurl.
     .target(
       name: "TesseraPlatform",
       dependencies: [
-        "TesseraCore", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
+        "TesseraCore", "TesseraBus", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
         .product(name: "Logging", package: "swift-log"),
+        .product(name: "SystemPackage", package: "swift-system"),
       ]
     ),
-    // Typed client for org.tessera.Broker1, used by the CLI and by Swift apps.
-    .target(name: "TesseraClient", dependencies: ["TesseraCore", "TesseraPlatform"]),
+    // Typed client for org.tessera.Broker1, used by the CLI and by Swift apps: no engine.
+    .target(name: "TesseraClient", dependencies: ["TesseraInterface", "TesseraBus"]),
     .executableTarget(
       name: "tesserad",
       dependencies: [
-        "TesseraCore", "TesseraPlatform",
+        "TesseraCore", "TesseraPlatform", "TesseraBus",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -63,13 +83,14 @@ let package = Package(
     .executableTarget(
       name: "tessera-bench",
       dependencies: [
-        "TesseraCore", "TesseraPlatform",
+        "TesseraCore", "TesseraPlatform", "TesseraBus",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
+    .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
     .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore"]),
     .testTarget(
-      name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore"],
+      name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus"],
       resources: []
     ),
   ],

@@ -1,52 +1,8 @@
+#define _GNU_SOURCE  // pipe2, accept4, posix_spawn_file_actions_addclosefrom_np
 #include "tessera_shim.h"
 
-#include <string.h>
-
-void tessera_vtable_start(sd_bus_vtable *v, uint64_t flags) {
-  const sd_bus_vtable e = SD_BUS_VTABLE_START(flags);
-  memcpy(v, &e, sizeof e);
-}
-
-void tessera_vtable_method(sd_bus_vtable *v, const char *member, const char *signature,
-                           const char *result, const char *names,
-                           sd_bus_message_handler_t handler, uint64_t flags) {
-  const sd_bus_vtable e = {
-      .type = _SD_BUS_VTABLE_METHOD,
-      .flags = flags,
-      .x = {.method = {.member = member,
-                       .signature = signature,
-                       .result = result,
-                       .handler = handler,
-                       .offset = 0,
-                       .names = names}},
-  };
-  memcpy(v, &e, sizeof e);
-}
-
-void tessera_vtable_property(sd_bus_vtable *v, const char *member, const char *signature,
-                             sd_bus_property_get_t getter, uint64_t flags) {
-  const sd_bus_vtable e = SD_BUS_PROPERTY(member, signature, getter, 0, flags);
-  memcpy(v, &e, sizeof e);
-}
-
-void tessera_vtable_signal(sd_bus_vtable *v, const char *member, const char *signature,
-                           const char *names, uint64_t flags) {
-  const sd_bus_vtable e = {
-      .type = _SD_BUS_VTABLE_SIGNAL,
-      .flags = flags,
-      .x = {.signal = {.member = member, .signature = signature, .names = names}},
-  };
-  memcpy(v, &e, sizeof e);
-}
-
-void tessera_vtable_end(sd_bus_vtable *v) {
-  const sd_bus_vtable e = SD_BUS_VTABLE_END;
-  memcpy(v, &e, sizeof e);
-}
-
-size_t tessera_vtable_entry_size(void) { return sizeof(sd_bus_vtable); }
-
-uint64_t tessera_vtable_property_const(void) { return SD_BUS_VTABLE_PROPERTY_CONST; }
+#include <fcntl.h>
+#include <unistd.h>
 
 typedef CURLcode (*tessera_easy_setopt_fn)(CURL *, CURLoption, ...);
 typedef CURLcode (*tessera_easy_getinfo_fn)(CURL *, CURLINFO, ...);
@@ -70,4 +26,14 @@ CURLcode tessera_curl_setopt_data_callback(void *easy_setopt, CURL *handle, CURL
 
 CURLcode tessera_curl_getinfo_long(void *easy_getinfo, CURL *handle, CURLINFO info, long *value) {
   return ((tessera_easy_getinfo_fn)easy_getinfo)(handle, info, value);
+}
+
+int tessera_pipe2(int fds[2], int flags) { return pipe2(fds, flags); }
+
+int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int flags) {
+  return accept4(fd, address, length, flags);
+}
+
+int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from) {
+  return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }

@@ -1,76 +1,15 @@
-import TesseraCore
-import TesseraPlatform
-
-@_exported import struct TesseraCore.TesseraError
+import TesseraBus
+@_exported import TesseraInterface
 
 /// An account the broker knows, as any app may see it.
-public struct TesseraAccount: Sendable, Equatable, Codable {
-  public var id: String
-  public var username: String
-  public var name: String
-  public var authority: String
-  public var environment: String
-  public var realm: String
-  public var localAccountID: String
-
-  init(_ d: [String: BusValue]) {
-    func s(_ k: String) -> String { d[k]?.stringValue ?? "" }
-    id = s("id")
-    username = s("username")
-    name = s("name")
-    authority = s("authority")
-    environment = s("environment")
-    realm = s("realm")
-    localAccountID = s("local_account_id")
-  }
-
-  enum CodingKeys: String, CodingKey {
-    case id, username, name, authority, environment, realm
-    case localAccountID = "local_account_id"
-  }
-}
-
+public typealias TesseraAccount = AccountInfo
 /// An access token handed out by the broker. There is never a refresh token here.
-public struct TesseraToken: Sendable, Equatable, Codable {
-  public var accessToken: String
-  public var tokenType: String
-  /// Unix seconds.
-  public var expiresOn: Int64
-  public var scopes: [String]
-  public var account: TesseraAccount
-  public var idToken: String?
-  public var correlationID: String
-
-  init(_ d: [String: BusValue]) {
-    accessToken = d["access_token"]?.stringValue ?? ""
-    tokenType = d["token_type"]?.stringValue ?? "Bearer"
-    if case .int64(let e)? = d["expires_on"] { expiresOn = e } else { expiresOn = 0 }
-    if case .strings(let s)? = d["scopes"] { scopes = s } else { scopes = [] }
-    account = TesseraAccount(d["account"]?.dictValue ?? [:])
-    idToken = d["id_token"]?.stringValue
-    correlationID = d["correlation_id"]?.stringValue ?? ""
-  }
-
-  enum CodingKeys: String, CodingKey {
-    case accessToken = "access_token"
-    case tokenType = "token_type"
-    case expiresOn = "expires_on"
-    case scopes, account
-    case idToken = "id_token"
-    case correlationID = "correlation_id"
-  }
-}
-
+public typealias TesseraToken = TokenInfo
 /// What the user must do to finish an interactive sign-in (InteractionPending).
-public struct TesseraInteraction: Sendable, Equatable {
-  public var flow: String
-  public var verificationURI: String
-  public var userCode: String?
-  public var expiresIn: UInt32
-  public var message: String
-}
+public typealias TesseraInteraction = InteractionInfo
 
-/// Options of AcquireToken / AcquireTokenSilent; nil means "not sent".
+/// Options of AcquireToken / AcquireTokenSilent; nil means "not sent". Encoded and checked with the
+/// broker's own option table, so a bad value fails here, with the broker's message, before the call.
 public struct TesseraTokenOptions: Sendable {
   public var authority: String?
   public var loginHint: String?
@@ -86,19 +25,21 @@ public struct TesseraTokenOptions: Sendable {
 
   public init() {}
 
-  var busValue: [String: BusValue] {
+  func busValue(for method: OptionMethod) throws(TesseraError) -> [String: BusValue] {
+    typealias O = RequestOptions
     var d: [String: BusValue] = [:]
-    if let authority { d["authority"] = .string(authority) }
-    if let loginHint { d["login_hint"] = .string(loginHint) }
-    if let domainHint { d["domain_hint"] = .string(domainHint) }
-    if let prompt { d["prompt"] = .string(prompt) }
-    if deviceCode { d["flow"] = .string("device_code") }
-    if let claims { d["claims"] = .string(claims) }
-    if !extraQuery.isEmpty { d["extra_query"] = .stringMap(extraQuery) }
-    if let correlationID { d["correlation_id"] = .string(correlationID) }
-    if forceRefresh { d["force_refresh"] = .bool(true) }
-    if let minValidity { d["min_validity"] = .uint32(minValidity) }
-    if let timeout { d["timeout"] = .uint32(timeout) }
+    if let authority { d[O.authority.key] = .string(authority) }
+    if let loginHint { d[O.loginHint.key] = .string(loginHint) }
+    if let domainHint { d[O.domainHint.key] = .string(domainHint) }
+    if let prompt { d[O.prompt.key] = .string(prompt) }
+    if deviceCode { d[O.flow.key] = .string(InteractionInfo.Flow.deviceCode.rawValue) }
+    if let claims { d[O.claims.key] = .string(claims) }
+    if !extraQuery.isEmpty { d[O.extraQuery.key] = .stringMap(extraQuery) }
+    if let correlationID { d[O.correlationID.key] = .string(correlationID) }
+    if forceRefresh { d[O.forceRefresh.key] = .bool(true) }
+    if let minValidity { d[O.minValidity.key] = .uint32(minValidity) }
+    if let timeout { d[O.timeout.key] = .uint32(timeout) }
+    try RequestOptions.validate(d, for: method)
     return d
   }
 }
@@ -117,12 +58,12 @@ public enum TesseraClientError: Error, Sendable, CustomStringConvertible {
     }
   }
 
-  /// Exit status for command-line tools (documented in tessera(1)).
+  /// Exit status for command-line tools (the one table: ErrorCode and ClientExitStatus).
   public var exitCode: Int32 {
     switch self {
     case .broker(let e): e.code.exitCode
-    case .unreachable: 14
-    case .bus: 1
+    case .unreachable: ClientExitStatus.brokerNotRunning.rawValue
+    case .bus: ClientExitStatus.failure.rawValue
     }
   }
 }
@@ -139,7 +80,7 @@ public final class TesseraBroker {
     do {
       client = try BusClient()
     } catch {
-      throw .unreachable((error as? BusCallError)?.message ?? "\(error)")
+      throw .unreachable(error.message)
     }
   }
 
@@ -150,7 +91,7 @@ public final class TesseraBroker {
     do {
       return try client.call(
         interface: interface, member: member, arguments: arguments, timeoutSeconds: timeout, onSignal: onSignal)
-    } catch let error as BusCallError {
+    } catch {
       if let code = TesseraError.Code(dbusName: error.name) { throw .broker(TesseraError(code, error.message)) }
       switch error.name {
       case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
@@ -164,9 +105,13 @@ public final class TesseraBroker {
       default:
         throw .bus(name: error.name, message: error.message)
       }
-    } catch {
-      throw .bus(name: "org.freedesktop.DBus.Error.Failed", message: "\(error)")
     }
+  }
+
+  private func encode(_ options: TesseraTokenOptions, for method: OptionMethod) throws(TesseraClientError) -> [String:
+    BusValue]
+  {
+    do { return try options.busValue(for: method) } catch { throw .broker(error) }
   }
 
   /// Interactive sign-in. `onInteraction` is called when the user must act (open a URL, enter a code).
@@ -175,52 +120,50 @@ public final class TesseraBroker {
     onInteraction: ((TesseraInteraction) -> Void)? = nil
   ) throws(TesseraClientError) -> TesseraToken {
     let flowTimeout =
-      options.timeout ?? (options.deviceCode ? Broker.defaultDeviceCodeTimeout : Broker.defaultBrowserTimeout)
+      options.timeout ?? (options.deviceCode ? InteractiveTimeouts.deviceCode : InteractiveTimeouts.browser)
     // Our own correlation id: only InteractionPending signals carrying it are for this call.
     var options = options
-    let correlationID = options.correlationID ?? RequestParser.newCorrelationID()
+    let correlationID = options.correlationID ?? CorrelationID.new()
     options.correlationID = correlationID
     let reply = try call(
-      "AcquireToken", [.string(clientID), .strings(scopes), .dict(options.busValue)],
+      "AcquireToken", [.string(clientID), .strings(scopes), .dict(encode(options, for: .acquireToken))],
       timeout: Double(flowTimeout + Self.interactiveSlack),
       onSignal: { member, values in
         guard member == "InteractionPending", values.count == 2, values[0] == .string(correlationID),
-          case .dict(let info) = values[1]
+          case .dict(let info) = values[1], let interaction = InteractionInfo(busValue: info)
         else { return }
-        var expires: UInt32 = 0
-        if case .uint32(let e)? = info["expires_in"] { expires = e }
-        onInteraction?(
-          TesseraInteraction(
-            flow: info["flow"]?.stringValue ?? "", verificationURI: info["verification_uri"]?.stringValue ?? "",
-            userCode: info["user_code"]?.stringValue, expiresIn: expires, message: info["message"]?.stringValue ?? ""))
+        onInteraction?(interaction)
       })
-    return TesseraToken(reply.first?.dictValue ?? [:])
+    return TokenInfo(busValue: reply.first?.dictValue ?? [:])
   }
 
   public func acquireTokenSilent(
     clientID: String = "", scopes: [String] = [], accountID: String = "", options: TesseraTokenOptions = .init()
   ) throws(TesseraClientError) -> TesseraToken {
     let reply = try call(
-      "AcquireTokenSilent", [.string(clientID), .strings(scopes), .string(accountID), .dict(options.busValue)],
+      "AcquireTokenSilent",
+      [.string(clientID), .strings(scopes), .string(accountID), .dict(encode(options, for: .acquireTokenSilent))],
       timeout: Self.silentTimeout)
-    return TesseraToken(reply.first?.dictValue ?? [:])
+    return TokenInfo(busValue: reply.first?.dictValue ?? [:])
   }
 
   public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
     throws(TesseraClientError) -> [TesseraAccount]
   {
     var filter: [String: BusValue] = [:]
-    if let clientID { filter["client_id"] = .string(clientID) }
-    if let authority { filter["authority"] = .string(authority) }
-    if let username { filter["username"] = .string(username) }
+    if let clientID { filter[RequestOptions.clientID.key] = .string(clientID) }
+    if let authority { filter[RequestOptions.authority.key] = .string(authority) }
+    if let username { filter[RequestOptions.username.key] = .string(username) }
+    do { try RequestOptions.validate(filter, for: .getAccounts) } catch { throw .broker(error) }
     guard case .dicts(let accounts)? = try call("GetAccounts", [.dict(filter)]).first else { return [] }
-    return accounts.map(TesseraAccount.init)
+    return accounts.map(AccountInfo.init(busValue:))
   }
 
   public func signOut(accountID: String, clientID: String? = nil, revoke: Bool = true) throws(TesseraClientError) {
     var options: [String: BusValue] = [:]
-    if let clientID { options["client_id"] = .string(clientID) }
-    if !revoke { options["revoke"] = .bool(false) }
+    if let clientID { options[RequestOptions.clientID.key] = .string(clientID) }
+    if !revoke { options[RequestOptions.revoke.key] = .bool(false) }
+    do { try RequestOptions.validate(options, for: .signOut) } catch { throw .broker(error) }
     _ = try call("SignOut", [.string(accountID), .dict(options)])
   }
 

@@ -30,7 +30,7 @@ public struct Authority: Sendable, Hashable, CustomStringConvertible {
   public init(parsing text: String) throws {
     let bad = { (why: String) in
       TesseraError.invalidArgument(
-        "Authority '\(RequestParser.clip(text))' is not usable: \(why). "
+        "Authority '\(RequestOptions.clip(text))' is not usable: \(why). "
           + "Use a URL like https://login.microsoftonline.com/<tenant>.")
     }
     guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),

@@ -1,20 +1,6 @@
 import Crypto
 import Logging
 
-/// Who is calling, as the bus daemon reports it. `exe` comes from /proc and is a hint, not proof.
-public struct CallerInfo: Sendable, Equatable {
-  public var busName: String
-  public var pid: UInt32?
-  public var uid: UInt32?
-  public var exe: String?
-  public init(busName: String, pid: UInt32? = nil, uid: UInt32? = nil, exe: String? = nil) {
-    self.busName = busName
-    self.pid = pid
-    self.uid = uid
-    self.exe = exe
-  }
-}
-
 /// Everything the broker needs from outside, so tests can pass fakes.
 public struct BrokerDependencies: Sendable {
   public var http: any HTTPClient
@@ -56,35 +42,19 @@ public actor Broker {
   var cache = TokenCache()
   var loading: Task<Void, any Error>?
   var loaded = false
-  /// Store operations that failed and are retried before the next request touches the store.
-  var pendingStoreOperations: [TokenCache.StoreOperation] = []
-  /// Refreshes under way, by what they produce (SilentTarget.key + claims): callers join them.
-  var refreshes: [String: Task<TokenResult, any Error>] = [:]
-  /// The last store write queued: writes run in order.
-  var storeLane: Task<Void, Never>?
-  /// Tenant names (domains, GUIDs in any case) to the realm (`tid`) the IdP answered with.
-  var tenantRealms: [String: String] = [:]
-  /// The last refresh-token request queued per account and environment: refresh tokens rotate, so
-  /// requests that use the same one run one after another, each with the latest token.
-  var refreshLanes: [String: Task<Void, Never>] = [:]
-  /// Tokens callers used recently (refresh-ahead keeps them fresh), by SilentTarget.key.
-  var recentUse: [String: (target: SilentTarget, lastUsed: Date)] = [:]
-  /// Background refreshes that failed wait before the next try.
-  var backoff: [String: (failures: Int, notBefore: Date)] = [:]
-  var backgroundRefreshes: [String: Task<Void, Never>] = [:]
-  /// Endpoints that answered 429/503 with Retry-After: no request before the date.
-  var throttledUntil: [String: Date] = [:]
-  /// Interactive sign-ins under way, by correlation id, with the bus name of their caller.
-  var interactiveFlows: [String: (caller: String, task: Task<TokenResult, any Error>)] = [:]
-  /// Callers that left the bus recently (unique names), oldest first.
-  var departedCallers: Set<String> = []
-  var departedOrder: [String] = []
-
-  public static let defaultBrowserTimeout: UInt32 = 300
-  /// Each interactive sign-in holds a listener, a thread and a browser window: they are capped.
-  public static let maxInteractiveFlows = 16
-  public static let maxInteractiveFlowsPerCaller = 4
-  public static let defaultDeviceCodeTimeout: UInt32 = 900
+  /// Every write to the Secret Service, in order.
+  let storeWriter: StoreWriter
+  /// Single flight, lanes, refresh-ahead, backoff and throttling.
+  var scheduler = RefreshScheduler()
+  /// Interactive sign-ins under way.
+  var signIns = SignInRegistry()
+  /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.
+  struct TenantKey: Hashable {
+    var environment: String
+    var tenant: String
+  }
+  /// Tenant names to the realm (`tid`) the IdP answered with.
+  var tenantRealms: [TenantKey: String] = [:]
 
   public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
     self.config = config
@@ -92,6 +62,7 @@ public actor Broker {
     self.logger = logger
     self.policy = config.authorityPolicy
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
+    self.storeWriter = StoreWriter(store: dependencies.store)
   }
 
   /// What a token request returns.
@@ -101,13 +72,10 @@ public actor Broker {
     public var account: Account
 
     func busValue(correlationID: String) -> [String: BusValue] {
-      var result: [String: BusValue] = [
-        "access_token": .string(accessToken.secret), "token_type": .string(accessToken.tokenType),
-        "expires_on": .int64(accessToken.expiresOn), "scopes": .strings(grantedScopes),
-        "account": .dict(account.busValue), "correlation_id": .string(correlationID),
-      ]
-      if let idToken = accessToken.idToken { result["id_token"] = .string(idToken) }
-      return result
+      TokenInfo(
+        accessToken: accessToken.secret, tokenType: accessToken.tokenType, expiresOn: accessToken.expiresOn,
+        scopes: grantedScopes, account: account.info, idToken: accessToken.idToken, correlationID: correlationID
+      ).busValue
     }
   }
 
@@ -152,51 +120,27 @@ public actor Broker {
   }
 
   private func flushPending() async throws {
-    guard !pendingStoreOperations.isEmpty else { return }
+    guard storeWriter.hasPending else { return }
     try await apply([])
   }
 
-  /// Writes to the Secret Service, one batch after another in the order they were asked for, with
-  /// earlier writes that failed first. On failure the in-memory state stays (nothing is lost while
-  /// the daemon runs) and the unwritten operations are retried, still in order, before the next
-  /// write; with `retryLater` false they are dropped instead (the caller rolls back).
+  /// Writes to the Secret Service, in order behind every write queued before (see StoreWriter); with
+  /// `retryLater` false a failed batch is dropped (the caller rolls its change back).
   func apply(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) async throws {
     try await enqueueWrite(operations, retryLater: retryLater).value
   }
 
-  /// Queues a write behind every write queued before it, without waiting for it. Queueing happens
-  /// at once (no suspension), so writes land in the order the actor asked for them.
+  /// Queues a write without waiting for it.
   @discardableResult
   func enqueueWrite(_ operations: [TokenCache.StoreOperation], retryLater: Bool = true) -> Task<Void, any Error> {
     // Every change to accounts or tokens is followed by a write: published replies are stale now.
     fastPath.clear()
-    let previous = storeLane
-    let write = Task { () async throws -> Void in
-      await previous?.value
-      try await self.write(operations, retryLater: retryLater)
-    }
-    storeLane = Task { _ = await write.result }
-    return write
-  }
-
-  private func write(_ operations: [TokenCache.StoreOperation], retryLater: Bool) async throws {
-    let queue = pendingStoreOperations + operations  // the older, failed writes first
-    pendingStoreOperations = []
-    guard !queue.isEmpty else { return }
-    do {
-      try await deps.store.apply(queue)
-    } catch {
-      let index = (error as? StoreBatchError)?.completed ?? 0
-      // Without retryLater only the older failed writes stay queued; this batch is dropped.
-      let olderCount = queue.count - operations.count
-      pendingStoreOperations = retryLater ? Array(queue[index...]) : Array(queue[min(index, olderCount)..<olderCount])
-      throw (error as? StoreBatchError)?.error ?? error
-    }
+    return storeWriter.enqueue(operations, retryLater: retryLater)
   }
 
   /// Waits for every queued store write (at shutdown).
   public func finishStoreWrites() async {
-    await storeLane?.value
+    await storeWriter.finish()
   }
 
   // MARK: - Defaults and lookups
@@ -232,7 +176,7 @@ public actor Broker {
   func realm(for authority: Authority, account: Account) -> String {
     let tenant = authority.tenant.lowercased()
     if Self.commonTenants.contains(tenant) { return account.realm.lowercased() }
-    return tenantRealms[authority.environment + " " + tenant] ?? tenant
+    return tenantRealms[TenantKey(environment: authority.environment, tenant: tenant)] ?? tenant
   }
 
   /// Can `authority` use this account's tokens? Entra tenants of one cloud share accounts (and
@@ -252,7 +196,7 @@ public actor Broker {
     if !accountID.isEmpty {
       guard let account = cache.accounts[accountID] else {
         throw TesseraError.noSuchAccount(
-          "No account with id '\(RequestParser.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken."
+          "No account with id '\(RequestOptions.clip(accountID))' is signed in. Call GetAccounts for the list, or sign in with AcquireToken."
         )
       }
       // Entra: a named account may be used in any tenant of its cloud (as a guest there).
@@ -317,7 +261,7 @@ public actor Broker {
           RefreshTokenRecord(
             accountID: knownAccount.id, environment: authority.environment, clientID: clientID,
             authority: authority.url, secret: issued),
-          correlationID: RequestParser.newCorrelationID())
+          correlationID: CorrelationID.new())
       }
       throw TesseraError.noSuchAccount("\(knownAccount.username) was signed out while this request ran. Sign in again.")
     }
@@ -338,7 +282,8 @@ public actor Broker {
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
     let realm = (claims?.tid ?? realm(for: authority, account: account)).lowercased()
     if let tid = claims?.tid, !Self.commonTenants.contains(authority.tenant.lowercased()) {
-      tenantRealms[authority.environment + " " + authority.tenant.lowercased()] = tid.lowercased()
+      tenantRealms[TenantKey(environment: authority.environment, tenant: authority.tenant.lowercased())] =
+        tid.lowercased()
     }
     let now = Int64(deps.clock.now().timeIntervalSince1970)
     let lifetimes = TokenLifetimes(
@@ -379,79 +324,5 @@ public actor Broker {
       id: id, username: claims.username, name: claims.name ?? claims.username, authority: authority.url,
       environment: authority.environment, realm: claims.tid ?? authority.tenant,
       localAccountID: claims.oid ?? claims.sub)
-  }
-
-  // MARK: - GetAccounts
-
-  public func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
-    try await ensureLoaded()
-    var accounts = Array(cache.accounts.values)
-    if let authority = filter.authority {
-      let wanted = try Authority(parsing: authority)
-      accounts = accounts.filter { Self.serves(wanted, $0) }
-    }
-    if let clientID = filter.clientID {
-      // Accounts this client can use silently: its own refresh token, or its family's.
-      accounts = accounts.filter {
-        cache.refreshToken(accountID: $0.id, environment: $0.environment, clientID: clientID) != nil
-      }
-    }
-    if let username = filter.username?.lowercased() {
-      accounts = accounts.filter { $0.username.lowercased() == username }
-    }
-    return accounts.sorted { ($0.username, $0.id) < ($1.username, $1.id) }.map(\.busValue)
-  }
-
-  // MARK: - SignOut
-
-  public func signOut(_ request: SignOutRequest) async throws {
-    try await ensureLoaded()
-    guard let account = cache.accounts[request.accountID] else {
-      throw TesseraError.noSuchAccount(
-        "No account with id '\(RequestParser.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
-    }
-    // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
-    let before = cache
-    let targets = cache.refreshTokens.filter {
-      $0.accountID == account.id && (request.clientID == nil || $0.slot == request.clientID)
-    }
-    let operations = cache.remove(accountID: account.id, clientID: request.clientID)
-    do {
-      try await apply(operations, retryLater: false)
-    } catch {
-      // The keyring is unavailable: nothing is signed out, and the caller is told.
-      cache.restore(from: before, accountID: account.id)
-      throw error
-    }
-    if request.clientID == nil { deps.events.accountsChanged() }
-    if request.revoke {
-      for record in targets { await revoke(record, correlationID: request.correlationID) }
-    }
-  }
-
-  /// RFC 7009 revocation; failures are logged, never fatal to a sign-out.
-  func revoke(_ record: RefreshTokenRecord, correlationID: String) async {
-    do {
-      let authority = try Authority(parsing: record.authority)
-      guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
-        logger.info(
-          "The identity provider has no revocation endpoint; removing the token locally",
-          metadata: ["correlation_id": "\(correlationID)"])
-        return
-      }
-      let response = try await deps.http.send(
-        .form(
-          endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
-          headers: [("client-request-id", correlationID)]))
-      if response.status != 200 {
-        logger.warning(
-          "The identity provider refused to revoke a refresh token",
-          metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
-      }
-    } catch {
-      logger.warning(
-        "Could not revoke a refresh token at the identity provider",
-        metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(correlationID)"])
-    }
   }
 }

@@ -4,10 +4,28 @@ import Synchronization
 ///
 /// The actor stays the owner of all token state. After it answers a silent request from a fresh
 /// token, it publishes the reply that exact request (same client id, scopes, account and authority
-/// as the caller wrote them) gets while the token stays fresh. The bus thread serves repeats of it
-/// from here; anything else (other options, a token past its refresh time or too close to expiry)
-/// takes the full path. Any change to accounts or tokens clears it.
+/// as the caller wrote them) gets while the token stays fresh. The bus thread parses each
+/// AcquireTokenSilent with the same parser as the full path (`RequestParser.tokenRequest`, over the
+/// one option table), so it refuses exactly what the full path refuses, with the same error, and
+/// serves repeats from here; anything it cannot answer (force_refresh, claims, a token past its
+/// refresh time or too close to expiry, nothing published) takes the full path. Any change to
+/// accounts or tokens clears it.
 public final class SilentFastPath: Sendable {
+  /// A request as the caller wrote it.
+  struct Key: Hashable, Sendable {
+    var clientID: String
+    var scopes: [String]
+    var accountID: String
+    var authority: String?
+
+    init(_ request: TokenRequest) {
+      clientID = request.clientID
+      scopes = request.scopes
+      accountID = request.accountID
+      authority = request.authority
+    }
+  }
+
   struct Entry: Sendable {
     var reply: [String: BusValue]
     var expiresOn: Double
@@ -15,57 +33,50 @@ public final class SilentFastPath: Sendable {
     var target: SilentTarget
   }
 
-  private let entries = Mutex<[String: Entry]>([:])
-  /// Fast-path answers since the actor last looked: key → (target, time), for refresh-ahead.
-  private let uses = Mutex<[String: (SilentTarget, Double)]>([:])
+  private let entries = Mutex<[Key: Entry]>([:])
+  /// Fast-path answers since the actor last looked: what was used, and when (for refresh-ahead).
+  private let uses = Mutex<[SilentTarget.Key: (SilentTarget, Double)]>([:])
   static let maxEntries = 4096
 
   public init() {}
 
-  static func key(clientID: String, scopes: [String], accountID: String, authority: String?) -> String {
-    ([clientID, accountID, authority ?? ""] + scopes).joined(separator: "\u{1F}")
+  /// What the fast path makes of an AcquireTokenSilent call.
+  public enum Answer: Sendable {
+    /// The reply, and the request's correlation id (for the log).
+    case reply([String: BusValue], correlationID: String)
+    /// The call is invalid: the error the full path would give too.
+    case refused(TesseraError)
   }
 
-  /// The reply for these AcquireTokenSilent arguments, or nil when the full path must answer.
-  /// Also returns the request's correlation id, for the log.
-  public func answer(_ arguments: [BusValue], now: Double) -> (reply: [String: BusValue], correlationID: String)? {
+  /// The answer for these AcquireTokenSilent arguments, or nil when the full path must answer.
+  public func answer(_ arguments: [BusValue], now: Double) -> Answer? {
     guard arguments.count == 4, case .string(let clientID) = arguments[0], case .strings(let scopes) = arguments[1],
       case .string(let accountID) = arguments[2], case .dict(let options) = arguments[3]
     else { return nil }
-    var minValidity = 300.0
-    var correlationID: String?
-    var authority: String?
-    for (key, value) in options {
-      switch (key, value) {
-      case ("min_validity", .uint32(let seconds)) where seconds <= 86_400: minValidity = Double(seconds)
-      case ("authority", .string(let text)): authority = text
-      case ("correlation_id", .string(let id)):
-        guard (try? RequestParser.checkText(id, name: "correlation_id", max: 128, allowSpaces: false)) != nil else {
-          return nil
-        }
-        correlationID = id.isEmpty ? nil : id
-      default: return nil  // force_refresh, claims, account_id, a wrong type, an unknown key: the full path
-      }
+    let request: TokenRequest
+    do {
+      request = try RequestParser.tokenRequest(
+        clientID: clientID, scopes: scopes, accountID: accountID, options: options)
+    } catch {
+      return .refused(TesseraError.wrap(error))
     }
-    let key = Self.key(clientID: clientID, scopes: scopes, accountID: accountID, authority: authority)
-    guard let entry = entries.withLock({ $0[key] }), entry.expiresOn - now >= minValidity, now < entry.refreshOn
+    guard !request.forceRefresh, request.claims == nil,
+      let entry = entries.withLock({ $0[Key(request)] }),
+      entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
     else { return nil }
-    uses.withLock { $0[key] = (entry.target, now) }
+    uses.withLock { $0[entry.target.key] = (entry.target, now) }
     var reply = entry.reply
-    let id = correlationID ?? RequestParser.newCorrelationID()
-    reply["correlation_id"] = .string(id)
-    return (reply, id)
+    reply[TokenInfo.correlationIDKey] = .string(request.correlationID)
+    return .reply(reply, correlationID: request.correlationID)
   }
 
   func publish(_ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue]) {
-    let key = Self.key(
-      clientID: request.clientID, scopes: request.scopes, accountID: request.accountID, authority: request.authority)
     let entry = Entry(
       reply: reply, expiresOn: Double(token.expiresOn), refreshOn: Double(token.refreshOn ?? token.expiresOn),
       target: target)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }
-      $0[key] = entry
+      $0[Key(request)] = entry
     }
   }
 

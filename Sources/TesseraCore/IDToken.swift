@@ -94,7 +94,7 @@ public actor OIDCDirectory {
     } else {
       let trimmed = { (s: String) in s.hasSuffix("/") ? String(s.dropLast()) : s }
       guard trimmed(issuer.url) == trimmed(authority.url) else {
-        throw refuse("is for another issuer (\(RequestParser.clip(document.issuer)))")
+        throw refuse("is for another issuer (\(RequestOptions.clip(document.issuer)))")
       }
     }
     let endpoints =

@@ -26,12 +26,11 @@ public struct Account: Codable, Sendable, Equatable {
     self.localAccountID = localAccountID
   }
 
-  /// The account as the D-Bus API describes it.
-  public var busValue: [String: BusValue] {
-    [
-      "id": .string(id), "username": .string(username), "name": .string(name), "authority": .string(authority),
-      "environment": .string(environment), "realm": .string(realm), "local_account_id": .string(localAccountID),
-    ]
+  /// The account as the D-Bus API shows it.
+  public var info: AccountInfo {
+    AccountInfo(
+      id: id, username: username, name: name, authority: authority, environment: environment, realm: realm,
+      localAccountID: localAccountID)
   }
 }
 

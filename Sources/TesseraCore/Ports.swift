@@ -146,6 +146,6 @@ public protocol RedirectListenerFactory: Sendable {
 /// Signals the broker emits.
 public protocol BrokerEvents: Sendable {
   /// Sent only to `destination`, the unique bus name of the caller that started the flow.
-  func interactionPending(destination: String, correlationID: String, info: [String: BusValue])
+  func interactionPending(destination: String, correlationID: String, info: InteractionInfo)
   func accountsChanged()
 }

@@ -14,36 +14,50 @@ public struct RequestHandler: Sendable {
   }
 
   /// Answers a silent request on the calling (bus) thread when the token actor has published its
-  /// reply; nil when the full path must answer. Logged like any other request.
-  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> [BusValue]? {
+  /// reply, or refuses it when its arguments are invalid (with the full path's error); nil when the
+  /// full path must answer. Logged like any other request.
+  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> Result<
+    [BusValue], TesseraError
+  >? {
     guard method == "AcquireTokenSilent",
-      let (reply, correlationID) = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970)
+      let answer = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970)
     else { return nil }
-    if logger.logLevel <= .info {
-      var metadata: Logger.Metadata = [
-        "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
-        "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
-        "correlation_id": "\(correlationID)", "outcome": "ok", "cache": "hit",
-      ]
-      if case .string(let clientID) = arguments[0] {
-        metadata["client_id"] = "\(clientID.isEmpty ? "(default)" : clientID)"
+    switch answer {
+    case .reply(let reply, let correlationID):
+      if logger.logLevel <= .info {
+        var metadata = callerMetadata(method, caller)
+        metadata["correlation_id"] = "\(correlationID)"
+        metadata["outcome"] = "ok"
+        metadata["cache"] = "hit"
+        if case .string(let clientID) = arguments[0] {
+          metadata["client_id"] = "\(clientID.isEmpty ? "(default)" : clientID)"
+        }
+        if case .strings(let scopes) = arguments[1] {
+          metadata["scopes"] = "\(scopes.isEmpty ? "(default)" : scopes.joined(separator: " "))"
+        }
+        logger.info("\(method) succeeded", metadata: metadata)
       }
-      if case .strings(let scopes) = arguments[1] {
-        metadata["scopes"] = "\(scopes.isEmpty ? "(default)" : scopes.joined(separator: " "))"
-      }
-      logger.info("\(method) succeeded", metadata: metadata)
+      return .success([.dict(reply)])
+    case .refused(let error):
+      var metadata = callerMetadata(method, caller)
+      metadata["outcome"] = "\(error.code.rawValue)"
+      logger.notice("\(method) failed: \(error.message)", metadata: metadata)
+      return .failure(error)
     }
-    return [.dict(reply)]
+  }
+
+  private func callerMetadata(_ method: String, _ caller: CallerInfo) -> Logger.Metadata {
+    [
+      "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
+      "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
+    ]
   }
 
   public func handle(method: String, arguments: [BusValue], caller: CallerInfo) async -> Result<
     [BusValue], TesseraError
   > {
     let started = ContinuousClock.now
-    var metadata: Logger.Metadata = [
-      "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
-      "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
-    ]
+    var metadata = callerMetadata(method, caller)
     let result: Result<[BusValue], TesseraError>
     do {
       result = .success(try await dispatch(method, arguments, caller, &metadata))
@@ -82,7 +96,7 @@ public struct RequestHandler: Sendable {
     switch method {
     case "AcquireToken":
       let request = try RequestParser.tokenRequest(
-        clientID: string(0), scopes: strings(1), accountID: "", options: dict(2))
+        clientID: string(0), scopes: strings(1), accountID: "", options: dict(2), method: .acquireToken)
       describe(request, into: &metadata)
       return [.dict(try await broker.acquireTokenInteractive(request, caller: caller))]
     case "AcquireTokenSilent":

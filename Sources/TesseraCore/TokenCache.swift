@@ -6,8 +6,12 @@ public struct TokenCache: Sendable {
   public private(set) var accounts: [String: Account] = [:]
   public private(set) var refreshTokens: [RefreshTokenRecord] = []
   public private(set) var accessTokens: [AccessTokenRecord] = []
-  /// Keyed by "environment client-id".
-  public private(set) var appMetadata: [String: AppMetadataRecord] = [:]
+  /// A client id at one identity provider.
+  public struct AppKey: Hashable, Sendable {
+    public var environment: String
+    public var clientID: String
+  }
+  public private(set) var appMetadata: [AppKey: AppMetadataRecord] = [:]
 
   public init() {}
 
@@ -37,7 +41,7 @@ public struct TokenCache: Sendable {
   }
 
   public func appMetadata(environment: String, clientID: String) -> AppMetadataRecord? {
-    appMetadata[environment + " " + clientID]
+    appMetadata[AppKey(environment: environment, clientID: clientID)]
   }
 
   /// The longest-lived access token that matches and covers `scopes`.
@@ -73,7 +77,7 @@ public struct TokenCache: Sendable {
 
   /// Records whether a client is in a family; no store write when nothing changed.
   public mutating func upsert(appMetadata record: AppMetadataRecord) -> [StoreOperation] {
-    let key = record.environment + " " + record.clientID
+    let key = AppKey(environment: record.environment, clientID: record.clientID)
     guard appMetadata[key] != record else { return [] }
     appMetadata[key] = record
     return [.save(Self.item(record))]
@@ -208,7 +212,7 @@ public struct TokenCache: Sendable {
         }
       case .appMetadata:
         if let m = try? decoder.decode(AppMetadataRecord.self, from: data) {
-          cache.appMetadata[m.environment + " " + m.clientID] = m
+          cache.appMetadata[AppKey(environment: m.environment, clientID: m.clientID)] = m
         } else {
           skipped += 1
         }

@@ -1,4 +1,7 @@
+import CTesseraShim
 import Glibc
+import SystemPackage
+import TesseraBus
 import TesseraCore
 
 /// Opens URLs with the configured command, else `$BROWSER`, else `xdg-open`. The URL is appended as
@@ -22,37 +25,34 @@ public struct CommandBrowserLauncher: BrowserLauncher {
       environment["INVOCATION_ID"] != nil ? ["systemd-run", "--user", "--quiet", "--collect", "--"] : []
   }
 
-  /// The browser gets stdin, stdout and stderr only, none of the daemon's sockets: every other
-  /// descriptor is marked close-on-exec (the daemon itself never relies on inheriting any).
-  static func closeOnExec() {
-    guard let directory = opendir("/proc/self/fd") else { return }
-    defer { closedir(directory) }
-    let own = dirfd(directory)
-    while let entry = readdir(directory) {
-      let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-      if let fd = Int32(name), fd > 2, fd != own { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-    }
-  }
-
   public func open(_ url: String) throws {
     var arguments = command.contains("%s") ? command.map { $0 == "%s" ? url : $0 } : command + [url]
     if arguments.isEmpty { arguments = ["xdg-open", url] }
     arguments = launcherPrefix + arguments
     var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
-    Self.closeOnExec()
+    // The browser gets stdin, stdout and stderr only, none of the daemon's descriptors (sockets,
+    // the bus connection): the child closes everything from 3 up before exec.
+    var actions = posix_spawn_file_actions_t()
+    try check(posix_spawn_file_actions_init(&actions), "posix_spawn_file_actions_init", arguments[0])
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    try check(
+      tessera_spawn_file_actions_addclosefrom(&actions, 3), "posix_spawn_file_actions_addclosefrom_np", arguments[0])
     var pid: pid_t = 0
-    let r = posix_spawnp(&pid, argv[0]!, nil, nil, &argv, environ)
-    guard r == 0 else {
-      throw TesseraError.internal(
-        "Could not start the browser '\(arguments[0])' (\(String(cString: strerror(r)))). Set 'browser' in config.toml or $BROWSER."
-      )
-    }
+    try check(posix_spawnp(&pid, argv[0]!, &actions, nil, &argv, environ), "posix_spawnp", arguments[0])
     let child = pid
     // Reaped on a thread of its own: a browser may run for hours.
-    startThread(name: "tessera-reaper") {
+    try? startThread(name: "tessera-reaper") {
       var status: Int32 = 0
-      while waitpid(child, &status, 0) < 0 && errno == EINTR {}
+      _ = try? Syscall.check("waitpid") { waitpid(child, &status, 0) }
     }
+  }
+
+  /// posix_spawn's functions return an error number instead of setting errno.
+  private func check(_ result: Int32, _ call: String, _ program: String) throws {
+    guard result != 0 else { return }
+    throw TesseraError.configuration(
+      "Could not start the browser '\(program)' (\(call): \(Errno(rawValue: result))). Set 'browser' in config.toml or $BROWSER."
+    )
   }
 }

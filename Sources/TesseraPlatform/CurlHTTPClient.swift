@@ -2,9 +2,10 @@ import CCurl
 import CTesseraShim
 import Glibc
 import Synchronization
+import TesseraBus
 import TesseraCore
 
-/// HTTPS through libcurl. `curl_easy_perform` blocks, so requests run on a dispatch queue of their
+/// HTTPS through libcurl. `curl_easy_perform` blocks, so each request runs on an OS thread of its
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
 public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   // Invariant for @unchecked Sendable: a pooled handle is used by one request at a time (taken from
@@ -47,14 +48,22 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   public func send(_ request: HTTPRequest) async throws -> HTTPResponse {
     // A thread of its own per request: a slow IdP never holds a shared pool's thread.
     try await withCheckedThrowingContinuation { continuation in
-      startThread(name: "tessera-http") { continuation.resume(with: Result { try self.perform(request) }) }
+      do {
+        try startThread(name: "tessera-http") { continuation.resume(with: Result { try self.perform(request) }) }
+      } catch {
+        continuation.resume(
+          throwing: TesseraError.environment(
+            "Could not start a thread for the request (\(error)): the system is out of threads or memory. Retry."))
+      }
     }
   }
 
   private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
     let lib = try CurlLibrary.shared()
     let handle = idle.withLock { $0.popLast() } ?? lib.easyInit().map { Handle(pointer: $0) }
-    guard let handle else { throw TesseraError.internal("libcurl could not create a handle (out of memory?).") }
+    guard let handle else {
+      throw TesseraError.environment("libcurl could not create a handle (out of memory?). Retry.")
+    }
     defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { lib.easyCleanup(handle.pointer) } } }
     let curl = handle.pointer
     lib.easyReset(curl)
@@ -73,7 +82,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     let setopt = lib.easySetopt
     func set(_ result: CURLcode, _ name: String) throws {
       guard result == CURLE_OK else {
-        throw TesseraError.internal(
+        throw TesseraError.environment(
           "The installed libcurl refused \(name) (\(lib.easyStrerror(result).map { String(cString: $0) } ?? "error \(result.rawValue)")). "
             + "Install libcurl 7.85 or later built with OpenSSL (Debian: libcurl4), then retry.")
       }

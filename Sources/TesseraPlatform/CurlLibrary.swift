@@ -45,12 +45,12 @@ struct CurlLibrary: @unchecked Sendable {
   static func load(_ soname: String) throws(TesseraError) -> CurlLibrary {
     guard let handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL) else {
       let reason = dlerror().map { String(cString: $0) } ?? "unknown error"
-      throw TesseraError.internal(
+      throw TesseraError.environment(
         "libcurl (\(soname)) could not be loaded: \(reason). Install the libcurl4 package, then retry.")
     }
     func symbol<T>(_ name: String, as type: T.Type) throws(TesseraError) -> T {
       guard let pointer = dlsym(handle, name) else {
-        throw TesseraError.internal(
+        throw TesseraError.environment(
           "\(soname) has no \(name); it is not a usable libcurl 4. Reinstall the libcurl4 package, then retry.")
       }
       return unsafeBitCast(pointer, to: type)
@@ -72,7 +72,7 @@ struct CurlLibrary: @unchecked Sendable {
       easySetopt: try symbol("curl_easy_setopt", as: UnsafeMutableRawPointer.self),
       easyGetinfo: try symbol("curl_easy_getinfo", as: UnsafeMutableRawPointer.self))
     guard globalInit(CLong(CURL_GLOBAL_DEFAULT)) == CURLE_OK else {
-      throw TesseraError.internal("libcurl could not initialise (curl_global_init failed; out of memory?). Retry.")
+      throw TesseraError.environment("libcurl could not initialise (curl_global_init failed; out of memory?). Retry.")
     }
     return library
   }

@@ -1,17 +1,18 @@
 import Glibc
+import SystemPackage
+import TesseraBus
 
-/// Reads a whole file; nil when it cannot be opened.
+/// Reads a whole file (at most `limit` bytes); nil when it cannot be opened or read.
 public func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
-  let fd = open(path, O_RDONLY | O_CLOEXEC)
-  guard fd >= 0 else { return nil }
-  defer { close(fd) }
+  guard let fd = try? FileDescriptor.open(FilePath(path), .readOnly, options: [.closeOnExec]) else { return nil }
+  defer { try? fd.close() }
   var bytes: [UInt8] = []
   var chunk = [UInt8](repeating: 0, count: 65536)
   while bytes.count < limit {
-    let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-    if n < 0 && errno == EINTR { continue }
-    if n <= 0 { break }
-    bytes += chunk[0..<n]
+    // swift-system retries EINTR.
+    guard let n = try? chunk.withUnsafeMutableBytes({ try fd.read(into: $0) }) else { return nil }
+    if n == 0 { break }
+    bytes += chunk[0..<min(n, limit - bytes.count)]
   }
   return bytes
 }

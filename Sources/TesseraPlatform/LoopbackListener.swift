@@ -1,5 +1,8 @@
+import CTesseraShim
 import Glibc
 import Synchronization
+import SystemPackage
+import TesseraBus
 import TesseraCore
 
 /// Loopback redirect listeners (RFC 8252 §7.3): 127.0.0.1 (and ::1 when the redirect URI names
@@ -26,10 +29,10 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     if hostName == "localhost" {
       switch Self.bind6(port: v4.port) {
       case .success(let v6): sockets.append(v6)
-      case .failure(let failure) where failure.code == EADDRINUSE:
+      case .failure(let failure) where failure.errno == .addressInUse:
         // Someone else holds [::1]:PORT and would receive the browser's redirect to localhost.
         Glibc.close(v4.fd)
-        throw TesseraError.internal(
+        throw TesseraError.configuration(
           "Port \(v4.port) on [::1] is used by another program, which would receive the sign-in redirect. Free it, or change redirect_port in config.toml."
         )
       case .failure: break  // no IPv6 loopback here: browsers fall back to 127.0.0.1
@@ -37,13 +40,12 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     }
     self.sockets = sockets
     var fds: [Int32] = [0, 0]
-    guard pipe(&fds) == 0 else {
+    do {
+      try Syscall.check("pipe2") { tessera_pipe2(&fds, O_CLOEXEC | O_NONBLOCK) }
+    } catch {
       sockets.forEach { Glibc.close($0) }
-      throw TesseraError.internal("Could not create a pipe: \(String(cString: strerror(errno))).")
-    }
-    for fd in fds {
-      _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-      _ = fcntl(fd, F_SETFL, O_NONBLOCK)
+      throw TesseraError.environment(
+        "Could not create a pipe for the sign-in redirect (\(error)): the daemon is out of file descriptors. Retry.")
     }
     wake = (fds[0], fds[1])
     redirectURI = "http://\(hostName):\(v4.port)/"
@@ -55,70 +57,110 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     Glibc.close(wake.write)
   }
 
-  private static func bind4(port: UInt16) throws -> (fd: Int32, port: UInt16) {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else {
-      throw TesseraError.internal("Could not create a socket: \(String(cString: strerror(errno))).")
+  /// A listening loopback socket, with every step checked.
+  private static func listeningSocket(
+    family: Int32, port: UInt16, configure: (Int32) throws(SystemCallError) -> Void,
+    bind address: (Int32) -> Int32
+  ) throws(SystemCallError) -> Int32 {
+    let fd = try Syscall.check("socket") {
+      socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     }
-    var one: Int32 = 1
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+    do {
+      var one: Int32 = 1
+      try Syscall.check("setsockopt(SO_REUSEADDR)") {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+      }
+      try configure(fd)
+      try Syscall.check("bind") { address(fd) }
+      try Syscall.check("listen") { listen(fd, 16) }
+      return fd
+    } catch {
+      Glibc.close(fd)
+      throw error
+    }
+  }
+
+  private static func bind4(port: UInt16) throws -> (fd: Int32, port: UInt16) {
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = port.bigEndian
     address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
-    let bound = withUnsafePointer(to: &address) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard bound == 0, listen(fd, 16) == 0 else {
-      let reason = String(cString: strerror(errno))
-      Glibc.close(fd)
-      throw TesseraError.internal(
-        "Could not listen on 127.0.0.1:\(port) for the sign-in redirect (\(reason))."
-          + (port != 0
-            ? " Another program uses redirect_port \(port); free it or change redirect_port in config.toml." : ""))
+    let fd: Int32
+    do throws(SystemCallError) {
+      fd = try listeningSocket(family: AF_INET, port: port, configure: { _ in }) { fd in
+        withUnsafePointer(to: &address) {
+          $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+          }
+        }
+      }
+    } catch {
+      if port != 0, error.errno == .addressInUse || error.errno == .permissionDenied {
+        throw TesseraError.configuration(
+          "Could not listen on 127.0.0.1:\(port) for the sign-in redirect (\(error)). Another program uses "
+            + "redirect_port \(port); free it, or change redirect_port in config.toml (0 picks a free port).")
+      }
+      throw TesseraError.environment(
+        "Could not listen on 127.0.0.1:\(port) for the sign-in redirect (\(error)). Check that the loopback "
+          + "interface is up and the daemon has file descriptors left, then retry.")
     }
     var actual = sockaddr_in()
     var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &actual) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    do {
+      try Syscall.check("getsockname") {
+        withUnsafeMutablePointer(to: &actual) {
+          $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+      }
+    } catch {
+      Glibc.close(fd)
+      throw TesseraError.environment("Could not read the redirect listener's port (\(error)). Retry.")
     }
     return (fd, UInt16(bigEndian: actual.sin_port))
   }
 
-  struct BindFailure: Error { let code: Int32 }
-
-  private static func bind6(port: UInt16) -> Result<Int32, BindFailure> {
-    let fd = socket(AF_INET6, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { return .failure(BindFailure(code: errno)) }
-    var one: Int32 = 1
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-    setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
+  private static func bind6(port: UInt16) -> Result<Int32, SystemCallError> {
     var address = sockaddr_in6()
     address.sin6_family = sa_family_t(AF_INET6)
     address.sin6_port = port.bigEndian
     address.sin6_addr = in6addr_loopback
-    let bound = withUnsafePointer(to: &address) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+    return Result { () throws(SystemCallError) -> Int32 in
+      try listeningSocket(
+        family: AF_INET6, port: port,
+        configure: { fd throws(SystemCallError) in
+          var one: Int32 = 1
+          try Syscall.check("setsockopt(IPV6_V6ONLY)") {
+            setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
+          }
+        }
+      ) { fd in
+        withUnsafePointer(to: &address) {
+          $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
+          }
+        }
+      }
     }
-    guard bound == 0, listen(fd, 16) == 0 else {
-      let code = errno
-      Glibc.close(fd)
-      return .failure(BindFailure(code: code))
-    }
-    return .success(fd)
   }
 
   func close() {
     closed.withLock { $0 = true }
     var one: UInt8 = 1
-    _ = write(wake.write, &one, 1)
+    // Only EAGAIN can fail here (the pipe is full), and then the serving thread is awake already.
+    _ = try? Syscall.check("write(wake)") { write(wake.write, &one, 1) }
   }
 
   func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters {
     try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { continuation in
-        startThread(name: "tessera-redirect") {
-          continuation.resume(with: Result { try self.serve(state: state, timeoutSeconds: timeoutSeconds) })
+        do {
+          try startThread(name: "tessera-redirect") {
+            continuation.resume(with: Result { try self.serve(state: state, timeoutSeconds: timeoutSeconds) })
+          }
+        } catch {
+          continuation.resume(
+            throwing: TesseraError.environment(
+              "Could not start a thread for the sign-in redirect (\(error)): the system is out of threads. Retry."))
         }
       }
     } onCancel: {
@@ -143,14 +185,19 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
         sockets.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) } + [
           pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0)
         ]
-      let ready = poll(&fds, nfds_t(fds.count), Int32(min(remaining * 1000, 60_000)) + 1)
-      if ready <= 0 { continue }
+      let waitMilliseconds = Int32(min(remaining * 1000, 60_000)) + 1
+      let ready = try? Syscall.check("poll") { poll(&fds, nfds_t(fds.count), waitMilliseconds) }
+      guard let ready, ready > 0 else { continue }
       for entry in fds.dropLast() where entry.revents & Int16(POLLIN) != 0 {
-        let connection = accept(entry.fd, nil, nil)
-        guard connection >= 0 else { continue }
+        // A connection that fails (ECONNABORTED, out of descriptors) is skipped; the wait goes on.
+        guard
+          let connection = try? Syscall.check(
+            "accept4",
+            {
+              tessera_accept4(entry.fd, nil, nil, Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue))
+            })
+        else { continue }
         defer { Glibc.close(connection) }
-        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
-        _ = fcntl(connection, F_SETFL, O_NONBLOCK)
         let deadline = min(end, Self.monotonicNow() + Self.connectionBudget)
         guard let target = readRequestTarget(connection, deadline: deadline) else {
           respond(connection, status: "400 Bad Request", page: nil)
@@ -194,11 +241,21 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
         pollfd(fd: connection, events: Int16(POLLIN), revents: 0),
         pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0),
       ]
-      guard poll(&fds, 2, Int32(left * 1000) + 1) > 0, fds[0].revents != 0 else { continue }
-      let n = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress, $0.count, 0) }
-      if n < 0 && (errno == EAGAIN || errno == EINTR) { continue }
-      if n <= 0 { break }
-      request += buffer[0..<n]
+      let waitMilliseconds = Int32(left * 1000) + 1
+      let ready = try? Syscall.check("poll") { poll(&fds, 2, waitMilliseconds) }
+      guard let ready, ready > 0, fds[0].revents != 0 else { continue }
+      let received: Int
+      do throws(SystemCallError) {
+        received = try Syscall.check("recv") {
+          buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress, $0.count, 0) }
+        }
+      } catch  where error.errno == .wouldBlock {
+        continue
+      } catch {
+        break
+      }
+      if received == 0 { break }
+      request += buffer[0..<received]
     }
     let firstLine = String(decoding: request.prefix { $0 != 13 && $0 != 10 }, as: UTF8.self)
     let parts = firstLine.split(separator: " ")
@@ -216,10 +273,16 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     var bytes = Array(response.utf8)
     var sent = 0
     while sent < bytes.count {
-      let n = bytes.withUnsafeMutableBytes {
-        send(connection, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL))
-      }
-      if n <= 0 { break }
+      // The connection is non-blocking and the answer small: a peer that does not read loses it.
+      guard
+        let n = try? Syscall.check(
+          "send",
+          {
+            bytes.withUnsafeMutableBytes {
+              send(connection, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL))
+            }
+          }), n > 0
+      else { break }
       sent += n
     }
   }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import TesseraBus
 import TesseraCore
 import TesseraPlatform
 

@@ -24,14 +24,14 @@ struct Tessera: ParsableCommand {
       (see tessera-config(5)). Refresh tokens never leave the broker.
 
       EXIT STATUS
-        0 success, 1 unexpected failure, 3 invalid argument, 4 interaction required (run \
-      `tessera login`), 5 no such account, 6 untrusted authority, 7 cancelled, 8 timed out, \
-      9 network, 10 identity provider error, 11 keyring unavailable or locked, 12 access denied, \
-      13 internal broker error, 14 broker not running, 64 usage error.
+      \(exitStatusHelp)
       """,
-    version: "0.1.0",
+    version: BrokerInterface.version,
     subcommands: [Login.self, Token.self, Accounts.self, Logout.self, Status.self])
 }
+
+/// The EXIT STATUS section of --help, from the one error table.
+let exitStatusHelp = ClientExitStatus.all.map { "  \($0.status)  \($0.summary)" }.joined(separator: "\n")
 
 struct Target: ParsableArguments {
   @Option(name: .long, help: ArgumentHelp("The app's client id (default: default_client_id).", valueName: "id"))
@@ -127,7 +127,7 @@ extension Tessera {
       options.timeout = timeout
       let token = try withBroker { broker throws(TesseraClientError) in
         try broker.acquireToken(clientID: target.clientId, scopes: target.scopes, options: options) { interaction in
-          if interaction.flow == "device_code" {
+          if interaction.flow == .deviceCode {
             printError(interaction.message)
           } else {
             printError("Opening your browser to sign in. If it does not open, visit:\n  \(interaction.verificationURI)")

@@ -1,17 +1,19 @@
 import Logging
 import ServiceLifecycle
 import Synchronization
+import TesseraBus
 import TesseraCore
 import TesseraPlatform
 
-/// Hands each bus call to the request handler as its own task, and its result back to the bus.
+/// The org.tessera.Broker1 front: hands each bus call to the request handler as its own task, and its
+/// result back to the bus.
 final class RequestRouter: Sendable {
   private let target = Mutex<(BusServer, RequestHandler)?>(nil)
 
   func install(server: BusServer, handler: RequestHandler) { target.withLock { $0 = (server, handler) } }
 
-  func answerAtOnce(_ method: String, _ arguments: [BusValue], _ caller: CallerInfo) -> [BusValue]? {
-    target.withLock { $0 }?.1.answerAtOnce(method: method, arguments: arguments, caller: caller)
+  func answerAtOnce(_ call: BusServer.Call) -> Result<[BusValue], TesseraError>? {
+    target.withLock { $0 }?.1.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller)
   }
 
   func callerGone(_ busName: String) {
@@ -19,10 +21,10 @@ final class RequestRouter: Sendable {
     Task { await handler.broker.callerLeft(busName) }
   }
 
-  func dispatch(_ method: String, _ arguments: [BusValue], _ caller: CallerInfo, _ token: BusServer.ReplyToken) {
+  func dispatch(_ call: BusServer.Call, _ token: BusServer.ReplyToken) {
     guard let (server, handler) = target.withLock({ $0 }) else { return }
     Task {
-      let result = await handler.handle(method: method, arguments: arguments, caller: caller)
+      let result = await handler.handle(method: call.member, arguments: call.arguments, caller: call.caller)
       server.reply(token, result)
     }
   }

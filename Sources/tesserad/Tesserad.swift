@@ -1,6 +1,7 @@
 import ArgumentParser
 import Logging
 import ServiceLifecycle
+import TesseraBus
 import TesseraCore
 import TesseraPlatform
 
@@ -77,17 +78,25 @@ struct Tesserad: AsyncParsableCommand {
       throw ExitCode(78)
     }
     let requests = RequestRouter()
+    let busLogger = logger
     let server = BusServer(
-      logger: logger,
-      onCall: { method, arguments, caller, token in requests.dispatch(method, arguments, caller, token) },
+      interfaces: [BrokerInterface.description],
+      log: { level, message in
+        switch level {
+        case .info: busLogger.info("\(message)")
+        case .notice: busLogger.notice("\(message)")
+        case .error: busLogger.error("\(message)")
+        }
+      },
+      onCall: { call, token in requests.dispatch(call, token) },
       onCallerGone: { busName in requests.callerGone(busName) },
-      answerAtOnce: { method, arguments, caller in requests.answerAtOnce(method, arguments, caller) })
+      answerAtOnce: { call in requests.answerAtOnce(call) })
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(
         http: http, store: SecretServiceStore(),
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
-        listeners: LoopbackListenerFactory(), events: server, clock: SystemClock(),
+        listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server), clock: SystemClock(),
         afterLoad: { SecretServiceStore.releaseFreedMemory() }),
       logger: logger)
     requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))

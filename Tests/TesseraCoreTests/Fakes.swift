@@ -53,8 +53,8 @@ struct NoBrowser: BrowserLauncher {
 final class RecordingEvents: BrokerEvents, Sendable {
   let pending = Mutex<[(String, [String: BusValue])]>([])
   let accountsChangedCount = Mutex(0)
-  func interactionPending(destination: String, correlationID: String, info: [String: BusValue]) {
-    pending.withLock { $0.append((destination, info)) }
+  func interactionPending(destination: String, correlationID: String, info: InteractionInfo) {
+    pending.withLock { $0.append((destination, info.busValue)) }
   }
   func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
 }

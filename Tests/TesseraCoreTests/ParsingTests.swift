@@ -59,7 +59,7 @@ final class RequestParserTests: XCTestCase {
     // A lower-case version-4 UUID, as Entra and MSAL write them, so IdP logs can be searched for it.
     var seen = Set<String>()
     for _ in 0..<2000 {
-      let id = RequestParser.newCorrelationID()
+      let id = CorrelationID.new()
       let groups = id.split(separator: "-", omittingEmptySubsequences: false).map(String.init)
       XCTAssertEqual(groups.map(\.count), [8, 4, 4, 4, 12], id)
       XCTAssertTrue(id.allSatisfy { "0123456789abcdef-".contains($0) }, id)
@@ -225,30 +225,7 @@ final class CacheAndScopeTests: XCTestCase {
   }
 }
 
-final class ErrorTableTests: XCTestCase {
-  func testEveryCodeHasADistinctNameAndExitCode() {
-    XCTAssertEqual(Set(TesseraError.Code.allCases.map(\.dbusName)).count, TesseraError.Code.allCases.count)
-    XCTAssertEqual(Set(TesseraError.Code.allCases.map(\.exitCode)).count, TesseraError.Code.allCases.count)
-    for code in TesseraError.Code.allCases { XCTAssertEqual(TesseraError.Code(dbusName: code.dbusName), code) }
-  }
-
-  /// dbus/org.tessera.Broker1.xml documents exactly the errors the daemon can send.
-  func testErrorNamesMatchTheContract() throws {
-    let xmlPath = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-      .deletingLastPathComponent()
-      .appendingPathComponent("dbus/org.tessera.Broker1.xml")
-    let xml = try String(contentsOf: xmlPath, encoding: .utf8)
-    let prefix = TesseraError.Code.dbusPrefix
-    var names = Set<String>()
-    var rest = xml[...]
-    while let range = rest.range(of: prefix) {
-      let name = rest[range.upperBound...].prefix { $0.isLetter }
-      names.insert(prefix + name)
-      rest = rest[range.upperBound...]
-    }
-    XCTAssertEqual(names, Set(TesseraError.Code.allCases.map(\.dbusName)))
-  }
-
+final class ErrorMappingTests: XCTestCase {
   func testOAuthErrorMapping() {
     func map(_ status: Int, _ body: String) -> TesseraError.Code {
       OAuthErrorResponse.map(status: status, body: Array(body.utf8), endpoint: "e", retryAfter: nil).code
@@ -275,5 +252,15 @@ final class WireTextTests: XCTestCase {
     let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
     XCTAssertTrue(error.message.contains("The refresh token has expired."))
     XCTAssertFalse(error.message.contains("Trace ID"), error.message)
+  }
+}
+
+final class OptionTableUseTests: XCTestCase {
+  /// The core's enumerations accept exactly the values the option table documents.
+  func testEnumerationsMatchTheTable() {
+    XCTAssertEqual(Prompt.allCases.map(\.rawValue), RequestOptions.prompt.values)
+    XCTAssertEqual(InteractiveFlow.allCases.map(\.rawValue), RequestOptions.flow.values)
+    XCTAssertEqual(
+      TokenRequest(clientID: "", scopes: [], correlationID: "c").minValidity, RequestOptions.defaultMinValidity)
   }
 }

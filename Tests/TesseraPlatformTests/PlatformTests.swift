@@ -10,6 +10,9 @@ final class LoopbackListenerTests: XCTestCase {
   static func get(_ port: UInt16, _ target: String, stall: Bool = false) -> String {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     defer { close(fd) }
+    // Bounded: a listener that never answers fails the test after 10 s instead of hanging it.
+    var limit = timeval(tv_sec: 10, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = port.bigEndian
@@ -71,8 +74,7 @@ final class LoopbackListenerTests: XCTestCase {
   func testCancellationEndsTheWait() async throws {
     let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
     let wait = Task { try await listener.waitForRedirect(state: "s", timeoutSeconds: 30) }
-    try await Task.sleep(nanoseconds: 100_000_000)
-    wait.cancel()
+    wait.cancel()  // before or during the wait: either way it ends at once, not after 30 s
     do {
       _ = try await wait.value
       XCTFail("expected cancellation")
@@ -86,6 +88,7 @@ final class LoopbackListenerTests: XCTestCase {
     let port = UInt16(first.redirectURI.split(separator: ":").last!.dropLast())!
     XCTAssertThrowsError(try LoopbackListenerFactory().listen(port: port, hostName: "127.0.0.1")) {
       XCTAssertTrue(($0 as! TesseraError).message.contains("redirect_port"))
+      XCTAssertEqual(($0 as! TesseraError).code, .configuration, "a taken redirect_port is configuration")
     }
   }
 }
@@ -103,19 +106,50 @@ final class BrowserLauncherTests: XCTestCase {
       ["systemd-run", "--user"], "under systemd the browser runs outside the service's sandbox")
   }
 
-  func testLaunchesTheCommandWithTheURL() throws {
+  /// Reads what a child writes to the FIFO at `path` until it closes it, waiting at most 10 s.
+  static func readFIFO(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var text: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    var wait = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+    while poll(&wait, 1, 10_000) > 0 {
+      let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+      if n > 0 {
+        text += buffer[0..<n]
+      } else if n == 0 {
+        break  // the writer closed it
+      }
+    }
+    return String(decoding: text, as: UTF8.self)
+  }
+
+  func testLaunchesTheCommandWithTheURLAndNoneOfTheDaemonsDescriptors() throws {
     let dir = "/tmp/tessera-browser-test-\(getpid())"
     mkdir(dir, 0o700)
-    let out = dir + "/url"
+    defer { _ = try? FileManager.default.removeItem(atPath: dir) }
+    let fifo = dir + "/out"
+    XCTAssertEqual(mkfifo(fifo, 0o600), 0)
+    // A descriptor the daemon holds without close-on-exec: the browser must not get it.
+    var held: [Int32] = [0, 0]
+    XCTAssertEqual(pipe(&held), 0)
+    defer { held.forEach { close($0) } }
     let script = dir + "/browser.sh"
-    XCTAssertTrue(
-      FileManager.default.createFile(atPath: script, contents: Data("#!/bin/sh\nprintf '%s' \"$1\" > \(out)\n".utf8)))
+    let text = """
+      #!/bin/sh
+      { printf '%s\\n' "$1"; if [ -e /proc/$$/fd/\(held[0]) ]; then echo leaked; else echo closed; fi; } > \(fifo)
+
+      """
+    XCTAssertTrue(FileManager.default.createFile(atPath: script, contents: Data(text.utf8)))
     chmod(script, 0o700)
     try CommandBrowserLauncher(configured: script, environment: [:]).open("https://example.test/a?b=c&d=e")
-    for _ in 0..<100 where readTextFile(out) == nil { usleep(20_000) }
-    XCTAssertEqual(readTextFile(out), "https://example.test/a?b=c&d=e")
+    XCTAssertEqual(Self.readFIFO(fifo), "https://example.test/a?b=c&d=e\nclosed\n")
     XCTAssertThrowsError(
-      try CommandBrowserLauncher(configured: "/nonexistent/browser", environment: [:]).open("https://x"))
+      try CommandBrowserLauncher(configured: "/nonexistent/browser", environment: [:]).open("https://x")
+    ) {
+      XCTAssertEqual(($0 as! TesseraError).code, .configuration, "a browser that cannot start is configuration")
+    }
   }
 }
 
@@ -145,7 +179,7 @@ final class CurlHTTPClientTests: XCTestCase {
     // libcurl is loaded on the first request; without it the error says what to do.
     XCTAssertThrowsError(try CurlLibrary.load("libcurl-tessera-missing.so.4")) {
       let error = $0 as! TesseraError
-      XCTAssertEqual(error.code, .internal)
+      XCTAssertEqual(error.code, .environment, "a missing library is not a bug in the broker")
       XCTAssertTrue(error.message.contains("libcurl-tessera-missing.so.4"), error.message)
       XCTAssertTrue(error.message.contains("Install the libcurl4 package"), error.message)
     }

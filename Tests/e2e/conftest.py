@@ -11,6 +11,7 @@ Each test gets a clean keyring (no item with tessera_schema=1), a browser mode f
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -88,12 +89,29 @@ def unwrap(value):
     return value
 
 
-# D-Bus types of the documented option / filter keys (Sources/TesseraCore/Options.swift).
-OPTION_TYPES = {
-    "authority": "s", "account_id": "s", "login_hint": "s", "prompt": "s", "flow": "s", "claims": "s",
-    "extra_query": "a{ss}", "correlation_id": "s", "force_refresh": "b", "min_validity": "u", "timeout": "u",
-    "client_id": "s", "revoke": "b", "username": "s",
-}
+def contract_options():
+    """The contract's option table: {method: {key: {"type": T, ...}}}, read from the
+    org.tessera.Broker1.Option.* annotations of dbus/org.tessera.Broker1.xml (which the unit tests
+    check against the broker's own table, Sources/TesseraInterface/Options.swift)."""
+    import xml.etree.ElementTree as ET
+    root = ET.parse(os.path.join(REPO, "dbus", "org.tessera.Broker1.xml")).getroot()
+    prefix = "org.tessera.Broker1.Option."
+    table = {}
+    for method in root.iter("method"):
+        options = {}
+        for annotation in method.findall("annotation"):
+            name = annotation.get("name", "")
+            if name.startswith(prefix):
+                fields = dict(re.findall(r"(\w+)=(\S+)", annotation.get("value", "").split(" default=")[0]))
+                options[name[len(prefix):]] = fields
+        table[method.get("name")] = options
+    return table
+
+
+CONTRACT_OPTIONS = contract_options()
+# D-Bus type of each documented option / filter key (a key has one type whichever method takes it).
+OPTION_TYPES = {key: spec["type"] for options in CONTRACT_OPTIONS.values() for key, spec in options.items()}
+assert {"min_validity", "force_refresh", "client_id", "revoke", "username"} <= set(OPTION_TYPES), OPTION_TYPES
 
 
 def typed(key, value):

@@ -10,7 +10,7 @@ import time
 import dbus
 import pytest
 
-from conftest import BUS_NAME, IDP_DIR, IDP_URL, OBJECT_PATH, Broker, expect_error
+from conftest import BUS_NAME, IDP_DIR, IDP_URL, OBJECT_PATH, Broker, expect_error, run_cli
 
 
 def test_wrong_argument_types(broker):
@@ -248,3 +248,32 @@ def test_unreachable_and_garbage_identity_providers(start_daemon, write_config, 
 
 # Cancelled (org.tessera.Broker1.Error.Cancelled) is not reachable from outside yet: the daemon
 # drops pending calls when it stops, and there is no cancel method. Not tested here.
+
+
+def test_a_taken_redirect_port_is_a_configuration_error_not_a_bug(start_daemon, write_config):
+    """Configuration problems have their own error (and exit status 15), never Internal (13)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        start_daemon(write_config(redirect_port=port))
+        b = Broker()
+        try:
+            message = expect_error("Configuration", b.acquire, timeout=30)
+            assert str(port) in message and "redirect_port" in message, message
+        finally:
+            b.close()
+        cli = run_cli("login", "--timeout", "30")
+        assert cli.returncode == 15, (cli.returncode, cli.stderr)
+        assert "Configuration" in cli.stderr and "redirect_port" in cli.stderr
+    finally:
+        holder.close()
+
+
+def test_the_client_checks_options_with_the_brokers_table(daemon):
+    """The CLI refuses an option value the broker's table refuses, with the table's message, as
+    InvalidArgument (exit 3), the same as the broker would."""
+    proc = run_cli("token", "--min-validity", "86401")
+    assert proc.returncode == 3, proc.stderr
+    assert "min_validity" in proc.stderr and "86400" in proc.stderr

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from conftest import ERROR_PREFIX, IFACE, REPO
 
 XML_PATH = os.path.join(REPO, "dbus", "org.tessera.Broker1.xml")
-ERRORS_SWIFT = os.path.join(REPO, "Sources", "TesseraCore", "Errors.swift")
+ERRORS_SWIFT = os.path.join(REPO, "Sources", "TesseraInterface", "Errors.swift")
 
 
 def interface_shape(xml_text, name=IFACE):

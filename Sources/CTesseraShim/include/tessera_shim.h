@@ -6,30 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <curl/curl.h>
-#include <systemd/sd-bus.h>
-
-// --- sd-bus vtable --------------------------------------------------------------------------
-// Reason: SD_BUS_VTABLE_START/METHOD/PROPERTY/SIGNAL/END are macros filling a struct with
-// bit-fields and a union, which Swift cannot build.
-
-/// Fills `v` with the vtable start entry.
-void tessera_vtable_start(sd_bus_vtable *v, uint64_t flags);
-/// Fills `v` with a method; `names` holds the input then output argument names, each ended by NUL.
-void tessera_vtable_method(sd_bus_vtable *v, const char *member, const char *signature,
-                           const char *result, const char *names,
-                           sd_bus_message_handler_t handler, uint64_t flags);
-/// Fills `v` with a read-only property served by `getter`.
-void tessera_vtable_property(sd_bus_vtable *v, const char *member, const char *signature,
-                             sd_bus_property_get_t getter, uint64_t flags);
-/// Fills `v` with a signal; `names` as for methods.
-void tessera_vtable_signal(sd_bus_vtable *v, const char *member, const char *signature,
-                           const char *names, uint64_t flags);
-/// Fills `v` with the end entry.
-void tessera_vtable_end(sd_bus_vtable *v);
-/// Size of one vtable entry, for allocation from Swift.
-size_t tessera_vtable_entry_size(void);
-/// Reason: SD_BUS_VTABLE_PROPERTY_CONST is a macro.
-uint64_t tessera_vtable_property_const(void);
+#include <spawn.h>
+#include <sys/socket.h>
 
 // --- libcurl ---------------------------------------------------------------------------------
 // Reason: curl_easy_setopt and curl_easy_getinfo are variadic, with no va_list form. libcurl is
@@ -43,5 +21,17 @@ CURLcode tessera_curl_setopt_pointer(void *easy_setopt, CURL *handle, CURLoption
 CURLcode tessera_curl_setopt_data_callback(void *easy_setopt, CURL *handle, CURLoption option,
                                            size_t (*callback)(char *, size_t, size_t, void *));
 CURLcode tessera_curl_getinfo_long(void *easy_getinfo, CURL *handle, CURLINFO info, long *value);
+
+// --- GNU extensions ----------------------------------------------------------------------------
+// Reason: glibc declares these only under _GNU_SOURCE, which Swift's Glibc module does not define
+// (swift-nio's CNIOLinux wraps accept4 for the same reason). Each calls the glibc function as is.
+
+/// pipe2(2): both ends close-on-exec (and non-blocking with O_NONBLOCK) from the start.
+int tessera_pipe2(int fds[2], int flags);
+/// accept4(2): the connection is close-on-exec and non-blocking from the start.
+int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int flags);
+/// posix_spawn_file_actions_addclosefrom_np (glibc 2.34): the child closes every descriptor from
+/// `from` up before exec, without the parent walking /proc/self/fd.
+int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from);
 
 #endif

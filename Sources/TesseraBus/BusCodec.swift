@@ -1,6 +1,6 @@
 import CSystemd
 import Glibc
-import TesseraCore
+import TesseraInterface
 
 /// Reads and writes `BusValue`s on sd-bus messages. Bus-thread only, like the messages themselves.
 enum BusCodec {
@@ -164,6 +164,4 @@ enum BusCodec {
     try body()
     try check(sd_bus_message_close_container(m), "close \(type)\(contents)")
   }
-
-  static func errnoString(_ code: Int32) -> String { String(cString: strerror(code)) }
 }

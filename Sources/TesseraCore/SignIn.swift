@@ -11,17 +11,7 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
-    let callerFlows = interactiveFlows.values.filter { $0.caller == caller.busName }.count
-    guard interactiveFlows.count < Self.maxInteractiveFlows, callerFlows < Self.maxInteractiveFlowsPerCaller else {
-      throw TesseraError.invalidArgument(
-        "Too many sign-ins are in progress (\(callerFlows) from this caller, \(interactiveFlows.count) in all). Finish or Cancel one first."
-      )
-    }
-    guard interactiveFlows[request.correlationID] == nil else {
-      throw TesseraError.invalidArgument(
-        "An interactive request with correlation id \(request.correlationID) is already running. Use a new correlation id."
-      )
-    }
+    try signIns.checkRoom(correlationID: request.correlationID, caller: caller.busName)
     // Registered before the first suspension, so the cap, duplicate ids, Cancel and callers leaving
     // the bus all see this sign-in from the start.
     let task = Task { () async throws -> TokenResult in
@@ -47,9 +37,8 @@ extension Broker {
           request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
       }
     }
-    interactiveFlows[request.correlationID] = (caller.busName, task)
-    if departedCallers.contains(caller.busName) { task.cancel() }  // it left before its call was handled
-    defer { interactiveFlows[request.correlationID] = nil }
+    signIns.register(correlationID: request.correlationID, caller: caller.busName, task: task)
+    defer { signIns.remove(correlationID: request.correlationID) }
     do {
       return try await task.value.busValue(correlationID: request.correlationID)
     } catch {
@@ -62,23 +51,13 @@ extension Broker {
 
   /// Cancel(correlation_id): ends the caller's own interactive sign-in with `Cancelled`.
   public func cancel(correlationID: String, caller: CallerInfo) throws {
-    guard let flow = interactiveFlows[correlationID], flow.caller == caller.busName else {
-      throw TesseraError.invalidArgument(
-        "No interactive sign-in with correlation id '\(RequestParser.clip(correlationID))' is running for this caller. Only the caller that started a sign-in can cancel it."
-      )
-    }
-    flow.task.cancel()
+    try signIns.cancel(correlationID: correlationID, caller: caller.busName)
   }
 
   /// A caller left the bus: its interactive sign-ins are cancelled (nobody would get the result).
   public func callerLeft(_ busName: String) {
-    // Unique names are never reused on a bus: remember the last few, for calls still on their way.
-    departedCallers.insert(busName)
-    departedOrder.append(busName)
-    if departedOrder.count > 1024 { departedCallers.remove(departedOrder.removeFirst()) }
-    for (correlationID, flow) in interactiveFlows where flow.caller == busName {
+    for correlationID in signIns.callerLeft(busName) {
       logger.info("The caller left the bus; cancelling its sign-in", metadata: ["correlation_id": "\(correlationID)"])
-      flow.task.cancel()
     }
   }
 
@@ -103,15 +82,13 @@ extension Broker {
     query += request.extraQuery.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     let separator = metadata.authorizationEndpoint.contains(Character("?")) ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
-    let timeout = request.timeout ?? Self.defaultBrowserTimeout
+    let timeout = request.timeout ?? InteractiveTimeouts.browser
 
     deps.events.interactionPending(
       destination: caller.busName, correlationID: request.correlationID,
-      info: [
-        "flow": .string("browser"), "verification_uri": .string(url), "expires_in": .uint32(timeout),
-        "message": .string(
-          "Sign in in the browser window that opened. If none opened, open the verification_uri yourself."),
-      ])
+      info: InteractionInfo(
+        flow: .browser, verificationURI: url, expiresIn: timeout,
+        message: "Sign in in the browser window that opened. If none opened, open the verification_uri yourself."))
     do {
       try deps.browser.open(url)
     } catch {
@@ -182,16 +159,13 @@ extension Broker {
     }
     let expiresIn = UInt32(clamping: max(1, device.expires_in.value))
     let message = device.message ?? "To sign in, open \(verificationURI) and enter the code \(device.user_code)."
-    var info: [String: BusValue] = [
-      "flow": .string("device_code"), "verification_uri": .string(verificationURI),
-      "user_code": .string(device.user_code),
-      "expires_in": .uint32(expiresIn), "message": .string(message),
-    ]
-    if let complete = device.verification_uri_complete { info["verification_uri_complete"] = .string(complete) }
+    let info = InteractionInfo(
+      flow: .deviceCode, verificationURI: verificationURI, userCode: device.user_code, expiresIn: expiresIn,
+      message: message, verificationURIComplete: device.verification_uri_complete)
     deps.events.interactionPending(destination: caller.busName, correlationID: request.correlationID, info: info)
 
     let deadline = deps.clock.now().addingTimeInterval(
-      Double(min(expiresIn, request.timeout ?? Self.defaultDeviceCodeTimeout)))
+      Double(min(expiresIn, request.timeout ?? InteractiveTimeouts.deviceCode)))
     var interval = Double(min(max(1, device.interval?.value ?? 5), 60))
     while true {
       try await deps.clock.sleep(seconds: interval)

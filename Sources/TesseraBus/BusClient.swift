@@ -1,6 +1,6 @@
 import CSystemd
 import Glibc
-import TesseraCore
+import TesseraInterface
 
 /// A D-Bus error reply, as received.
 public struct BusCallError: Error, Sendable, CustomStringConvertible {
@@ -14,13 +14,13 @@ public struct BusCallError: Error, Sendable, CustomStringConvertible {
 public final class BusClient {
   private var bus: OpaquePointer?
 
-  public init() throws {
+  public init() throws(BusCallError) {
     let r = sd_bus_open_user(&bus)
     guard r >= 0 else {
       throw BusCallError(
         name: "org.freedesktop.DBus.Error.NoServer",
         message:
-          "Cannot connect to the session bus (\(BusCodec.errnoString(-r))). Run inside a desktop or `dbus-run-session` session."
+          "Cannot connect to the session bus (\(Syscall.describe(negative: r))). Run inside a desktop or `dbus-run-session` session."
       )
     }
   }
@@ -37,11 +37,15 @@ public final class BusClient {
     destination: String = BrokerInterface.busName, path: String = BrokerInterface.objectPath,
     interface: String = BrokerInterface.interfaceName, member: String, arguments: [BusValue],
     timeoutSeconds: Double = 25, onSignal: ((String, [BusValue]) -> Void)? = nil
-  ) throws -> [BusValue] {
+  ) throws(BusCallError) -> [BusValue] {
     var message: OpaquePointer?
     try check(sd_bus_message_new_method_call(bus, &message, destination, path, interface, member), "create call")
     defer { sd_bus_message_unref(message) }
-    for argument in arguments { try BusCodec.append(message!, argument) }
+    do {
+      for argument in arguments { try BusCodec.append(message!, argument) }
+    } catch {
+      throw BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Cannot encode the call: \(error)")
+    }
 
     let state = CallState()
     state.onSignal = onSignal
@@ -66,13 +70,13 @@ public final class BusClient {
       if r > 0 { continue }
       try check(sd_bus_wait(bus, UInt64.max), "wait")
     }
-    return try withExtendedLifetime(state) { try state.reply!.get() }
+    return try withExtendedLifetime(state) { () throws(BusCallError) -> [BusValue] in try state.reply!.get() }
   }
 
-  private func check(_ r: Int32, _ what: String) throws {
+  private func check(_ r: Int32, _ what: String) throws(BusCallError) {
     if r < 0 {
       throw BusCallError(
-        name: "org.freedesktop.DBus.Error.Failed", message: "D-Bus \(what) failed: \(BusCodec.errnoString(-r))")
+        name: "org.freedesktop.DBus.Error.Failed", message: "D-Bus \(what) failed: \(Syscall.describe(negative: r))")
     }
   }
 }

@@ -1,49 +1,8 @@
 import Logging
 
-/// When an access token expires, may still be used, and should be refreshed (docs/token-cache.md).
-public struct TokenLifetimes: Sendable, Equatable {
-  public var expiresOn: Int64
-  public var extExpiresOn: Int64?
-  public var refreshOn: Int64
-
-  /// Tokens refreshed ahead this long before they would stop being served with the default
-  /// min_validity (300 s), when the IdP gives no `refresh_in`.
-  public static let refreshAheadMargin: Int64 = 360
-
-  public init(now: Int64, expiresIn: Int64, extExpiresIn: Int64?, refreshIn: Int64?) {
-    expiresOn = now + expiresIn
-    extExpiresOn = extExpiresIn.map { now + min(max($0, expiresIn), 366 * 86_400) }
-    if let refreshIn, refreshIn > 0, refreshIn < expiresIn {
-      refreshOn = now + refreshIn
-    } else if expiresIn >= 2 * 3600 {
-      refreshOn = now + expiresIn / 2  // as MSAL does for long-lived tokens
-    } else {
-      // Ahead of the default min_validity, but never in a short-lived token's first half.
-      refreshOn = now + expiresIn - min(Self.refreshAheadMargin, expiresIn / 2)
-    }
-  }
-}
-
-/// What a silent request is for: one account, authority, realm, client and scope set.
-struct SilentTarget: Sendable {
-  var account: Account
-  var authority: Authority
-  var realm: String
-  var clientID: String
-  var scopes: [String]
-
-  var key: String {
-    [account.id, authority.url, realm, clientID, ScopeSet.normalize(scopes).joined(separator: " ")]
-      .joined(separator: "\u{1F}")
-  }
-  /// Refresh tokens are per account and environment (a family token serves several clients).
-  var lane: String { account.id + "\u{1F}" + authority.environment }
-}
-
+/// AcquireTokenSilent: served from the cache, or by redeeming the account's refresh token through
+/// the refresh scheduler (single flight, lanes, refresh-ahead, backoff, throttling).
 extension Broker {
-  /// How long after its last use a token is still refreshed ahead of time.
-  public static let recentUseWindow: Double = 30 * 60
-
   // MARK: - AcquireTokenSilent
 
   public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
@@ -62,20 +21,19 @@ extension Broker {
       // Expiry was computed from expires_in by this machine's clock when the token arrived, so the
       // IdP's clock plays no part; min_validity (default 300 s) is the whole margin.
       if remaining >= Double(request.minValidity) {
-        recentUse[target.key] = (target, now)
+        scheduler.noteUse(target, at: now)
         if let refreshOn = cached.refreshOn, now.timeIntervalSince1970 >= Double(refreshOn) {
           startBackgroundRefresh(target)
         }
-        var reply = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
+        let reply = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
           .busValue(correlationID: request.correlationID)
         fastPath.publish(request, target: target, token: cached, reply: reply)
-        reply["correlation_id"] = .string(request.correlationID)
         return reply
       }
     }
     do {
       let result = try await refresh(target, claims: request.claims, correlationID: request.correlationID)
-      recentUse[target.key] = (target, deps.clock.now())
+      scheduler.noteUse(target, at: deps.clock.now())
       return result.busValue(correlationID: request.correlationID)
     } catch let error as TesseraError where error.code == .network && usesCache {
       // Entra's extended lifetime: while the IdP is unreachable, a token within ext_expires_in still serves.
@@ -101,22 +59,17 @@ extension Broker {
 
   /// Any number of concurrent callers that need the same refresh share one request and its result.
   func refresh(_ target: SilentTarget, claims: String?, correlationID: String) async throws -> TokenResult {
-    let key = target.key + "\u{1F}" + (claims ?? "")
-    if let running = refreshes[key] { return try await running.value }
-    let previous = refreshLanes[target.lane]
-    let task = Task { () async throws -> TokenResult in
-      // Wait for the refresh before this one on the same refresh token: it may rotate it.
-      await previous?.value
-      return try await self.redeemRefreshToken(for: target, claims: claims, correlationID: correlationID)
+    let key = RefreshScheduler.RefreshKey(target: target.key, claims: claims)
+    if let running = scheduler.running(key) { return try await running.value }
+    let flight = scheduler.start(key, lane: target.lane) { previous in
+      Task { () async throws -> TokenResult in
+        // Wait for the refresh before this one on the same refresh token: it may rotate it.
+        await previous?.value
+        return try await self.redeemRefreshToken(for: target, claims: claims, correlationID: correlationID)
+      }
     }
-    let laneEnd = Task { _ = await task.result }
-    refreshLanes[target.lane] = laneEnd
-    refreshes[key] = task
-    defer {
-      refreshes[key] = nil
-      if refreshLanes[target.lane] == laneEnd { refreshLanes[target.lane] = nil }
-    }
-    return try await task.value
+    defer { scheduler.finish(key, lane: target.lane, flight) }
+    return try await flight.task.value
   }
 
   /// One refresh-token request, with the refresh token as it is now (after any rotation).
@@ -183,13 +136,8 @@ extension Broker {
   func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws
     -> TokenResponse
   {
-    let now = deps.clock.now()
-    if let until = throttledUntil[endpoint] {
-      if until > now {
-        throw TesseraError.network(
-          "The identity provider asked for a pause; retry in \(Int(until.timeIntervalSince(now).rounded(.up))) s.")
-      }
-      throttledUntil[endpoint] = nil
+    if let wait = scheduler.throttleRemaining(endpoint, now: deps.clock.now()) {
+      throw TesseraError.network("The identity provider asked for a pause; retry in \(Int(wait.rounded(.up))) s.")
     }
     // No cancellation check after this: a refresh token the IdP has rotated must be stored.
     let response = try await deps.http.send(
@@ -198,7 +146,7 @@ extension Broker {
       if response.status == 429 || response.status == 503,
         let seconds = OAuthErrorResponse.retryAfterSeconds(response.headers["retry-after"]), seconds > 0
       {
-        throttledUntil[endpoint] = deps.clock.now().addingTimeInterval(Double(seconds))
+        scheduler.throttle(endpoint, until: deps.clock.now().addingTimeInterval(Double(seconds)))
       }
       throw OAuthErrorResponse.map(
         status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
@@ -208,27 +156,21 @@ extension Broker {
 
   // MARK: - Refresh-ahead
 
-  /// Refreshes a token in the background (joining a refresh already under way), unless it failed
-  /// recently. Failures are quiet and retried with backoff; they never drop an account.
+  /// Refreshes a token in the background, unless a refresh of it runs already or failed recently.
+  /// Failures are quiet and retried with backoff; they never drop an account.
   func startBackgroundRefresh(_ target: SilentTarget) {
-    let key = target.key
-    guard backgroundRefreshes[key] == nil, refreshes[key + "\u{1F}"] == nil else { return }
-    if let wait = backoff[key], wait.notBefore > deps.clock.now() { return }
-    backgroundRefreshes[key] = Task {
-      await self.backgroundRefresh(target)
-    }
+    guard scheduler.mayRefreshInBackground(target.key, now: deps.clock.now()) else { return }
+    scheduler.backgroundStarted(target.key, Task { await self.backgroundRefresh(target) })
   }
 
   private func backgroundRefresh(_ target: SilentTarget) async {
-    let correlationID = RequestParser.newCorrelationID()
+    let correlationID = CorrelationID.new()
     do {
       _ = try await refresh(target, claims: nil, correlationID: correlationID)
-      backoff[target.key] = nil
+      _ = scheduler.backgroundEnded(target.key, failed: false, now: deps.clock.now())
       logger.debug("Refreshed a token ahead of expiry", metadata: ["correlation_id": "\(correlationID)"])
     } catch {
-      let failures = (backoff[target.key]?.failures ?? 0) + 1
-      let delay = min(30 * pow2(failures - 1), 900)
-      backoff[target.key] = (failures, deps.clock.now().addingTimeInterval(delay))
+      let delay = scheduler.backgroundEnded(target.key, failed: true, now: deps.clock.now()) ?? 0
       logger.notice(
         "A background refresh failed; the cached token still serves and the refresh is retried",
         metadata: [
@@ -236,37 +178,27 @@ extension Broker {
           "retry_in_s": "\(Int(delay))",
         ])
     }
-    backgroundRefreshes[target.key] = nil
   }
-
-  private func pow2(_ n: Int) -> Double { Double(1 << min(max(n, 0), 10)) }
 
   /// One pass of refresh-ahead: tokens used in the last 30 minutes whose refresh time has come (or
   /// that are close to expiry) are refreshed now, so callers in steady use never wait on the network.
   public func refreshAhead() async {
     for (target, time) in fastPath.takeUses() {  // answers the bus thread gave by itself count as use
-      recentUse[target.key] = (target, Date(timeIntervalSince1970: time))
+      scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
     }
     let now = deps.clock.now()
-    for (key, use) in recentUse {
-      guard now.timeIntervalSince(use.lastUsed) <= Self.recentUseWindow, cache.accounts[use.target.account.id] != nil
-      else {
-        recentUse[key] = nil
-        continue
-      }
-      guard let cached = cachedToken(use.target) else { continue }
-      let nowSeconds = Int64(now.timeIntervalSince1970)
-      let due =
-        (cached.refreshOn.map { nowSeconds >= $0 } ?? false)
-        || cached.expiresOn - nowSeconds < TokenLifetimes.refreshAheadMargin
-      if due { startBackgroundRefresh(use.target) }
+    for target in scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil }) {
+      guard let cached = cachedToken(target),
+        RefreshScheduler.isDue(cached, now: Int64(now.timeIntervalSince1970))
+      else { continue }
+      startBackgroundRefresh(target)
     }
     await waitForBackgroundRefreshes()
   }
 
   /// Waits until no background refresh is running (for the maintenance loop and tests).
   public func waitForBackgroundRefreshes() async {
-    while let (_, task) = backgroundRefreshes.first { await task.value }
+    while let task = scheduler.anyBackground { await task.value }
   }
 
   /// Runs refresh-ahead every `interval` seconds until the task is cancelled.

@@ -1,0 +1,400 @@
+import CSystemd
+import CTesseraBusShim
+import Glibc
+import Synchronization
+import SystemPackage
+import TesseraInterface
+
+/// Serves one or more interfaces (each with its well-known name and object) on the session bus.
+///
+/// Threading: one dedicated thread owns the sd-bus connection and its sd-event loop; every sd-bus
+/// object is touched only there. A method call is read on that thread, handed to `onCall` (which
+/// runs the request as a Swift task), and answered later: the task posts the result to a mailbox
+/// and wakes the loop through an eventfd, and the bus thread sends the reply. No caller ever waits
+/// behind another's slow sign-in.
+public final class BusServer: @unchecked Sendable {
+  // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache` and the
+  // exported objects' sd-bus state are used only on the bus thread; `mailbox` is a Mutex; `eventFD`
+  // is written from any thread (write(2) is safe).
+  private var bus: OpaquePointer?
+  private var event: OpaquePointer?
+  private var pending: [UInt64: OpaquePointer] = [:]
+  private var nextID: UInt64 = 0
+  private var callerCache: [String: CallerInfo] = [:]
+  private let mailbox = Mutex<[Mail]>([])
+  private let eventFD: Int32
+  private let eventFDError: Int32
+  private let log: BusLog
+  private var objects: [ExportedObject] = []
+
+  /// A method call, as read off the bus.
+  public struct Call: Sendable {
+    public let interface: InterfaceDescription
+    public let member: String
+    public let arguments: [BusValue]
+    public let caller: CallerInfo
+  }
+
+  public typealias CallHandler = @Sendable (_ call: Call, _ reply: ReplyToken) -> Void
+  private let onCall: CallHandler
+  /// Tried on the bus thread before `onCall`: an answer it returns is sent at once.
+  private let answerAtOnce: (@Sendable (Call) -> Result<[BusValue], TesseraError>?)?
+  /// Called (on the bus thread) when a unique name leaves the bus.
+  private let onCallerGone: @Sendable (String) -> Void
+
+  /// Identifies a pending call; pass it back to `reply`.
+  public struct ReplyToken: Sendable {
+    let id: UInt64
+  }
+
+  enum Mail {
+    case reply(UInt64, Result<[BusValue], TesseraError>)
+    case signal(path: String, interface: String, destination: String?, member: String, arguments: [BusValue])
+    case exit
+  }
+
+  public struct StartError: Error, CustomStringConvertible {
+    public let description: String
+  }
+
+  public init(
+    interfaces: [InterfaceDescription], log: @escaping BusLog = { _, _ in }, onCall: @escaping CallHandler,
+    onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
+    answerAtOnce: (@Sendable (Call) -> Result<[BusValue], TesseraError>?)? = nil
+  ) {
+    self.log = log
+    self.onCall = onCall
+    self.answerAtOnce = answerAtOnce
+    self.onCallerGone = onCallerGone
+    let fd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+    self.eventFDError = fd < 0 ? errno : 0
+    self.eventFD = fd
+    self.objects = interfaces.map { ExportedObject(description: $0) }
+    for object in objects { object.server = self }
+  }
+
+  /// Connects, exports the objects, takes the well-known names, and runs the loop on its own
+  /// thread. Returns once the names are owned (or throws why not). `onExit` runs when the loop ends.
+  public func start(onExit: @escaping @Sendable (String?) -> Void) async throws {
+    guard eventFD >= 0 else {
+      throw StartError(description: "Could not create an eventfd: \(Errno(rawValue: eventFDError))")
+    }
+    // The bus thread reports whether it got going; the caller's task waits without blocking a thread.
+    try await withCheckedThrowingContinuation { (ready: CheckedContinuation<Void, any Error>) in
+      do {
+        try startThread(name: "tessera-bus") { [self] in
+          do {
+            try self.connect()
+          } catch {
+            ready.resume(throwing: error)
+            return
+          }
+          ready.resume()
+          let r = sd_event_loop(self.event)
+          self.log(.info, "Bus loop ended (\(r))")
+          onExit(r < 0 ? "the bus loop failed: \(Errno(rawValue: -r))" : nil)
+        }
+      } catch {
+        ready.resume(throwing: StartError(description: "Could not start the bus thread: \(error)"))
+      }
+    }
+  }
+
+  /// Asks the loop to finish; pending calls are answered with Cancelled first.
+  public func stop() { post(.exit) }
+
+  /// Sends the result of a call. Thread-safe.
+  public func reply(_ token: ReplyToken, _ result: Result<[BusValue], TesseraError>) { post(.reply(token.id, result)) }
+
+  /// Emits a signal of an exported interface, to one unique name or (nil) to everyone. Thread-safe.
+  public func emit(
+    _ interface: InterfaceDescription, _ member: String, _ arguments: [BusValue], to destination: String? = nil
+  ) {
+    post(
+      .signal(
+        path: interface.objectPath, interface: interface.name, destination: destination, member: member,
+        arguments: arguments))
+  }
+
+  private func post(_ mail: Mail) {
+    mailbox.withLock { $0.append(mail) }
+    var one: UInt64 = 1
+    // Only EAGAIN can fail here (the counter is full), and then the loop is awake already.
+    _ = try? Syscall.check("write(eventfd)") { write(eventFD, &one, 8) }
+  }
+
+  // MARK: - Bus thread
+
+  private func connect() throws {
+    func check(_ r: Int32, _ what: String) throws {
+      if r < 0 { throw StartError(description: "\(what): \(Errno(rawValue: -r))") }
+    }
+    try check(sd_bus_open_user(&bus), "Could not connect to the session bus (is DBUS_SESSION_BUS_ADDRESS set?)")
+    try check(sd_bus_set_exit_on_disconnect(bus, 1), "sd_bus_set_exit_on_disconnect")
+    try check(sd_event_new(&event), "sd_event_new")
+    try check(sd_bus_attach_event(bus, event, 0), "sd_bus_attach_event")
+    let me = Unmanaged.passUnretained(self).toOpaque()
+    try check(sd_bus_add_filter(bus, nil, signatureFilter, me), "sd_bus_add_filter")
+    for object in objects {
+      let description = object.description
+      try check(
+        sd_bus_add_object_vtable(
+          bus, nil, description.objectPath, description.name, object.vtable,
+          Unmanaged.passUnretained(object).toOpaque()),
+        "Could not export \(description.objectPath)")
+    }
+    try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
+    try check(
+      sd_bus_match_signal(
+        bus, nil, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
+        nameOwnerChangedHandler, me), "Could not watch callers leaving the bus")
+    for name in Set(objects.map(\.description.busName)) {
+      let r = sd_bus_request_name(bus, name, 0)
+      if r == -EEXIST || r == -EALREADY {
+        throw StartError(description: "\(name) is already owned on this bus: another broker is running. Stop it first.")
+      }
+      try check(r, "Could not own \(name)")
+    }
+  }
+
+  fileprivate func handleMethodCall(_ message: OpaquePointer, object: ExportedObject) -> Int32 {
+    let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
+    let arguments: [BusValue]
+    do {
+      arguments = try BusCodec.readAll(message)
+    } catch {
+      return replyError(
+        message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
+    }
+    let call = Call(interface: object.description, member: member, arguments: arguments, caller: callerInfo(message))
+    if let answer = answerAtOnce?(call) {
+      send(reply: answer, to: message)
+      return 1
+    }
+    nextID &+= 1
+    pending[nextID] = sd_bus_message_ref(message)
+    onCall(call, ReplyToken(id: nextID))
+    return 1
+  }
+
+  /// Rejects calls whose argument types do not match the contract with our own error name
+  /// (sd-bus would answer org.freedesktop.DBus.Error.InvalidArgs).
+  fileprivate func filter(_ message: OpaquePointer) -> Int32 {
+    guard sd_bus_message_is_method_call(message, nil, nil) > 0,
+      let path = sd_bus_message_get_path(message).map({ String(cString: $0) }),
+      let member = sd_bus_message_get_member(message).map({ String(cString: $0) })
+    else { return 0 }
+    // Calls may omit the interface field; sd-bus then dispatches them by member name.
+    let interface = sd_bus_message_get_interface(message).map { String(cString: $0) }
+    for object in objects where object.description.objectPath == path {
+      guard interface == nil || interface == object.description.name,
+        let method = object.description.method(named: member)
+      else { continue }
+      guard sd_bus_message_has_signature(message, method.inputSignature) == 0 else { return 0 }
+      let given = sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? ""
+      let names = method.inputs.map { "\($0.name): \($0.signature)" }.joined(separator: ", ")
+      return replyError(
+        message,
+        .invalidArgument(
+          "\(member) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."
+        ))
+    }
+    return 0
+  }
+
+  @discardableResult
+  private func replyError(_ message: OpaquePointer, _ failure: TesseraError) -> Int32 {
+    var error = sd_bus_error()
+    sd_bus_error_set(&error, failure.code.dbusName, failure.message)
+    let r = sd_bus_reply_method_error(message, &error)
+    sd_bus_error_free(&error)
+    return r < 0 ? r : 1
+  }
+
+  private func callerInfo(_ message: OpaquePointer) -> CallerInfo {
+    let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+    if let cached = callerCache[sender] { return cached }
+    var info = CallerInfo(busName: sender)
+    var creds: OpaquePointer?
+    let mask = UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EXE | SD_BUS_CREDS_AUGMENT)
+    if sd_bus_query_sender_creds(message, mask, &creds) >= 0, let creds {
+      var pid: pid_t = 0
+      if sd_bus_creds_get_pid(creds, &pid) >= 0 { info.pid = UInt32(pid) }
+      var uid: uid_t = 0
+      if sd_bus_creds_get_euid(creds, &uid) >= 0 { info.uid = uid }
+      var exe: UnsafePointer<CChar>?
+      if sd_bus_creds_get_exe(creds, &exe) >= 0, let exe { info.exe = String(cString: exe) }
+      sd_bus_creds_unref(creds)
+    }
+    if callerCache.count > 512 { callerCache.removeAll() }
+    callerCache[sender] = info
+    return info
+  }
+
+  /// NameOwnerChanged(name, old, new): a unique name with no new owner has left the bus.
+  fileprivate func nameOwnerChanged(_ message: OpaquePointer) {
+    guard let values = try? BusCodec.readAll(message), values.count == 3, case .string(let name) = values[0],
+      case .string(let newOwner) = values[2], name.hasPrefix(":"), newOwner.isEmpty
+    else { return }
+    callerCache[name] = nil
+    onCallerGone(name)
+  }
+
+  fileprivate func drainMailbox() {
+    var counter: UInt64 = 0
+    _ = try? Syscall.check("read(eventfd)") { read(eventFD, &counter, 8) }
+    let mails = mailbox.withLock { mails -> [Mail] in
+      defer { mails.removeAll(keepingCapacity: true) }
+      return mails
+    }
+    for mail in mails {
+      switch mail {
+      case .reply(let id, let result):
+        guard let message = pending.removeValue(forKey: id) else { continue }
+        send(reply: result, to: message)
+        sd_bus_message_unref(message)
+      case .signal(let path, let interface, let destination, let member, let arguments):
+        sendSignal(path: path, interface: interface, member: member, arguments: arguments, to: destination)
+      case .exit:
+        // Callers still waiting (an interactive sign-in, say) get an answer, not a NoReply.
+        for (_, message) in pending {
+          replyError(message, .cancelled("The broker is shutting down, so this request was cancelled. Run it again."))
+          sd_bus_message_unref(message)
+        }
+        pending.removeAll()
+        _ = sd_bus_flush(bus)
+        sd_event_exit(event, 0)
+      }
+    }
+  }
+
+  private func send(reply result: Result<[BusValue], TesseraError>, to call: OpaquePointer) {
+    switch result {
+    case .failure(let failure):
+      replyError(call, failure)
+    case .success(let values):
+      var reply: OpaquePointer?
+      guard sd_bus_message_new_method_return(call, &reply) >= 0, let reply else { return }
+      defer { sd_bus_message_unref(reply) }
+      do {
+        for value in values { try BusCodec.append(reply, value) }
+      } catch {
+        log(.error, "Could not build a reply: \(error)")
+        replyError(call, .internal("The broker could not encode its reply. Please report this with the daemon's log."))
+        return
+      }
+      let r = sd_bus_send(bus, reply, nil)
+      if r < 0 { log(.notice, "Could not send a reply (caller gone?): \(Errno(rawValue: -r))") }
+    }
+  }
+
+  private func sendSignal(
+    path: String, interface: String, member: String, arguments: [BusValue], to destination: String?
+  ) {
+    var signal: OpaquePointer?
+    guard sd_bus_message_new_signal(bus, &signal, path, interface, member) >= 0, let signal else { return }
+    defer { sd_bus_message_unref(signal) }
+    if let destination, sd_bus_message_set_destination(signal, destination) < 0 { return }
+    do {
+      for argument in arguments { try BusCodec.append(signal, argument) }
+    } catch {
+      log(.error, "Could not build the signal \(member): \(error)")
+      return
+    }
+    _ = sd_bus_send(bus, signal, nil)
+  }
+}
+
+/// Levels of the bus layer's few log lines (the daemon maps them to its logger).
+public enum BusLogLevel: Sendable {
+  case info, notice, error
+}
+public typealias BusLog = @Sendable (BusLogLevel, String) -> Void
+
+/// One exported interface: its description and the sd-bus vtable built from it. Lives as long as
+/// the server (sd-bus keeps pointers to the vtable and its strings).
+private final class ExportedObject: @unchecked Sendable {
+  // Invariant: `server` is set once, before the bus thread starts; the rest is immutable.
+  let description: InterfaceDescription
+  let vtable: UnsafeMutablePointer<sd_bus_vtable>
+  unowned(unsafe) var server: BusServer!
+
+  init(description: InterfaceDescription) {
+    self.description = description
+    let count = 2 + description.methods.count + description.properties.count + description.signals.count
+    let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: count)
+    func keep(_ s: String) -> UnsafePointer<CChar> { UnsafePointer(strdup(s)!) }
+    func names(_ args: [InterfaceDescription.Argument]) -> UnsafePointer<CChar> {
+      let bytes: [CChar] = args.flatMap { Array($0.name.utf8CString) } + [0]
+      let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count)
+      buffer.initialize(from: bytes, count: bytes.count)
+      return UnsafePointer(buffer)
+    }
+    var i = 0
+    tessera_vtable_start(table + i, 0)
+    i += 1
+    for method in description.methods {
+      tessera_vtable_method(
+        table + i, keep(method.name), keep(method.inputSignature), keep(method.outputSignature),
+        names(method.inputs + method.outputs), methodHandler, 0)
+      i += 1
+    }
+    for property in description.properties {
+      tessera_vtable_property(
+        table + i, keep(property.name), keep(property.signature), propertyGetter, tessera_vtable_property_const())
+      i += 1
+    }
+    for signal in description.signals {
+      tessera_vtable_signal(table + i, keep(signal.name), keep(signal.signature), names(signal.arguments), 0)
+      i += 1
+    }
+    tessera_vtable_end(table + i)
+    vtable = table
+  }
+}
+
+private func server(_ userdata: UnsafeMutableRawPointer?) -> BusServer {
+  Unmanaged<BusServer>.fromOpaque(userdata!).takeUnretainedValue()
+}
+
+private func object(_ userdata: UnsafeMutableRawPointer?) -> ExportedObject {
+  Unmanaged<ExportedObject>.fromOpaque(userdata!).takeUnretainedValue()
+}
+
+private let methodHandler: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  let exported = object(userdata)
+  return exported.server.handleMethodCall(message, object: exported)
+}
+
+private let signatureFilter: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  return server(userdata).filter(message)
+}
+
+private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, userdata, _ in
+  guard let reply, let property else { return -EINVAL }
+  let name = String(cString: property)
+  guard let value = object(userdata).description.properties.first(where: { $0.name == name })?.value else {
+    return -EINVAL
+  }
+  do {
+    try BusCodec.append(reply, value)
+    return 1
+  } catch let failure as BusCodec.Failure {
+    return -failure.errno
+  } catch {
+    return -EINVAL
+  }
+}
+
+private let nameOwnerChangedHandler: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  server(userdata).nameOwnerChanged(message)
+  return 0
+}
+
+private let mailboxReady: sd_event_io_handler_t = { _, _, _, userdata in
+  server(userdata).drainMailbox()
+  return 0
+}

@@ -1,0 +1,78 @@
+import Logging
+
+/// GetAccounts and SignOut, and revocation of refresh tokens at the identity provider.
+extension Broker {
+  // MARK: - GetAccounts
+
+  public func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
+    try await ensureLoaded()
+    var accounts = Array(cache.accounts.values)
+    if let authority = filter.authority {
+      let wanted = try Authority(parsing: authority)
+      accounts = accounts.filter { Self.serves(wanted, $0) }
+    }
+    if let clientID = filter.clientID {
+      // Accounts this client can use silently: its own refresh token, or its family's.
+      accounts = accounts.filter {
+        cache.refreshToken(accountID: $0.id, environment: $0.environment, clientID: clientID) != nil
+      }
+    }
+    if let username = filter.username?.lowercased() {
+      accounts = accounts.filter { $0.username.lowercased() == username }
+    }
+    return accounts.sorted { ($0.username, $0.id) < ($1.username, $1.id) }.map(\.info.busValue)
+  }
+
+  // MARK: - SignOut
+
+  public func signOut(_ request: SignOutRequest) async throws {
+    try await ensureLoaded()
+    guard let account = cache.accounts[request.accountID] else {
+      throw TesseraError.noSuchAccount(
+        "No account with id '\(RequestOptions.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
+    }
+    // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
+    let before = cache
+    let targets = cache.refreshTokens.filter {
+      $0.accountID == account.id && (request.clientID == nil || $0.slot == request.clientID)
+    }
+    let operations = cache.remove(accountID: account.id, clientID: request.clientID)
+    do {
+      try await apply(operations, retryLater: false)
+    } catch {
+      // The keyring is unavailable: nothing is signed out, and the caller is told.
+      cache.restore(from: before, accountID: account.id)
+      throw error
+    }
+    if request.clientID == nil { deps.events.accountsChanged() }
+    if request.revoke {
+      for record in targets { await revoke(record, correlationID: request.correlationID) }
+    }
+  }
+
+  /// RFC 7009 revocation; failures are logged, never fatal to a sign-out.
+  func revoke(_ record: RefreshTokenRecord, correlationID: String) async {
+    do {
+      let authority = try Authority(parsing: record.authority)
+      guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
+        logger.info(
+          "The identity provider has no revocation endpoint; removing the token locally",
+          metadata: ["correlation_id": "\(correlationID)"])
+        return
+      }
+      let response = try await deps.http.send(
+        .form(
+          endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
+          headers: [("client-request-id", correlationID)]))
+      if response.status != 200 {
+        logger.warning(
+          "The identity provider refused to revoke a refresh token",
+          metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
+      }
+    } catch {
+      logger.warning(
+        "Could not revoke a refresh token at the identity provider",
+        metadata: ["error": "\(TesseraError.wrap(error))", "correlation_id": "\(correlationID)"])
+    }
+  }
+}

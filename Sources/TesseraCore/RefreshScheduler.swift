@@ -1,0 +1,148 @@
+/// What a silent request is for: one account, authority, realm, client and scope set.
+struct SilentTarget: Sendable {
+  var account: Account
+  var authority: Authority
+  var realm: String
+  var clientID: String
+  var scopes: [String]
+
+  /// The cached token it is served from: equal keys are served by the same token.
+  struct Key: Hashable, Sendable {
+    var accountID: String
+    var authority: String
+    var realm: String
+    var clientID: String
+    /// Normalised (see ScopeSet).
+    var scopes: [String]
+  }
+
+  var key: Key {
+    Key(
+      accountID: account.id, authority: authority.url, realm: realm, clientID: clientID,
+      scopes: ScopeSet.normalize(scopes))
+  }
+
+  /// Refresh tokens are per account and environment (a family token serves several clients).
+  var lane: RefreshScheduler.Lane { .init(accountID: account.id, environment: authority.environment) }
+}
+
+/// The refresh engine's bookkeeping, owned by the token actor: single flight (callers that need the
+/// same refresh share one request), lanes (refreshes on one refresh token run one after another,
+/// each with the latest rotated token), refresh-ahead of tokens in recent use, backoff after a
+/// failed background refresh, and throttling after a Retry-After. Changes never suspend.
+struct RefreshScheduler {
+  /// One refresh: what it produces, and the claims it carries.
+  struct RefreshKey: Hashable, Sendable {
+    var target: SilentTarget.Key
+    var claims: String?
+  }
+
+  /// The refresh tokens one sequence of refreshes uses: an account's at one identity provider.
+  struct Lane: Hashable, Sendable {
+    var accountID: String
+    var environment: String
+  }
+
+  /// A refresh under way, and the end of its lane.
+  struct Flight {
+    let task: Task<Broker.TokenResult, any Error>
+    let laneEnd: Task<Void, Never>
+  }
+
+  /// How long after its last use a token is still refreshed ahead of time.
+  static let recentUseWindow: Double = 30 * 60
+  /// Backoff after failed background refreshes: 30 s, doubling, at most 15 minutes.
+  static let firstBackoff: Double = 30
+  static let maxBackoff: Double = 900
+
+  private var inFlight: [RefreshKey: Flight] = [:]
+  private var lanes: [Lane: Task<Void, Never>] = [:]
+  private var recentUse: [SilentTarget.Key: (target: SilentTarget, lastUsed: Date)] = [:]
+  private var backoff: [SilentTarget.Key: (failures: Int, notBefore: Date)] = [:]
+  private var background: [SilentTarget.Key: Task<Void, Never>] = [:]
+  /// Token endpoints that answered 429/503 with Retry-After: no request before the date.
+  private var throttledUntil: [String: Date] = [:]
+
+  // MARK: Single flight and lanes
+
+  /// The refresh under way for `key`, if any: a caller joins it.
+  func running(_ key: RefreshKey) -> Task<Broker.TokenResult, any Error>? { inFlight[key]?.task }
+
+  /// Starts a refresh behind the last one queued on its lane: `make` gets the task to wait for first.
+  mutating func start(
+    _ key: RefreshKey, lane: Lane, _ make: (_ previous: Task<Void, Never>?) -> Task<Broker.TokenResult, any Error>
+  ) -> Flight {
+    let task = make(lanes[lane])
+    let laneEnd = Task { _ = await task.result }
+    let flight = Flight(task: task, laneEnd: laneEnd)
+    lanes[lane] = laneEnd
+    inFlight[key] = flight
+    return flight
+  }
+
+  /// A refresh ended: it is no longer joined, and its lane is free unless another queued behind it.
+  mutating func finish(_ key: RefreshKey, lane: Lane, _ flight: Flight) {
+    if inFlight[key]?.laneEnd == flight.laneEnd { inFlight[key] = nil }
+    if lanes[lane] == flight.laneEnd { lanes[lane] = nil }
+  }
+
+  // MARK: Refresh-ahead
+
+  mutating func noteUse(_ target: SilentTarget, at time: Date) { recentUse[target.key] = (target, time) }
+
+  /// May a background refresh of `target` start now? Not while one runs (background or a caller's
+  /// own), nor during its backoff.
+  func mayRefreshInBackground(_ target: SilentTarget.Key, now: Date) -> Bool {
+    guard background[target] == nil, inFlight[RefreshKey(target: target, claims: nil)] == nil else { return false }
+    if let wait = backoff[target], wait.notBefore > now { return false }
+    return true
+  }
+
+  mutating func backgroundStarted(_ target: SilentTarget.Key, _ task: Task<Void, Never>) { background[target] = task }
+
+  /// A background refresh ended; on failure returns the backoff before the next try.
+  mutating func backgroundEnded(_ target: SilentTarget.Key, failed: Bool, now: Date) -> Double? {
+    background[target] = nil
+    guard failed else {
+      backoff[target] = nil
+      return nil
+    }
+    let failures = (backoff[target]?.failures ?? 0) + 1
+    let delay = min(Self.firstBackoff * Double(1 << min(failures - 1, 10)), Self.maxBackoff)
+    backoff[target] = (failures, now.addingTimeInterval(delay))
+    return delay
+  }
+
+  /// The targets used within the recent-use window whose account still exists; forgets the others.
+  mutating func recentTargets(now: Date, accountExists: (String) -> Bool) -> [SilentTarget] {
+    var targets: [SilentTarget] = []
+    for (key, use) in recentUse {
+      guard now.timeIntervalSince(use.lastUsed) <= Self.recentUseWindow, accountExists(use.target.account.id) else {
+        recentUse[key] = nil
+        continue
+      }
+      targets.append(use.target)
+    }
+    return targets
+  }
+
+  /// Is a cached token due for a refresh ahead of its expiry?
+  static func isDue(_ token: AccessTokenRecord, now: Int64) -> Bool {
+    (token.refreshOn.map { now >= $0 } ?? false) || token.expiresOn - now < TokenLifetimes.refreshAheadMargin
+  }
+
+  /// A background refresh still running, if any.
+  var anyBackground: Task<Void, Never>? { background.first?.value }
+
+  // MARK: Throttling
+
+  /// Seconds left before `endpoint` may be asked again, or nil when it may be asked now.
+  mutating func throttleRemaining(_ endpoint: String, now: Date) -> Double? {
+    guard let until = throttledUntil[endpoint] else { return nil }
+    if until > now { return until.timeIntervalSince(now) }
+    throttledUntil[endpoint] = nil
+    return nil
+  }
+
+  mutating func throttle(_ endpoint: String, until: Date) { throttledUntil[endpoint] = until }
+}

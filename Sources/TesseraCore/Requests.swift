@@ -1,0 +1,150 @@
+/// Requests as the core sees them, parsed and validated from D-Bus arguments.
+
+public enum Prompt: String, Sendable, CaseIterable {
+  case selectAccount = "select_account"
+  case login
+  case consent
+  case none
+}
+
+public enum InteractiveFlow: String, Sendable, CaseIterable {
+  case browser
+  case deviceCode = "device_code"
+}
+
+public struct TokenRequest: Sendable, Equatable {
+  public var clientID: String
+  public var scopes: [String]
+  public var accountID: String
+  public var authority: String?
+  public var loginHint: String?
+  public var domainHint: String?
+  public var prompt: Prompt?
+  public var flow: InteractiveFlow = .browser
+  public var claims: String?
+  public var extraQuery: [String: String] = [:]
+  /// Given by the caller, else generated.
+  public var correlationID: String
+  public var forceRefresh = false
+  /// Seconds an access token must still be valid to be served from the cache.
+  public var minValidity: UInt32 = RequestOptions.defaultMinValidity
+  /// Seconds an interactive flow may take.
+  public var timeout: UInt32?
+
+  public init(clientID: String, scopes: [String], accountID: String = "", correlationID: String) {
+    self.clientID = clientID
+    self.scopes = scopes
+    self.accountID = accountID
+    self.correlationID = correlationID
+  }
+}
+
+public struct AccountFilter: Sendable, Equatable {
+  public var clientID: String?
+  public var authority: String?
+  public var username: String?
+  public init(clientID: String? = nil, authority: String? = nil, username: String? = nil) {
+    self.clientID = clientID
+    self.authority = authority
+    self.username = username
+  }
+}
+
+public struct SignOutRequest: Sendable, Equatable {
+  public var accountID: String
+  public var clientID: String?
+  public var revoke = true
+  public var correlationID: String
+}
+
+/// Turns a method's D-Bus arguments into a request, validating every option against the one option
+/// table (`RequestOptions` in TesseraInterface) and every plain argument against `ArgumentLimits`.
+/// The silent fast path parses with the same functions, so both paths accept and refuse the same.
+public enum RequestParser {
+  /// Parameters the broker sets itself and a caller may not override through `extra_query`.
+  static let reservedQueryKeys: Set<String> = [
+    "client_id", "redirect_uri", "response_type", "scope", "state", "nonce", "code_challenge",
+    "code_challenge_method", "prompt", "login_hint", "domain_hint", "claims", "client_info", "response_mode",
+  ]
+
+  /// A validated string option; empty is the same as absent.
+  static func string(_ options: [String: BusValue], _ option: RequestOption) -> String? {
+    guard case .string(let s)? = options[option.key], !s.isEmpty else { return nil }
+    return s
+  }
+
+  static func scopes(_ scopes: [String]) throws -> [String] {
+    guard scopes.count <= ArgumentLimits.scopes else {
+      throw TesseraError.invalidArgument(
+        "\(scopes.count) scopes were requested; the limit is \(ArgumentLimits.scopes).")
+    }
+    for scope in scopes {
+      guard !scope.isEmpty else {
+        throw TesseraError.invalidArgument("A scope is empty. Remove empty strings from 'scopes'.")
+      }
+      try RequestOptions.checkText(
+        scope, name: "scope '\(RequestOptions.clip(scope))'", max: ArgumentLimits.scopeBytes, allowSpaces: false)
+    }
+    return scopes
+  }
+
+  /// Parses AcquireToken / AcquireTokenSilent arguments.
+  public static func tokenRequest(
+    clientID: String, scopes rawScopes: [String], accountID: String, options: [String: BusValue],
+    method: OptionMethod = .acquireTokenSilent
+  ) throws -> TokenRequest {
+    try RequestOptions.validate(options, for: method)
+    try RequestOptions.checkText(clientID, name: "client_id", max: ArgumentLimits.clientIDBytes, allowSpaces: false)
+    try RequestOptions.checkText(
+      accountID, name: "account_id", max: ArgumentLimits.accountIDBytes, allowSpaces: false)
+    var request = TokenRequest(
+      clientID: clientID, scopes: try scopes(rawScopes), accountID: accountID,
+      correlationID: string(options, RequestOptions.correlationID) ?? CorrelationID.new())
+    if let optionAccount = string(options, RequestOptions.accountID) {
+      if !accountID.isEmpty && optionAccount != accountID {
+        throw TesseraError.invalidArgument(
+          "The account_id argument and the 'account_id' option name different accounts. Pass one of them.")
+      }
+      request.accountID = optionAccount
+    }
+    request.authority = string(options, RequestOptions.authority)
+    request.loginHint = string(options, RequestOptions.loginHint)
+    request.prompt = string(options, RequestOptions.prompt).flatMap(Prompt.init(rawValue:))
+    request.flow = string(options, RequestOptions.flow).flatMap(InteractiveFlow.init(rawValue:)) ?? .browser
+    request.domainHint = string(options, RequestOptions.domainHint)
+    request.claims = string(options, RequestOptions.claims)
+    if let claims = request.claims { _ = try ClaimsRequest.parse(claims) }
+    if case .stringMap(let extra)? = options[RequestOptions.extraQuery.key] {
+      for key in extra.keys.sorted() where reservedQueryKeys.contains(key) {
+        throw TesseraError.invalidArgument(
+          "Option 'extra_query' may not set '\(key)': the broker sets it. Use the matching option instead.")
+      }
+      request.extraQuery = extra
+    }
+    if case .bool(let force)? = options[RequestOptions.forceRefresh.key] { request.forceRefresh = force }
+    if case .uint32(let minValidity)? = options[RequestOptions.minValidity.key] { request.minValidity = minValidity }
+    if case .uint32(let timeout)? = options[RequestOptions.timeout.key] { request.timeout = timeout }
+    return request
+  }
+
+  public static func accountFilter(_ filter: [String: BusValue]) throws -> AccountFilter {
+    try RequestOptions.validate(filter, for: .getAccounts)
+    return AccountFilter(
+      clientID: string(filter, RequestOptions.clientID), authority: string(filter, RequestOptions.authority),
+      username: string(filter, RequestOptions.username))
+  }
+
+  public static func signOutRequest(accountID: String, options: [String: BusValue]) throws -> SignOutRequest {
+    try RequestOptions.validate(options, for: .signOut)
+    try RequestOptions.checkText(
+      accountID, name: "account_id", max: ArgumentLimits.accountIDBytes, allowSpaces: false)
+    guard !accountID.isEmpty else {
+      throw TesseraError.invalidArgument("SignOut needs an account id. Call GetAccounts to list them.")
+    }
+    var request = SignOutRequest(
+      accountID: accountID, clientID: string(options, RequestOptions.clientID),
+      correlationID: string(options, RequestOptions.correlationID) ?? CorrelationID.new())
+    if case .bool(let revoke)? = options[RequestOptions.revoke.key] { request.revoke = revoke }
+    return request
+  }
+}

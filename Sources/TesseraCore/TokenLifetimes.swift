@@ -1,0 +1,23 @@
+/// When an access token expires, may still be used, and should be refreshed (docs/token-cache.md).
+public struct TokenLifetimes: Sendable, Equatable {
+  public var expiresOn: Int64
+  public var extExpiresOn: Int64?
+  public var refreshOn: Int64
+
+  /// Tokens refreshed ahead this long before they would stop being served with the default
+  /// min_validity (300 s), when the IdP gives no `refresh_in`.
+  public static let refreshAheadMargin: Int64 = 360
+
+  public init(now: Int64, expiresIn: Int64, extExpiresIn: Int64?, refreshIn: Int64?) {
+    expiresOn = now + expiresIn
+    extExpiresOn = extExpiresIn.map { now + min(max($0, expiresIn), 366 * 86_400) }
+    if let refreshIn, refreshIn > 0, refreshIn < expiresIn {
+      refreshOn = now + refreshIn
+    } else if expiresIn >= 2 * 3600 {
+      refreshOn = now + expiresIn / 2  // as MSAL does for long-lived tokens
+    } else {
+      // Ahead of the default min_validity, but never in a short-lived token's first half.
+      refreshOn = now + expiresIn - min(Self.refreshAheadMargin, expiresIn / 2)
+    }
+  }
+}

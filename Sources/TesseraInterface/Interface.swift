@@ -1,0 +1,105 @@
+/// A D-Bus interface as a server exports it and a client calls it: its well-known name, object
+/// path, methods, signals and constant properties. The bus layer builds its vtable from this, and a
+/// test compares the running daemon's introspection with the contract XML under dbus/.
+public struct InterfaceDescription: Sendable {
+  public struct Argument: Sendable {
+    public let name: String
+    public let signature: String
+    public init(_ name: String, _ signature: String) {
+      self.name = name
+      self.signature = signature
+    }
+  }
+
+  public struct Method: Sendable {
+    public let name: String
+    public let inputs: [Argument]
+    public let outputs: [Argument]
+    public let inputSignature: String
+    public let outputSignature: String
+    public init(_ name: String, inputs: [Argument], outputs: [Argument]) {
+      self.name = name
+      self.inputs = inputs
+      self.outputs = outputs
+      inputSignature = inputs.map(\.signature).joined()
+      outputSignature = outputs.map(\.signature).joined()
+    }
+  }
+
+  public struct Signal: Sendable {
+    public let name: String
+    public let arguments: [Argument]
+    public var signature: String { arguments.map(\.signature).joined() }
+    public init(_ name: String, _ arguments: [Argument]) {
+      self.name = name
+      self.arguments = arguments
+    }
+  }
+
+  /// A read-only property whose value never changes while the daemon runs.
+  public struct Property: Sendable {
+    public let name: String
+    public let value: BusValue
+    public var signature: String { value.signature }
+    public init(_ name: String, _ value: BusValue) {
+      self.name = name
+      self.value = value
+    }
+  }
+
+  public let busName: String
+  public let objectPath: String
+  public let name: String
+  public let methods: [Method]
+  public let signals: [Signal]
+  public let properties: [Property]
+
+  public init(
+    busName: String, objectPath: String, name: String, methods: [Method], signals: [Signal] = [],
+    properties: [Property] = []
+  ) {
+    self.busName = busName
+    self.objectPath = objectPath
+    self.name = name
+    self.methods = methods
+    self.signals = signals
+    self.properties = properties
+  }
+
+  public func method(named name: String) -> Method? { methods.first { $0.name == name } }
+}
+
+/// The shape of org.tessera.Broker1 as the daemon serves it. dbus/org.tessera.Broker1.xml is the
+/// contract; a test compares the running daemon's introspection with that file.
+public enum BrokerInterface {
+  public static let busName = "org.tessera.Broker1"
+  public static let objectPath = "/org/tessera/Broker1"
+  public static let interfaceName = "org.tessera.Broker1"
+  public static let version = "0.1.0"
+
+  public typealias Method = InterfaceDescription.Method
+  private typealias Arg = InterfaceDescription.Argument
+
+  public static let description = InterfaceDescription(
+    busName: busName, objectPath: objectPath, name: interfaceName,
+    methods: [
+      Method(
+        "AcquireToken", inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("options", "a{sv}")],
+        outputs: [Arg("result", "a{sv}")]),
+      Method(
+        "AcquireTokenSilent",
+        inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("account_id", "s"), Arg("options", "a{sv}")],
+        outputs: [Arg("result", "a{sv}")]),
+      Method("GetAccounts", inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")]),
+      Method("SignOut", inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: []),
+      Method("Cancel", inputs: [Arg("correlation_id", "s")], outputs: []),
+    ],
+    signals: [
+      .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
+      .init("AccountsChanged", []),
+    ],
+    properties: [.init("Version", .string(version))])
+
+  public static var methods: [Method] { description.methods }
+  public static func method(named name: String) -> Method? { description.method(named: name) }
+}

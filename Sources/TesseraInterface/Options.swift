@@ -1,0 +1,217 @@
+/// The one table of request options: every key a method's `a{sv}` argument accepts, with its D-Bus
+/// type, limits and default. The daemon's request parser and its silent fast path validate with it,
+/// the client library encodes and pre-checks with it, and the contract XML
+/// (`org.tessera.Broker1.Option.*` annotations) and the end-to-end tests are checked against it.
+
+/// A method whose `a{sv}` argument takes keys from the table.
+public enum OptionMethod: String, Sendable, CaseIterable {
+  case acquireToken = "AcquireToken"
+  case acquireTokenSilent = "AcquireTokenSilent"
+  case getAccounts = "GetAccounts"
+  case signOut = "SignOut"
+
+  /// What its `a{sv}` argument is called, in messages: GetAccounts takes a filter.
+  public var argumentWord: String { self == .getAccounts ? "filter" : "option" }
+}
+
+public struct RequestOption: Sendable, Equatable {
+  /// The D-Bus types options use.
+  public enum Kind: String, Sendable {
+    case string = "s"
+    case bool = "b"
+    case uint32 = "u"
+    case stringMap = "a{ss}"
+  }
+
+  public let key: String
+  public let kind: Kind
+  public let methods: Set<OptionMethod>
+  /// Strings: the longest value, in bytes. String maps: the longest value of an entry.
+  public let maxBytes: Int
+  /// Strings: may it contain spaces? (Control characters are never allowed.)
+  public let spaces: Bool
+  /// uint32: the values allowed.
+  public let range: ClosedRange<UInt32>?
+  /// Strings: the only values allowed, when it is an enumeration.
+  public let values: [String]?
+  /// String maps: the most entries, and the longest key in bytes (keys never contain spaces).
+  public let maxEntries: Int
+  public let maxKeyBytes: Int
+  /// What applies when the key is absent, as the contract documents it.
+  public let defaultValue: String
+
+  init(
+    _ key: String, _ kind: Kind, _ methods: Set<OptionMethod>, maxBytes: Int = 0, spaces: Bool = true,
+    range: ClosedRange<UInt32>? = nil, values: [String]? = nil, maxEntries: Int = 0, maxKeyBytes: Int = 0,
+    default defaultValue: String
+  ) {
+    self.key = key
+    self.kind = kind
+    self.methods = methods
+    self.maxBytes = maxBytes
+    self.spaces = spaces
+    self.range = range
+    self.values = values
+    self.maxEntries = maxEntries
+    self.maxKeyBytes = maxKeyBytes
+    self.defaultValue = defaultValue
+  }
+
+  /// Checks a value sent for this key: exactly its type, then its limits.
+  public func check(_ value: BusValue, method: OptionMethod) throws(TesseraError) {
+    let word = method.argumentWord
+    switch (kind, value) {
+    case (.string, .string(let text)):
+      try RequestOptions.checkText(text, name: key, max: maxBytes, allowSpaces: spaces)
+      if let values, !text.isEmpty, !values.contains(text) {
+        throw .invalidArgument(
+          "The \(word) '\(key)' is '\(RequestOptions.clip(text))'; use one of: \(values.joined(separator: ", ")).")
+      }
+    case (.bool, .bool): break
+    case (.uint32, .uint32(let number)):
+      if let range, !range.contains(number) {
+        throw .invalidArgument(
+          "The \(word) '\(key)' is \(number); it must be between \(range.lowerBound) and \(range.upperBound).")
+      }
+    case (.stringMap, .stringMap(let map)):
+      guard map.count <= maxEntries else {
+        throw .invalidArgument("The \(word) '\(key)' has \(map.count) entries; the limit is \(maxEntries).")
+      }
+      for (entryKey, entryValue) in map {
+        try RequestOptions.checkText(entryKey, name: "\(key) key", max: maxKeyBytes, allowSpaces: false)
+        try RequestOptions.checkText(entryValue, name: "\(key)['\(RequestOptions.clip(entryKey))']", max: maxBytes)
+      }
+    default:
+      throw .invalidArgument(
+        "The \(word) key '\(key)' must hold a value of D-Bus type '\(kind.rawValue)', not '\(value.signature)'. "
+          + "Wrap it in a variant of the right type.")
+    }
+  }
+
+  /// The contract's annotation value for this option, e.g. `type=u min=0 max=86400 default=300`.
+  public var annotation: String {
+    var parts = ["type=\(kind.rawValue)"]
+    switch kind {
+    case .string:
+      parts.append("max_bytes=\(maxBytes)")
+      if !spaces { parts.append("spaces=no") }
+      if let values { parts.append("values=\(values.joined(separator: "|"))") }
+    case .uint32:
+      if let range { parts += ["min=\(range.lowerBound)", "max=\(range.upperBound)"] }
+    case .stringMap:
+      parts += ["max_entries=\(maxEntries)", "max_key_bytes=\(maxKeyBytes)", "max_bytes=\(maxBytes)"]
+    case .bool: break
+    }
+    parts.append("default=\(defaultValue)")
+    return parts.joined(separator: " ")
+  }
+}
+
+public enum RequestOptions {
+  static let tokenMethods: Set<OptionMethod> = [.acquireToken, .acquireTokenSilent]
+
+  public static let authority = RequestOption(
+    "authority", .string, [.acquireToken, .acquireTokenSilent, .getAccounts], maxBytes: 2048,
+    default: "default_authority")
+  public static let accountID = RequestOption(
+    "account_id", .string, tokenMethods, maxBytes: 512, spaces: false, default: "the account_id argument")
+  public static let loginHint = RequestOption("login_hint", .string, tokenMethods, maxBytes: 512, default: "none")
+  public static let domainHint = RequestOption("domain_hint", .string, tokenMethods, maxBytes: 256, default: "none")
+  public static let prompt = RequestOption(
+    "prompt", .string, tokenMethods, maxBytes: 64, values: ["select_account", "login", "consent", "none"],
+    default: "none")
+  public static let flow = RequestOption(
+    "flow", .string, tokenMethods, maxBytes: 64, values: ["browser", "device_code"], default: "browser")
+  public static let claims = RequestOption("claims", .string, tokenMethods, maxBytes: 16 * 1024, default: "none")
+  public static let extraQuery = RequestOption(
+    "extra_query", .stringMap, tokenMethods, maxBytes: 2048, maxEntries: 32, maxKeyBytes: 256, default: "none")
+  public static let correlationID = RequestOption(
+    "correlation_id", .string, [.acquireToken, .acquireTokenSilent, .signOut], maxBytes: 128, spaces: false,
+    default: "a new UUID")
+  public static let forceRefresh = RequestOption("force_refresh", .bool, tokenMethods, default: "false")
+  public static let minValidity = RequestOption(
+    "min_validity", .uint32, tokenMethods, range: 0...86_400, default: "300")
+  public static let timeout = RequestOption(
+    "timeout", .uint32, tokenMethods, range: 1...3600, default: "300 (browser), 900 (device_code)")
+  public static let clientID = RequestOption(
+    "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
+  public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")
+  public static let revoke = RequestOption("revoke", .bool, [.signOut], default: "true")
+
+  /// Every entry of the table.
+  public static let all: [RequestOption] = [
+    authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
+    minValidity, timeout, clientID, username, revoke,
+  ]
+
+  /// The default of `min_validity`, in seconds.
+  public static let defaultMinValidity: UInt32 = 300
+
+  private static let byMethod: [OptionMethod: [String: RequestOption]] = {
+    var table: [OptionMethod: [String: RequestOption]] = [:]
+    for option in all {
+      for method in option.methods { table[method, default: [:]][option.key] = option }
+    }
+    return table
+  }()
+
+  /// The keys `method` accepts.
+  public static func options(for method: OptionMethod) -> [String: RequestOption] { byMethod[method] ?? [:] }
+
+  /// Checks every key and value of a method's `a{sv}` argument against the table. Keys are checked
+  /// in sorted order only when one fails, so the message is the same whatever order they came in.
+  public static func validate(_ options: [String: BusValue], for method: OptionMethod) throws(TesseraError) {
+    let accepted = byMethod[method] ?? [:]
+    var failed = false
+    for (key, value) in options {
+      guard let option = accepted[key] else {
+        failed = true
+        break
+      }
+      do { try option.check(value, method: method) } catch {
+        failed = true
+        break
+      }
+    }
+    guard failed else { return }
+    for (key, value) in options.sorted(by: { $0.key < $1.key }) {
+      guard let option = accepted[key] else {
+        throw .invalidArgument(
+          "Unknown \(method.argumentWord) key '\(clip(key))' for \(method.rawValue). Known keys: "
+            + "\(accepted.keys.sorted().joined(separator: ", ")). Remove it or check its spelling.")
+      }
+      try option.check(value, method: method)
+    }
+  }
+
+  /// Checks a caller-supplied text: bounded length, no control characters (nor spaces, when not allowed).
+  public static func checkText(_ value: String, name: String, max: Int, allowSpaces: Bool = true) throws(TesseraError) {
+    guard value.utf8.count <= max else {
+      throw .invalidArgument(
+        "'\(name)' is \(value.utf8.count) bytes long; the limit is \(max). Pass the real value, not a document.")
+    }
+    for scalar in value.unicodeScalars
+    where scalar.value < 0x20 || scalar.value == 0x7f || (!allowSpaces && scalar == " ") {
+      throw .invalidArgument(
+        "'\(name)' contains a control character\(allowSpaces ? "" : " or a space") "
+          + "(U+\(String(scalar.value, radix: 16, uppercase: true))). Remove it.")
+    }
+  }
+
+  /// A caller's text shortened for a message.
+  public static func clip(_ s: String) -> String { s.count > 64 ? String(s.prefix(64)) + "…" : s }
+}
+
+/// Limits on the methods' plain arguments (the `a{sv}` ones are in `RequestOptions`).
+public enum ArgumentLimits {
+  public static let clientIDBytes = 256
+  public static let accountIDBytes = 512
+  public static let scopes = 64
+  public static let scopeBytes = 512
+}
+
+/// How long an interactive sign-in may take when the caller gives no `timeout`, in seconds.
+public enum InteractiveTimeouts {
+  public static let browser: UInt32 = 300
+  public static let deviceCode: UInt32 = 900
+}
