@@ -77,6 +77,12 @@ let package = Package(
       dependencies: [
         "TesseraClient",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
+      ],
+      // Runs inside `$(tessera token)` in scripts and prompts: the Swift runtime linked in statically
+      // saves loading and relocating ten shared libraries at every start (measured: 9.3 → see
+      // BENCHMARKS.md). The daemon starts once and keeps the shared runtime.
+      linkerSettings: [
+        .unsafeFlags(["-static-stdlib", "-Xlinker", "-l_FoundationCShims", "-Xlinker", "-l_FoundationCollections"])
       ]
     ),
     // The benchmark (scripts/bench): measures a tesserad binary against the D-Bus floor.

@@ -19,6 +19,8 @@ struct Bench: ParsableCommand {
     discussion: "Run it through scripts/bench, which sets up the session bus, keyring and test IdP it needs.")
 
   @Option(help: "The tesserad binary to measure.") var tesserad: String
+  @Option(help: "The tessera CLI binary to measure against busctl.") var tessera: String?
+  @Option(help: "Runs of each command for the CLI measurement.") var cliRuns = 200
   @Option(help: "Interleaved latency rounds (each: floor calls, then broker calls).") var rounds = 20
   @Option(help: "Calls per latency round and side.") var callsPerRound = 250
   @Option(help: "Seconds per throughput phase.") var phaseSeconds = 1.0
@@ -43,6 +45,7 @@ struct Bench: ParsableCommand {
       refreshes = 3
       growthCalls = 2000
       startups = 1
+      cliRuns = 5
       load = load ?? "10x2x1"
     }
     let env = try Environment()
@@ -62,36 +65,57 @@ struct Bench: ParsableCommand {
     let signedIn = try Broker.signIn(client, clientID: "tessera-test")
     log("signed in as \(signedIn)")
 
-    // 1. Silent latency against the floor, interleaved.
+    // 1. Silent latency against the floor and Ping, interleaved.
     let latency = try measureLatency(client)
+    for (id, name, keyPath) in [
+      ("p50", "median", \Stats.p50), ("p90", "p90", \Stats.p90), ("p99", "p99", \Stats.p99),
+    ] {
+      report.add(
+        .init(
+          id: "silent_\(id)", name: "Silent latency, \(name)", value: latency.broker[keyPath: keyPath], unit: "µs",
+          detail: "Ping \(fmt(latency.ping[keyPath: keyPath])) µs, floor \(fmt(latency.floor[keyPath: keyPath])) µs"))
+    }
     report.add(
       .init(
-        id: "silent_p50", name: "Silent latency, median", value: latency.broker.p50, unit: "µs",
-        detail: "floor \(fmt(latency.floor.p50)) µs"))
-    report.add(
-      .init(
-        id: "silent_p90", name: "Silent latency, p90", value: latency.broker.p90, unit: "µs",
-        detail: "floor \(fmt(latency.floor.p90)) µs"))
-    report.add(
-      .init(
-        id: "silent_p99", name: "Silent latency, p99", value: latency.broker.p99, unit: "µs",
-        detail: "floor \(fmt(latency.floor.p99)) µs"))
+        id: "silent_ping_ratio", name: "Silent median / Ping median", value: latency.broker.p50 / latency.ping.p50,
+        unit: "×", goal: 1.15, lowerIsBetter: true))
     report.add(
       .init(
         id: "silent_ratio", name: "Silent median / floor median", value: latency.broker.p50 / latency.floor.p50,
-        unit: "×", goal: 1.3, lowerIsBetter: true))
+        unit: "×", detail: "Ping / floor \(fmt(latency.ping.p50 / latency.floor.p50)) ×"))
 
     // 2. Throughput at 1, 4, 16 connections.
     for connections in [1, 4, 16] {
-      let (floor, broker) = try measureThroughput(connections: connections)
+      let rates = try measureThroughput(connections: connections)
       report.add(
         .init(
-          id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: broker,
-          unit: "calls/s", detail: "floor \(fmt(floor)) calls/s"))
+          id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: rates.broker,
+          unit: "calls/s", detail: "Ping \(fmt(rates.ping)) calls/s, floor \(fmt(rates.floor)) calls/s"))
       report.add(
         .init(
-          id: "throughput_ratio_\(connections)", name: "Throughput / floor, \(connections) connection(s)",
-          value: broker / floor, unit: "×", goal: 0.8, lowerIsBetter: false))
+          id: "throughput_ping_ratio_\(connections)", name: "Throughput / Ping, \(connections) connection(s)",
+          value: rates.broker / rates.ping, unit: "×", goal: 0.85, lowerIsBetter: false,
+          detail: "broker / floor \(fmt(rates.broker / rates.floor)) ×"))
+    }
+
+    // 2b. The CLI against busctl, same call.
+    if let tessera {
+      let cli = try measureCLI(tessera: tessera)
+      report.add(
+        .init(
+          id: "cli_token", name: "`tessera token`, median wall time", value: cli.tessera, unit: "ms",
+          detail: "`busctl --user call` of the same AcquireTokenSilent \(fmt(cli.busctl)) ms"))
+      report.add(
+        .init(
+          id: "cli_ratio", name: "`tessera token` / `busctl --user call`", value: cli.tessera / cli.busctl, unit: "×",
+          goal: 1.2, lowerIsBetter: true))
+      for (name, path) in [("tessera", tessera), ("tesserad", tesserad)] {
+        let binary = Binary.describe(path)
+        report.add(
+          .init(
+            id: "size_\(name)", name: "`\(name)` binary size", value: binary.sizeMiB, unit: "MiB",
+            detail: "links \(binary.libraries.count): \(binary.libraries.joined(separator: ", "))"))
+      }
     }
 
     // 3. Single-flight on an expired token.
@@ -169,22 +193,21 @@ struct Bench: ParsableCommand {
 
   // MARK: Measurements
 
-  func measureLatency(_ client: BusClient) throws -> (floor: Stats, broker: Stats) {
-    let floorCall = BrokerCall.floor
+  func measureLatency(_ client: BusClient) throws -> (floor: Stats, ping: Stats, broker: Stats) {
     let silent = BrokerCall.silent(clientID: "tessera-test")
-    var floor: [Double] = []
-    var broker: [Double] = []
+    let calls = [BrokerCall.floor, BrokerCall.ping, silent]
+    var samples: [[Double]] = [[], [], []]
     for _ in 0..<(smoke ? 10 : 200) {  // warm-up
-      _ = try client.call(
-        destination: floorCall.destination, path: floorCall.path, interface: floorCall.interface,
-        member: floorCall.member, arguments: [])
-      _ = try client.call(member: silent.member, arguments: silent.arguments)
+      for call in calls {
+        _ = try client.call(
+          destination: call.destination, path: call.path, interface: call.interface, member: call.member,
+          arguments: call.arguments)
+      }
     }
     for _ in 0..<rounds {
-      floor += try timeCalls(client, floorCall, count: callsPerRound)
-      broker += try timeCalls(client, silent, count: callsPerRound)
+      for (index, call) in calls.enumerated() { samples[index] += try timeCalls(client, call, count: callsPerRound) }
     }
-    return (Stats(floor), Stats(broker))
+    return (Stats(samples[0]), Stats(samples[1]), Stats(samples[2]))
   }
 
   func timeCalls(_ client: BusClient, _ call: BrokerCall, count: Int) throws -> [Double] {
@@ -202,14 +225,54 @@ struct Bench: ParsableCommand {
 
   /// Calls per second for `connections` clients, each on its own connection and thread; floor and
   /// broker phases alternate so drift hits both.
-  func measureThroughput(connections: Int) throws -> (floor: Double, broker: Double) {
+  func measureThroughput(connections: Int) throws -> (floor: Double, ping: Double, broker: Double) {
     var floorRates: [Double] = []
+    var pingRates: [Double] = []
     var brokerRates: [Double] = []
     for _ in 0..<phases {
       floorRates.append(try phase(.floor, connections: connections))
+      pingRates.append(try phase(.ping, connections: connections))
       brokerRates.append(try phase(.silent(clientID: "tessera-test"), connections: connections))
     }
-    return (Stats(floorRates).p50, Stats(brokerRates).p50)
+    return (Stats(floorRates).p50, Stats(pingRates).p50, Stats(brokerRates).p50)
+  }
+
+  /// Median wall time (ms) of `tessera token` and of `busctl --user call` of the same silent call,
+  /// each a whole process with its output discarded, interleaved.
+  func measureCLI(tessera: String) throws -> (tessera: Double, busctl: Double) {
+    let busctl = [
+      "/usr/bin/busctl", "--user", "call", BrokerInterface.busName, BrokerInterface.objectPath,
+      BrokerInterface.interfaceName, "AcquireTokenSilent", "sassa{sv}", "tessera-test", "0", "", "0",
+    ]
+    let ours = [tessera, "token", "--client-id", "tessera-test"]
+    var times: ([Double], [Double]) = ([], [])
+    for run in 0..<(cliRuns + 5) {
+      let a = try timeProcess(ours)
+      let b = try timeProcess(busctl)
+      if run >= 5 {  // the first runs warm the page cache
+        times.0.append(a)
+        times.1.append(b)
+      }
+    }
+    return (Stats(times.0).p50, Stats(times.1).p50)
+  }
+
+  func timeProcess(_ argv: [String]) throws -> Double {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    defer { cArguments.forEach { free($0) } }
+    var pid: pid_t = 0
+    let start = monotonic()
+    let r = posix_spawn(&pid, cArguments[0]!, &actions, nil, &cArguments, environ)
+    guard r == 0 else { throw BenchError("cannot run \(argv[0]): error \(r)") }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let elapsed = (monotonic() - start) * 1000
+    guard status == 0 else { throw BenchError("\(argv.joined(separator: " ")) failed (status \(status))") }
+    return elapsed
   }
 
   func phase(_ call: BrokerCall, connections: Int) throws -> Double {
