@@ -31,6 +31,8 @@ public final class SilentFastPath: Sendable {
     var expiresOn: Double
     var refreshOn: Double
     var target: SilentTarget
+    /// `target.key`, computed once (it normalises the scopes).
+    var targetKey: SilentTarget.Key
   }
 
   private let entries = Mutex<[Key: Entry]>([:])
@@ -64,7 +66,7 @@ public final class SilentFastPath: Sendable {
       let entry = entries.withLock({ $0[Key(request)] }),
       entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
     else { return nil }
-    uses.withLock { $0[entry.target.key] = (entry.target, now) }
+    uses.withLock { $0[entry.targetKey] = (entry.target, now) }
     var reply = entry.reply
     reply[TokenInfo.correlationIDKey] = .string(request.correlationID)
     return .reply(reply, correlationID: request.correlationID)
@@ -73,7 +75,7 @@ public final class SilentFastPath: Sendable {
   func publish(_ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue]) {
     let entry = Entry(
       reply: reply, expiresOn: Double(token.expiresOn), refreshOn: Double(token.refreshOn ?? token.expiresOn),
-      target: target)
+      target: target, targetKey: target.key)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }
       $0[Key(request)] = entry
