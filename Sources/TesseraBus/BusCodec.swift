@@ -34,9 +34,15 @@ enum BusCodec {
   /// and reported as `.other(signature:)`.
   static func read(_ m: OpaquePointer) throws -> BusValue {
     var type: CChar = 0
-    var contentsPointer: UnsafePointer<CChar>?
-    try check(sd_bus_message_peek_type(m, &type, &contentsPointer), "peek")
-    let contents = contentsPointer.map { String(cString: $0) } ?? ""
+    var contents: UnsafePointer<CChar>?
+    try check(sd_bus_message_peek_type(m, &type, &contents), "peek")
+    // `contents` is compared in place: most values are basic types and need no String for it.
+    func contentsAre(_ text: StaticString) -> Bool {
+      guard let contents else { return false }
+      return text.withUTF8Buffer { expected in
+        expected.withMemoryRebound(to: CChar.self) { strncmp(contents, $0.baseAddress!, expected.count) == 0 }
+      } && contents[text.utf8CodeUnitCount] == 0
+    }
     switch UInt8(bitPattern: type) {
     case UInt8(ascii: "s"), UInt8(ascii: "o"), UInt8(ascii: "g"):
       var p: UnsafePointer<CChar>?
@@ -71,45 +77,49 @@ enum BusCodec {
       let inner = try read(m)
       try check(sd_bus_message_exit_container(m), "exit variant")
       return inner
-    case UInt8(ascii: "a"):
-      switch contents {
-      case "s":
-        try check(sd_bus_message_enter_container(m, type, contents), "enter as")
-        var strings: [String] = []
-        while try hasMore(m) {
-          if case .string(let s) = try read(m) { strings.append(s) }
-        }
-        try check(sd_bus_message_exit_container(m), "exit as")
-        return .strings(strings)
-      case "{ss}", "{sv}":
-        try check(sd_bus_message_enter_container(m, type, contents), "enter dict")
-        var dict: [String: BusValue] = [:]
-        var stringMap: [String: String] = [:]
-        while try hasMore(m) {
-          try check(
-            sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), String(contents.dropFirst().dropLast())),
-            "enter entry")
-          let key = try read(m).stringValue ?? ""
-          let value = try read(m)
-          try check(sd_bus_message_exit_container(m), "exit entry")
-          if contents == "{ss}" { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
-        }
-        try check(sd_bus_message_exit_container(m), "exit dict")
-        return contents == "{ss}" ? .stringMap(stringMap) : .dict(dict)
-      case "a{sv}":
-        try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
-        var dicts: [[String: BusValue]] = []
-        while try hasMore(m) {
-          if case .dict(let d) = try read(m) { dicts.append(d) }
-        }
-        try check(sd_bus_message_exit_container(m), "exit aa{sv}")
-        return .dicts(dicts)
-      default:
-        try check(sd_bus_message_skip(m, nil), "skip")
-        return .other(signature: "a" + contents)
+    case UInt8(ascii: "a") where contentsAre("s"):
+      try check(sd_bus_message_enter_container(m, type, contents), "enter as")
+      var strings: [String] = []
+      while try hasMore(m) {
+        if case .string(let s) = try read(m) { strings.append(s) }
       }
+      try check(sd_bus_message_exit_container(m), "exit as")
+      return .strings(strings)
+    case UInt8(ascii: "a") where contentsAre("{ss}") || contentsAre("{sv}"):
+      let isStringMap = contentsAre("{ss}")
+      try check(sd_bus_message_enter_container(m, type, contents), "enter dict")
+      var dict: [String: BusValue] = [:]
+      var stringMap: [String: String] = [:]
+      let entry: StaticString = isStringMap ? "ss" : "sv"
+      while try hasMore(m) {
+        try check(
+          entry.withUTF8Buffer {
+            $0.withMemoryRebound(to: CChar.self) {
+              sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), $0.baseAddress)
+            }
+          }, "enter entry")
+        let key = try read(m).stringValue ?? ""
+        let value = try read(m)
+        try check(sd_bus_message_exit_container(m), "exit entry")
+        if isStringMap { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
+      }
+      try check(sd_bus_message_exit_container(m), "exit dict")
+      return isStringMap ? .stringMap(stringMap) : .dict(dict)
+    case UInt8(ascii: "a") where contentsAre("a{sv}"):
+      try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
+      var dicts: [[String: BusValue]] = []
+      while try hasMore(m) {
+        if case .dict(let d) = try read(m) { dicts.append(d) }
+      }
+      try check(sd_bus_message_exit_container(m), "exit aa{sv}")
+      return .dicts(dicts)
+    case UInt8(ascii: "a"):
+      let signature = "a" + (contents.map { String(cString: $0) } ?? "")
+      try check(sd_bus_message_skip(m, nil), "skip")
+      return .other(signature: signature)
     default:
-      let signature = contents.isEmpty ? String(UnicodeScalar(UInt8(bitPattern: type))) : "(\(contents))"
+      let inner = contents.map { String(cString: $0) } ?? ""
+      let signature = inner.isEmpty ? String(UnicodeScalar(UInt8(bitPattern: type))) : "(\(inner))"
       try check(sd_bus_message_skip(m, nil), "skip")
       return .other(signature: signature)
     }

@@ -38,7 +38,10 @@ public final class BusServer: @unchecked Sendable {
   public typealias CallHandler = @Sendable (_ call: Call, _ reply: ReplyToken) -> Void
   private let onCall: CallHandler
   /// Tried on the bus thread before `onCall`: an answer it returns is sent at once.
-  private let answerAtOnce: (@Sendable (Call) -> Result<[BusValue], TesseraError>?)?
+  private let answerAtOnce: (@Sendable (Call) -> FastAnswer?)?
+  /// Encoded reply templates by ReplyTemplate.id (bus thread only); sealed messages to copy from.
+  private var templates: [UInt64: OpaquePointer] = [:]
+  static let maxTemplates = 256
   /// Called (on the bus thread) when a unique name leaves the bus.
   private let onCallerGone: @Sendable (String) -> Void
 
@@ -60,7 +63,7 @@ public final class BusServer: @unchecked Sendable {
   public init(
     interfaces: [InterfaceDescription], log: @escaping BusLog = { _, _ in }, onCall: @escaping CallHandler,
     onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
-    answerAtOnce: (@Sendable (Call) -> Result<[BusValue], TesseraError>?)? = nil
+    answerAtOnce: (@Sendable (Call) -> FastAnswer?)? = nil
   ) {
     self.log = log
     self.onCall = onCall
@@ -167,9 +170,14 @@ public final class BusServer: @unchecked Sendable {
         message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
     }
     let call = Call(interface: object.description, member: member, arguments: arguments, caller: callerInfo(message))
-    if let answer = answerAtOnce?(call) {
-      send(reply: answer, to: message)
+    switch answerAtOnce?(call) {
+    case .reply(let result)?:
+      send(reply: result, to: message)
       return 1
+    case .template(let template, let key, let value)?:
+      send(template, adding: key, value, to: message)
+      return 1
+    case nil: break
     }
     nextID &+= 1
     pending[nextID] = sd_bus_message_ref(message)
@@ -286,6 +294,60 @@ public final class BusServer: @unchecked Sendable {
       let r = sd_bus_send(bus, reply, nil)
       if r < 0 { log(.notice, "Could not send a reply (caller gone?): \(Errno(rawValue: -r))") }
     }
+  }
+
+  /// Sends the template's a{sv} plus one entry: the template is encoded once (a sealed message
+  /// nobody receives) and its entries copied by sd-bus into each reply.
+  private func send(_ template: ReplyTemplate, adding key: String, _ value: BusValue, to call: OpaquePointer) {
+    guard let body = encodedTemplate(template) else {
+      send(reply: FastAnswer.template(template, key: key, value: value).values, to: call)
+      return
+    }
+    var reply: OpaquePointer?
+    guard sd_bus_message_new_method_return(call, &reply) >= 0, let reply else { return }
+    defer { sd_bus_message_unref(reply) }
+    let aSV = CChar(UInt8(ascii: "a"))
+    do {
+      try BusCodec.check(sd_bus_message_rewind(body, 1), "rewind")
+      try BusCodec.check(sd_bus_message_enter_container(body, aSV, "{sv}"), "enter template")
+      defer { _ = sd_bus_message_exit_container(body) }
+      try BusCodec.check(sd_bus_message_open_container(reply, aSV, "{sv}"), "open a{sv}")
+      try BusCodec.check(sd_bus_message_copy(reply, body, 1), "copy template")
+      try BusCodec.check(sd_bus_message_open_container(reply, CChar(UInt8(ascii: "e")), "sv"), "open entry")
+      try BusCodec.append(reply, .string(key))
+      try BusCodec.check(
+        sd_bus_message_open_container(reply, CChar(UInt8(ascii: "v")), value.signature), "open variant")
+      try BusCodec.append(reply, value)
+      try BusCodec.check(sd_bus_message_close_container(reply), "close variant")
+      try BusCodec.check(sd_bus_message_close_container(reply), "close entry")
+      try BusCodec.check(sd_bus_message_close_container(reply), "close a{sv}")
+    } catch {
+      log(.error, "Could not build a reply from a template: \(error)")
+      send(reply: FastAnswer.template(template, key: key, value: value).values, to: call)
+      return
+    }
+    let r = sd_bus_send(bus, reply, nil)
+    if r < 0 { log(.notice, "Could not send a reply (caller gone?): \(Errno(rawValue: -r))") }
+  }
+
+  private func encodedTemplate(_ template: ReplyTemplate) -> OpaquePointer? {
+    if let body = templates[template.id] { return body }
+    if templates.count >= Self.maxTemplates {
+      for (_, body) in templates { sd_bus_message_unref(body) }
+      templates.removeAll()
+    }
+    var message: OpaquePointer?
+    guard sd_bus_message_new_signal(bus, &message, "/", "org.tessera.ReplyTemplate", "Body") >= 0, let message
+    else { return nil }
+    do {
+      try BusCodec.append(message, .dict(template.dict))
+      try BusCodec.check(sd_bus_message_seal(message, 1, 0), "seal")
+    } catch {
+      sd_bus_message_unref(message)
+      return nil
+    }
+    templates[template.id] = message
+    return message
   }
 
   private func sendSignal(

@@ -27,7 +27,8 @@ public final class SilentFastPath: Sendable {
   }
 
   struct Entry: Sendable {
-    var reply: [String: BusValue]
+    /// The reply without its correlation id, which differs per call.
+    var reply: ReplyTemplate
     var expiresOn: Double
     var refreshOn: Double
     var target: SilentTarget
@@ -44,8 +45,8 @@ public final class SilentFastPath: Sendable {
 
   /// What the fast path makes of an AcquireTokenSilent call.
   public enum Answer: Sendable {
-    /// The reply, and the request's correlation id (for the log).
-    case reply([String: BusValue], correlationID: String)
+    /// The reply (the template plus this request's correlation id), and that id (for the log).
+    case reply(ReplyTemplate, correlationID: String)
     /// The call is invalid: the error the full path would give too.
     case refused(TesseraError)
   }
@@ -67,14 +68,15 @@ public final class SilentFastPath: Sendable {
       entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
     else { return nil }
     uses.withLock { $0[entry.targetKey] = (entry.target, now) }
-    var reply = entry.reply
-    reply[TokenInfo.correlationIDKey] = .string(request.correlationID)
-    return .reply(reply, correlationID: request.correlationID)
+    return .reply(entry.reply, correlationID: request.correlationID)
   }
 
   func publish(_ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue]) {
+    var body = reply
+    body[TokenInfo.correlationIDKey] = nil
     let entry = Entry(
-      reply: reply, expiresOn: Double(token.expiresOn), refreshOn: Double(token.refreshOn ?? token.expiresOn),
+      reply: ReplyTemplate(body), expiresOn: Double(token.expiresOn),
+      refreshOn: Double(token.refreshOn ?? token.expiresOn),
       target: target, targetKey: target.key)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }

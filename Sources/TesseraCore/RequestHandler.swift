@@ -16,14 +16,12 @@ public struct RequestHandler: Sendable {
   /// Answers a silent request on the calling (bus) thread when the token actor has published its
   /// reply, or refuses it when its arguments are invalid (with the full path's error); nil when the
   /// full path must answer. Logged like any other request.
-  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> Result<
-    [BusValue], TesseraError
-  >? {
+  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> FastAnswer? {
     guard method == "AcquireTokenSilent",
       let answer = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970)
     else { return nil }
     switch answer {
-    case .reply(let reply, let correlationID):
+    case .reply(let template, let correlationID):
       if logger.logLevel <= .info {
         var metadata = callerMetadata(method, caller)
         metadata["correlation_id"] = "\(correlationID)"
@@ -37,12 +35,12 @@ public struct RequestHandler: Sendable {
         }
         logger.info("\(method) succeeded", metadata: metadata)
       }
-      return .success([.dict(reply)])
+      return .template(template, key: TokenInfo.correlationIDKey, value: .string(correlationID))
     case .refused(let error):
       var metadata = callerMetadata(method, caller)
       metadata["outcome"] = "\(error.code.rawValue)"
       logger.notice("\(method) failed: \(error.message)", metadata: metadata)
-      return .failure(error)
+      return .reply(.failure(error))
     }
   }
 

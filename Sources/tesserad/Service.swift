@@ -12,7 +12,7 @@ final class RequestRouter: Sendable {
 
   func install(server: BusServer, handler: RequestHandler) { target.withLock { $0 = (server, handler) } }
 
-  func answerAtOnce(_ call: BusServer.Call) -> Result<[BusValue], TesseraError>? {
+  func answerAtOnce(_ call: BusServer.Call) -> FastAnswer? {
     target.withLock { $0 }?.1.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller)
   }
 

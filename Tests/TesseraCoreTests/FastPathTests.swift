@@ -75,7 +75,8 @@ final class FastPathTests: XCTestCase {
       if Int.random(in: 0..<2, using: &rng) == 0 { sent = sent.filter { $0.key == "correlation_id" } }
       let arguments: [BusValue] = [.string(clientID), .strings(scopes), .string(account), .dict(sent)]
 
-      guard let fast = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller) else {
+      guard let fast = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller)?.values
+      else {
         _ = await handler.handle(method: "AcquireTokenSilent", arguments: arguments, caller: caller)
         continue
       }
@@ -114,7 +115,9 @@ final class FastPathTests: XCTestCase {
     }
     XCTAssertNil(handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments(), caller: caller))
     _ = await handler.handle(method: "AcquireTokenSilent", arguments: arguments(), caller: caller)
-    guard case .success? = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments(), caller: caller)
+    guard
+      case .success? = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments(), caller: caller)?
+        .values
     else { return XCTFail("a repeat is answered by the fast path") }
     // The token lives 3600 s: with 3700 s of validity asked for, only the full path may answer.
     XCTAssertNil(
