@@ -130,7 +130,7 @@ enum BusCodec {
   static func append(_ m: OpaquePointer, _ value: BusValue) throws {
     switch value {
     case .string(let s):
-      try check(s.withCString { sd_bus_message_append_basic(m, CChar(UInt8(ascii: "s")), $0) }, "append s")
+      try appendString(m, s)
     case .bool(let b):
       var v: Int32 = b ? 1 : 0
       try check(sd_bus_message_append_basic(m, CChar(UInt8(ascii: "b")), &v), "append b")
@@ -151,18 +151,41 @@ enum BusCodec {
         }
       }
     case .dict(let dict):
-      try container(m, "a", "{sv}") {
-        for (k, v) in dict {
-          try container(m, "e", "sv") {
-            try append(m, .string(k))
-            try container(m, "v", v.fixedSignature) { try append(m, v) }
-          }
-        }
-      }
+      try append(m, dict, adding: nil, nil)
     case .dicts(let dicts):
       try container(m, "a", "a{sv}") { for d in dicts { try append(m, .dict(d)) } }
     case .other(let signature):
       throw Failure(errno: EINVAL, what: "cannot send a value of type \(signature)")
+    }
+  }
+
+  /// An a{sv}, with one more entry when `key` is given.
+  static func append(_ m: OpaquePointer, _ dict: [String: BusValue], adding key: String?, _ value: BusValue?) throws {
+    func entry(_ k: String, _ v: BusValue) throws {
+      try container(m, "e", "sv") {
+        try appendString(m, k)
+        try container(m, "v", v.fixedSignature) { try append(m, v) }
+      }
+    }
+    try container(m, "a", "{sv}") {
+      for (k, v) in dict { try entry(k, v) }
+      if let key, let value { try entry(key, value) }
+    }
+  }
+
+  /// A Swift string is valid UTF-8 by construction, so it is copied into the message as is
+  /// (`sd_bus_message_append_string_space`) instead of through `append_basic`, which scans it for
+  /// UTF-8 validity again: a cached token's reply is mostly token text. A string with a NUL byte,
+  /// which D-Bus strings may not hold, is refused.
+  static func appendString(_ m: OpaquePointer, _ s: String) throws {
+    var s = s
+    try s.withUTF8 { bytes in
+      if let base = bytes.baseAddress, memchr(base, 0, bytes.count) != nil {
+        throw Failure(errno: EINVAL, what: "a D-Bus string cannot hold a NUL character")
+      }
+      var space: UnsafeMutablePointer<CChar>?
+      try check(sd_bus_message_append_string_space(m, bytes.count, &space), "append s")
+      if let space, let base = bytes.baseAddress { memcpy(space, base, bytes.count) }
     }
   }
 

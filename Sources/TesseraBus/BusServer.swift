@@ -39,9 +39,6 @@ public final class BusServer: @unchecked Sendable {
   private let onCall: CallHandler
   /// Tried on the bus thread before `onCall`: an answer it returns is sent at once.
   private let answerAtOnce: (@Sendable (Call) -> FastAnswer?)?
-  /// Encoded reply templates by ReplyTemplate.id (bus thread only); sealed messages to copy from.
-  private var templates: [UInt64: OpaquePointer] = [:]
-  static let maxTemplates = 256
   /// Called (on the bus thread) when a unique name leaves the bus.
   private let onCallerGone: @Sendable (String) -> Void
 
@@ -186,25 +183,27 @@ public final class BusServer: @unchecked Sendable {
   }
 
   /// Rejects calls whose argument types do not match the contract with our own error name
-  /// (sd-bus would answer org.freedesktop.DBus.Error.InvalidArgs).
+  /// (sd-bus would answer org.freedesktop.DBus.Error.InvalidArgs). It sees every message, so the
+  /// common case (a call to one of our methods with the right types, or a message for someone else)
+  /// is decided on C strings without building Swift ones.
   fileprivate func filter(_ message: OpaquePointer) -> Int32 {
-    guard sd_bus_message_is_method_call(message, nil, nil) > 0,
-      let path = sd_bus_message_get_path(message).map({ String(cString: $0) }),
-      let member = sd_bus_message_get_member(message).map({ String(cString: $0) })
+    guard sd_bus_message_is_method_call(message, nil, nil) > 0, let path = sd_bus_message_get_path(message),
+      let member = sd_bus_message_get_member(message)
     else { return 0 }
     // Calls may omit the interface field; sd-bus then dispatches them by member name.
-    let interface = sd_bus_message_get_interface(message).map { String(cString: $0) }
-    for object in objects where object.description.objectPath == path {
-      guard interface == nil || interface == object.description.name,
-        let method = object.description.method(named: member)
+    let interface = sd_bus_message_get_interface(message)
+    for object in objects where strcmp(object.path, path) == 0 {
+      guard interface.map({ strcmp($0, object.interfaceName) == 0 }) ?? true,
+        let index = object.methodNames.firstIndex(where: { strcmp($0, member) == 0 })
       else { continue }
-      guard sd_bus_message_has_signature(message, method.inputSignature) == 0 else { return 0 }
+      let method = object.description.methods[index]
+      guard sd_bus_message_has_signature(message, object.inputSignatures[index]) == 0 else { return 0 }
       let given = sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? ""
       let names = method.inputs.map { "\($0.name): \($0.signature)" }.joined(separator: ", ")
       return replyError(
         message,
         .invalidArgument(
-          "\(member) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."
+          "\(method.name) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."
         ))
     }
     return 0
@@ -296,58 +295,21 @@ public final class BusServer: @unchecked Sendable {
     }
   }
 
-  /// Sends the template's a{sv} plus one entry: the template is encoded once (a sealed message
-  /// nobody receives) and its entries copied by sd-bus into each reply.
+  /// Sends the template's a{sv} plus one entry, encoded straight from the template's values (its
+  /// strings are copied into the message without a second UTF-8 scan, see BusCodec.appendString).
   private func send(_ template: ReplyTemplate, adding key: String, _ value: BusValue, to call: OpaquePointer) {
-    guard let body = encodedTemplate(template) else {
-      send(reply: FastAnswer.template(template, key: key, value: value).values, to: call)
-      return
-    }
     var reply: OpaquePointer?
     guard sd_bus_message_new_method_return(call, &reply) >= 0, let reply else { return }
     defer { sd_bus_message_unref(reply) }
-    let aSV = CChar(UInt8(ascii: "a"))
     do {
-      try BusCodec.check(sd_bus_message_rewind(body, 1), "rewind")
-      try BusCodec.check(sd_bus_message_enter_container(body, aSV, "{sv}"), "enter template")
-      defer { _ = sd_bus_message_exit_container(body) }
-      try BusCodec.check(sd_bus_message_open_container(reply, aSV, "{sv}"), "open a{sv}")
-      try BusCodec.check(sd_bus_message_copy(reply, body, 1), "copy template")
-      try BusCodec.check(sd_bus_message_open_container(reply, CChar(UInt8(ascii: "e")), "sv"), "open entry")
-      try BusCodec.append(reply, .string(key))
-      try BusCodec.check(
-        sd_bus_message_open_container(reply, CChar(UInt8(ascii: "v")), value.signature), "open variant")
-      try BusCodec.append(reply, value)
-      try BusCodec.check(sd_bus_message_close_container(reply), "close variant")
-      try BusCodec.check(sd_bus_message_close_container(reply), "close entry")
-      try BusCodec.check(sd_bus_message_close_container(reply), "close a{sv}")
+      try BusCodec.append(reply, template.dict, adding: key, value)
     } catch {
-      log(.error, "Could not build a reply from a template: \(error)")
-      send(reply: FastAnswer.template(template, key: key, value: value).values, to: call)
+      log(.error, "Could not build a reply: \(error)")
+      replyError(call, .internal("The broker could not encode its reply. Please report this with the daemon's log."))
       return
     }
     let r = sd_bus_send(bus, reply, nil)
     if r < 0 { log(.notice, "Could not send a reply (caller gone?): \(Errno(rawValue: -r))") }
-  }
-
-  private func encodedTemplate(_ template: ReplyTemplate) -> OpaquePointer? {
-    if let body = templates[template.id] { return body }
-    if templates.count >= Self.maxTemplates {
-      for (_, body) in templates { sd_bus_message_unref(body) }
-      templates.removeAll()
-    }
-    var message: OpaquePointer?
-    guard sd_bus_message_new_signal(bus, &message, "/", "org.tessera.ReplyTemplate", "Body") >= 0, let message
-    else { return nil }
-    do {
-      try BusCodec.append(message, .dict(template.dict))
-      try BusCodec.check(sd_bus_message_seal(message, 1, 0), "seal")
-    } catch {
-      sd_bus_message_unref(message)
-      return nil
-    }
-    templates[template.id] = message
-    return message
   }
 
   private func sendSignal(
@@ -379,6 +341,11 @@ private final class ExportedObject: @unchecked Sendable {
   // Invariant: `server` is set once, before the bus thread starts; the rest is immutable.
   let description: InterfaceDescription
   let vtable: UnsafeMutablePointer<sd_bus_vtable>
+  /// C strings for the signature filter, which sees every message.
+  let path: UnsafePointer<CChar>
+  let interfaceName: UnsafePointer<CChar>
+  let methodNames: [UnsafePointer<CChar>]
+  let inputSignatures: [UnsafePointer<CChar>]
   unowned(unsafe) var server: BusServer!
 
   init(description: InterfaceDescription) {
@@ -412,6 +379,10 @@ private final class ExportedObject: @unchecked Sendable {
     }
     tessera_vtable_end(table + i)
     vtable = table
+    path = keep(description.objectPath)
+    interfaceName = keep(description.name)
+    methodNames = description.methods.map { keep($0.name) }
+    inputSignatures = description.methods.map { keep($0.inputSignature) }
   }
 }
 

@@ -26,14 +26,24 @@ public final class SilentFastPath: Sendable {
     }
   }
 
-  struct Entry: Sendable {
+  final class Entry: Sendable {
     /// The reply without its correlation id, which differs per call.
-    var reply: ReplyTemplate
-    var expiresOn: Double
-    var refreshOn: Double
-    var target: SilentTarget
+    let reply: ReplyTemplate
+    let expiresOn: Double
+    let refreshOn: Double
+    let target: SilentTarget
     /// `target.key`, computed once (it normalises the scopes).
-    var targetKey: SilentTarget.Key
+    let targetKey: SilentTarget.Key
+    /// The second of the last use recorded for refresh-ahead: uses are recorded once a second.
+    let lastUse = Atomic<Int64>(0)
+
+    init(reply: ReplyTemplate, expiresOn: Double, refreshOn: Double, target: SilentTarget) {
+      self.reply = reply
+      self.expiresOn = expiresOn
+      self.refreshOn = refreshOn
+      self.target = target
+      self.targetKey = target.key
+    }
   }
 
   private let entries = Mutex<[Key: Entry]>([:])
@@ -67,7 +77,10 @@ public final class SilentFastPath: Sendable {
       let entry = entries.withLock({ $0[Key(request)] }),
       entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
     else { return nil }
-    uses.withLock { $0[entry.targetKey] = (entry.target, now) }
+    let second = Int64(now)
+    if entry.lastUse.exchange(second, ordering: .relaxed) != second {
+      uses.withLock { $0[entry.targetKey] = (entry.target, now) }
+    }
     return .reply(entry.reply, correlationID: request.correlationID)
   }
 
@@ -77,7 +90,7 @@ public final class SilentFastPath: Sendable {
     let entry = Entry(
       reply: ReplyTemplate(body), expiresOn: Double(token.expiresOn),
       refreshOn: Double(token.refreshOn ?? token.expiresOn),
-      target: target, targetKey: target.key)
+      target: target)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }
       $0[Key(request)] = entry

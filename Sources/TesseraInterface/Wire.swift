@@ -1,16 +1,24 @@
+import Synchronization
+
 /// The values both sides of the bus exchange, and their one mapping to and from D-Bus dicts: the
 /// daemon builds replies with these, the client library reads them with the same code.
 
 /// Correlation ids: the caller's, or a new random (version 4) UUID in lower case, as MSAL and Entra
 /// write them.
 public enum CorrelationID {
-  /// Made from the system's random source directly: Foundation's `UUID()` opens and reads
-  /// /dev/urandom on each call, which was a tenth of the bus thread's time on a cached answer.
+  /// A correlation id only has to be unique, not unpredictable (it is written to logs and sent to
+  /// the identity provider in the clear), so it comes from a fast generator (xoshiro256**) seeded
+  /// once from the system's random source, not from a getrandom(2) system call per id (a tenth of
+  /// the bus thread's time on a cached answer; Foundation's `UUID()` even opened /dev/urandom).
+  private static let generator = Mutex(Xoshiro256StarStar())
+
   public static func new() -> String {
-    var generator = SystemRandomNumberGenerator()
-    let high = (generator.next() & ~0xF000) | 0x4000  // version 4
-    let low = (generator.next() & ~(0xC << 60)) | (0x8 << 60)  // RFC 4122 variant
-    return String(unsafeUninitializedCapacity: 36) { text in
+    let (high, low) = generator.withLock { ($0.next(), $0.next()) }
+    return format(high: (high & ~0xF000) | 0x4000, low: (low & ~(0xC << 60)) | (0x8 << 60))  // v4, RFC 4122
+  }
+
+  static func format(high: UInt64, low: UInt64) -> String {
+    String(unsafeUninitializedCapacity: 36) { text in
       var position = 0
       for word in [high, low] {
         for nibble in 0..<16 {
@@ -25,6 +33,29 @@ public enum CorrelationID {
       }
       return position
     }
+  }
+}
+
+/// xoshiro256** (Blackman and Vigna), seeded from SystemRandomNumberGenerator. Not for secrets.
+struct Xoshiro256StarStar: RandomNumberGenerator {
+  private var s: (UInt64, UInt64, UInt64, UInt64)
+
+  init() {
+    var seed = SystemRandomNumberGenerator()
+    s = (seed.next(), seed.next(), seed.next(), seed.next())
+    if s == (0, 0, 0, 0) { s.0 = 1 }
+  }
+
+  mutating func next() -> UInt64 {
+    let result = ((s.1 &* 5) << 7 | (s.1 &* 5) >> 57) &* 9
+    let t = s.1 << 17
+    s.2 ^= s.0
+    s.3 ^= s.1
+    s.1 ^= s.2
+    s.0 ^= s.3
+    s.2 ^= t
+    s.3 = s.3 << 45 | s.3 >> 19
+    return result
   }
 }
 
