@@ -30,15 +30,6 @@ public enum Syscall {
     }
   }
 
-  /// Checks a result in the sd-bus / pthread style: a negative errno (sd-bus) or a positive error
-  /// number (pthread), zero or more for success.
-  @discardableResult
-  public static func checkNegative(_ call: @autoclosure () -> String, _ result: Int32) throws(SystemCallError) -> Int32
-  {
-    guard result < 0 else { return result }
-    throw SystemCallError(call(), Errno(rawValue: -result))
-  }
-
   /// The text for a negative errno as sd-bus returns it.
   public static func describe(negative result: Int32) -> String { Errno(rawValue: -result).description }
 }

@@ -1,18 +1,12 @@
-import Synchronization
-
 /// A reply body that a server sends many times with one entry changed (a cached token's reply,
-/// whose correlation id differs per call). The bus layer encodes it once, on first use, and copies
-/// the encoded body into each reply.
+/// whose correlation id differs per call). It is built once per token; the bus layer encodes it
+/// into each reply straight from these values, adding the one changed entry, without first
+/// merging the two into a new dictionary.
 public final class ReplyTemplate: Sendable {
-  private static let counter = Atomic<UInt64>(0)
-
-  /// Unique for the life of the process: the bus layer keys its encoded copy by it.
-  public let id: UInt64
   /// The body: one a{sv}.
   public let dict: [String: BusValue]
 
   public init(_ dict: [String: BusValue]) {
-    id = Self.counter.wrappingAdd(1, ordering: .relaxed).newValue
     self.dict = dict
   }
 }

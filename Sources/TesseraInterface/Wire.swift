@@ -204,13 +204,18 @@ public struct InteractionInfo: Sendable, Equatable {
     self.verificationURIComplete = verificationURIComplete
   }
 
+  /// Reads an interaction signal's dictionary. A flow this client does not know (a newer broker)
+  /// still gives the user its URL and message: it is read as a device code flow when a user code
+  /// is present, else as a browser flow. Nil only when there is nothing to show.
   public init?(busValue info: [String: BusValue]) {
-    guard let flow = info["flow"]?.stringValue.flatMap(Flow.init(rawValue:)) else { return nil }
+    let userCode = info["user_code"]?.stringValue
+    guard info["verification_uri"]?.stringValue != nil || info["message"]?.stringValue != nil else { return nil }
+    let flow = info["flow"]?.stringValue.flatMap(Flow.init(rawValue:)) ?? (userCode == nil ? .browser : .deviceCode)
     var expires: UInt32 = 0
     if case .uint32(let e)? = info["expires_in"] { expires = e }
     self.init(
       flow: flow, verificationURI: info["verification_uri"]?.stringValue ?? "",
-      userCode: info["user_code"]?.stringValue, expiresIn: expires, message: info["message"]?.stringValue ?? "",
+      userCode: userCode, expiresIn: expires, message: info["message"]?.stringValue ?? "",
       verificationURIComplete: info["verification_uri_complete"]?.stringValue)
   }
 

@@ -153,6 +153,22 @@ final class ContractTests: XCTestCase {
     XCTAssertNil(token.busValue["refresh_token"])
   }
 
+  /// A newer broker's flow name still reaches the user: the URL and message are shown.
+  func testInteractionWithAnUnknownFlowIsStillShown() {
+    let browser = InteractionInfo(busValue: [
+      "flow": .string("passkey"), "verification_uri": .string("https://idp/start"), "message": .string("Open it"),
+    ])
+    XCTAssertEqual(browser?.flow, .browser)
+    XCTAssertEqual(browser?.verificationURI, "https://idp/start")
+    XCTAssertEqual(browser?.message, "Open it")
+    let device = InteractionInfo(busValue: ["verification_uri": .string("https://idp/d"), "user_code": .string("AB")])
+    XCTAssertEqual(device?.flow, .deviceCode)
+    XCTAssertEqual(device?.userCode, "AB")
+    XCTAssertNil(InteractionInfo(busValue: ["flow": .string("browser")]))
+    let known = InteractionInfo(flow: .deviceCode, verificationURI: "u", userCode: "c", expiresIn: 5, message: "m")
+    XCTAssertEqual(InteractionInfo(busValue: known.busValue), known)
+  }
+
   func testCorrelationIDsAreVersion4UUIDs() {
     var seen = Set<String>()
     for _ in 0..<1000 {
