@@ -46,6 +46,8 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
   public var jwksURI: String
   public var deviceAuthorizationEndpoint: String?
   public var revocationEndpoint: String?
+  /// RFC 9207: the IdP sends `iss` with every authorization response.
+  public var authorizationResponseIssParameterSupported: Bool? = nil
 
   enum CodingKeys: String, CodingKey {
     case issuer
@@ -54,6 +56,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     case jwksURI = "jwks_uri"
     case deviceAuthorizationEndpoint = "device_authorization_endpoint"
     case revocationEndpoint = "revocation_endpoint"
+    case authorizationResponseIssParameterSupported = "authorization_response_iss_parameter_supported"
   }
 }
 
@@ -171,7 +174,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       return .provider(
         "The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
     }
-    var detail = parsed.error
+    // Everything below is the IdP's text: made safe to print and bounded before it reaches the
+    // caller's terminal or the log.
+    var detail = SafeText.clip(parsed.error, limit: 64)
     if let code = parsed.error_codes?.first { detail += " AADSTS\(code)" }
     if let description = parsed.error_description {
       var firstLine =
@@ -180,16 +185,18 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       if firstLine.hasPrefix("AADSTS"), let colon = firstLine.firstIndex(of: ":") {  // the code is there already
         firstLine = String(firstLine[firstLine.index(after: colon)...]).trimmingSpaces()
       }
-      detail += ": " + String(firstLine.prefix(300))
+      detail += ": " + SafeText.clip(firstLine, limit: 300)
     }
     if let suberror = parsed.suberror {
-      detail += "; " + (suberrorReasons[suberror] ?? "suberror \(suberror)")
+      detail += "; " + (suberrorReasons[suberror] ?? "suberror \(SafeText.clip(suberror, limit: 64))")
     }
-    if let correlation = parsed.correlation_id { detail += " [IdP correlation id \(correlation)]" }
-    if let trace = parsed.trace_id { detail += " [trace id \(trace)]" }
+    if let correlation = parsed.correlation_id {
+      detail += " [IdP correlation id \(SafeText.clip(correlation, limit: 64))]"
+    }
+    if let trace = parsed.trace_id { detail += " [trace id \(SafeText.clip(trace, limit: 64))]" }
     var mapped = classify(parsed.error, detail: detail)
     if let claims = parsed.claims, !claims.isEmpty, mapped.code == .interactionRequired {
-      mapped.message += " Retry AcquireToken with the option claims set to: \(String(claims.prefix(2048)))"
+      mapped.message += " Retry AcquireToken with the option claims set to: \(SafeText.clip(claims, limit: 2048))"
     }
     return mapped
   }

@@ -134,6 +134,10 @@ public protocol RedirectListener: Sendable {
   /// ignored: any local user can reach the port); answers it with a small page. Throws
   /// TimedOut/Cancelled.
   func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters
+  /// A loopback URL that sends the browser on to `authorizationURL` (served to the user's own
+  /// processes only), so the authorization URL, with its state, nonce and PKCE challenge, never
+  /// appears in a browser's command line, which every user can read.
+  func startURL(opening authorizationURL: String) -> String
   func close()
 }
 

@@ -83,14 +83,15 @@ extension Broker {
     let separator = metadata.authorizationEndpoint.contains(Character("?")) ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
     let timeout = request.timeout ?? InteractiveTimeouts.browser
+    let startURL = listener.startURL(opening: url)
 
     deps.events.interactionPending(
       destination: caller.busName, correlationID: request.correlationID,
       info: InteractionInfo(
-        flow: .browser, verificationURI: url, expiresIn: timeout,
+        flow: .browser, verificationURI: startURL, expiresIn: timeout,
         message: "Sign in in the browser window that opened. If none opened, open the verification_uri yourself."))
     do {
-      try deps.browser.open(url)
+      try deps.browser.open(startURL)
     } catch {
       logger.warning(
         "Could not start the browser; the caller was given the sign-in URL",
@@ -102,9 +103,13 @@ extension Broker {
         "The sign-in redirect did not carry this request's state, so it was refused (a stale or forged redirect). Try again."
       )
     }
+    try Self.checkIssuer(parameters["iss"], metadata: metadata)
     if let error = parameters["error"] {
-      let description = parameters["error_description"].map { ": " + String($0.prefix(300)) } ?? ""
-      throw OAuthErrorResponse.classify(error, detail: "\(error)\(description)")
+      // Whoever reached the redirect wrote this text: it is made safe to print (no control
+      // characters, bounded) before it reaches the caller, a terminal or the log.
+      let code = SafeText.clip(error, limit: 64)
+      let description = parameters["error_description"].map { ": " + SafeText.clip($0, limit: 300) } ?? ""
+      throw OAuthErrorResponse.classify(error, detail: "\(code)\(description)")
     }
     guard let code = parameters["code"], !code.isEmpty else {
       throw TesseraError.provider("The sign-in redirect carried neither a code nor an error. Try again.")
@@ -119,6 +124,22 @@ extension Broker {
     return try await accept(
       response, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes,
       nonce: pkce.nonce, knownAccount: nil)
+  }
+
+  /// RFC 9207: an authorization response's `iss` must be the issuer the request went to, and an
+  /// IdP that promises to send it must send it (a mix-up attack swaps responses between IdPs).
+  static func checkIssuer(_ iss: String?, metadata: OIDCMetadata) throws {
+    if let iss {
+      guard iss == metadata.issuer else {
+        throw TesseraError.accessDenied(
+          "The sign-in redirect came from another identity provider (iss \(SafeText.clip(iss, limit: 200)), expected \(metadata.issuer)), so it was refused. Try again."
+        )
+      }
+    } else if metadata.authorizationResponseIssParameterSupported == true {
+      throw TesseraError.accessDenied(
+        "The sign-in redirect carried no iss, though \(metadata.issuer) promises one (RFC 9207), so it was refused. Try again."
+      )
+    }
   }
 
   struct DeviceAuthorization: Decodable {
@@ -157,11 +178,24 @@ extension Broker {
       throw TesseraError.provider(
         "The device authorization endpoint \(endpoint) gave an answer without a code or link.")
     }
+    // The caller shows these to the user, often on a terminal: links must be plain http(s) URLs
+    // and the text is made safe to print.
+    func isPlainLink(_ link: String) -> Bool {
+      (link.hasPrefix("https://") || link.hasPrefix("http://")) && link.utf8.count <= 2048
+        && SafeText.isClean(link) && !link.contains(" ")
+    }
+    guard isPlainLink(verificationURI), device.user_code.utf8.count <= 128, SafeText.isClean(device.user_code) else {
+      throw TesseraError.provider(
+        "The device authorization endpoint \(endpoint) gave a link or code that is not safe to show. Use flow 'browser'."
+      )
+    }
     let expiresIn = UInt32(clamping: max(1, device.expires_in.value))
-    let message = device.message ?? "To sign in, open \(verificationURI) and enter the code \(device.user_code)."
+    let message = SafeText.clip(
+      device.message ?? "To sign in, open \(verificationURI) and enter the code \(device.user_code).", limit: 1000)
     let info = InteractionInfo(
       flow: .deviceCode, verificationURI: verificationURI, userCode: device.user_code, expiresIn: expiresIn,
-      message: message, verificationURIComplete: device.verification_uri_complete)
+      message: message, verificationURIComplete: device.verification_uri_complete.flatMap { isPlainLink($0) ? $0 : nil }
+    )
     deps.events.interactionPending(destination: caller.busName, correlationID: request.correlationID, info: info)
 
     let deadline = deps.clock.now().addingTimeInterval(

@@ -199,7 +199,7 @@ public enum RequestOptions {
   }
 
   /// A caller's text shortened for a message.
-  public static func clip(_ s: String) -> String { s.count > 64 ? String(s.prefix(64)) + "…" : s }
+  public static func clip(_ s: String) -> String { SafeText.clip(s, limit: 64) }
 }
 
 /// Limits on the methods' plain arguments (the `a{sv}` ones are in `RequestOptions`).

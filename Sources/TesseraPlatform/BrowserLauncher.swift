@@ -9,7 +9,11 @@ import TesseraCore
 ///
 /// Under systemd (INVOCATION_ID is set) the browser is started through `systemd-run --user` as a
 /// unit of its own: otherwise it would inherit tessera.service's sandbox (seccomp filter, no W^X
-/// memory, read-only home), which breaks browsers, and would die when the service stops.
+/// memory, read-only home), which breaks browsers, and would die when the service stops. The unit
+/// gets a description of its own, so its command line is not what the journal shows.
+///
+/// What is opened is the redirect listener's start URL: the authorization URL (with the sign-in's
+/// state, nonce and PKCE challenge) never appears in a command line, which every user can read.
 public struct CommandBrowserLauncher: BrowserLauncher {
   public let command: [String]
   /// Prefix that hands the browser to the user's service manager, when running under systemd.
@@ -22,7 +26,10 @@ public struct CommandBrowserLauncher: BrowserLauncher {
       ?? "xdg-open"
     command = chosen.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
     launcherPrefix =
-      environment["INVOCATION_ID"] != nil ? ["systemd-run", "--user", "--quiet", "--collect", "--"] : []
+      environment["INVOCATION_ID"] != nil
+      ? [
+        "systemd-run", "--user", "--quiet", "--collect", "--description=Web browser for a Tessera sign-in", "--",
+      ] : []
   }
 
   public func open(_ url: String) throws {

@@ -65,7 +65,7 @@ func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) thro
 
 func fail(_ error: TesseraClientError) -> Never {
   var line = "tessera: \(error.description)"
-  if case .broker(let e) = error { line = "tessera: \(e.code.rawValue): \(e.message)" }
+  if case .broker(let e) = error { line = "tessera: \(e.code.rawValue): \(SafeText.clip(e.message, limit: 4096))" }
   printError(line)
   exit(error.exitCode)
 }
@@ -127,10 +127,13 @@ extension Tessera {
       options.timeout = timeout
       let token = try withBroker { broker throws(TesseraClientError) in
         try broker.acquireToken(clientID: target.clientId, scopes: target.scopes, options: options) { interaction in
+          // What the broker relays may come from the IdP: made inert before it reaches the terminal.
           if interaction.flow == .deviceCode {
-            printError(interaction.message)
+            printError(SafeText.clip(interaction.message, limit: 1000))
           } else {
-            printError("Opening your browser to sign in. If it does not open, visit:\n  \(interaction.verificationURI)")
+            printError(
+              "Opening your browser to sign in. If it does not open, visit:\n  "
+                + SafeText.clip(interaction.verificationURI, limit: 2048))
           }
         }
       }

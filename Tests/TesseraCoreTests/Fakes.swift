@@ -79,6 +79,10 @@ final class FakeListeners: RedirectListenerFactory, Sendable {
       let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
       return owner.answer(query["state"] ?? "")
     }
+    func startURL(opening authorizationURL: String) -> String {
+      owner.lastAuthorizationURL.withLock { $0 = authorizationURL }
+      return "http://127.0.0.1:4711/start/0123"
+    }
     func close() {}
   }
   func listen(port: UInt16, hostName: String) throws -> any RedirectListener { Listener(owner: self) }
@@ -89,7 +93,9 @@ struct RecordingBrowser: BrowserLauncher {
   let listeners: FakeListeners
   let idp: FakeIdP
   func open(_ url: String) throws {
-    listeners.lastAuthorizationURL.withLock { $0 = url }
+    // The broker opens the listener's start URL, which leads to the authorization URL.
+    guard url.hasPrefix("http://127.0.0.1:4711/start/"), let url = listeners.lastAuthorizationURL.withLock({ $0 })
+    else { throw TesseraError.internal("the browser was given \(url), not the listener's start URL") }
     let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
     idp.lastNonce.withLock { $0 = query["nonce"] }
   }

@@ -255,6 +255,52 @@ final class WireTextTests: XCTestCase {
   }
 }
 
+/// Text from the IdP or from whoever reached the redirect listener cannot drive a terminal or
+/// forge a log line.
+final class HostileTextTests: XCTestCase {
+  func testControlCharactersAndOverridesAreNeutralisedAndTextIsBounded() {
+    let hostile = "denied\n\u{1B}[31mYOUR ACCOUNT IS LOCKED\u{1B}[0m\r\u{202E}txt.exe\u{9B}2J\u{2028}x"
+    let clean = SafeText.clip(hostile, limit: 300)
+    XCTAssertFalse(clean.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) }, clean)
+    XCTAssertFalse(clean.contains("\u{202E}") || clean.contains("\u{2028}"))
+    XCTAssertTrue(clean.contains("YOUR ACCOUNT IS LOCKED"), "the text itself is kept, only made inert")
+    XCTAssertEqual(SafeText.clip(String(repeating: "a", count: 1000), limit: 300).count, 301)
+    XCTAssertTrue(SafeText.isClean("https://idp.example/device"))
+    XCTAssertFalse(SafeText.isClean("https://idp.example/\u{1B}]8;;"))
+  }
+
+  func testAnIdPsErrorAnswerIsMadeSafe() {
+    let body =
+      #"{"error":"invalid_grant\u001b[2J","error_description":"bad\u001b[31m red\u0007","correlation_id":"c\u001bd"}"#
+    let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
+    XCTAssertFalse(error.message.contains("\u{1B}") || error.message.contains("\u{07}"), error.message)
+    XCTAssertTrue(error.message.contains("bad"))
+  }
+
+  /// RFC 9207: a redirect naming another issuer is refused; a promised iss must be there.
+  func testTheRedirectsIssuerIsChecked() throws {
+    var metadata = OIDCMetadata(
+      issuer: "https://idp.example", authorizationEndpoint: "https://idp.example/a",
+      tokenEndpoint: "https://idp.example/t",
+      jwksURI: "https://idp.example/k")
+    XCTAssertNoThrow(try Broker.checkIssuer(nil, metadata: metadata))
+    XCTAssertNoThrow(try Broker.checkIssuer("https://idp.example", metadata: metadata))
+    XCTAssertThrowsError(try Broker.checkIssuer("https://evil.example", metadata: metadata)) {
+      XCTAssertEqual(($0 as? TesseraError)?.code, .accessDenied)
+    }
+    metadata.authorizationResponseIssParameterSupported = true
+    XCTAssertThrowsError(try Broker.checkIssuer(nil, metadata: metadata)) {
+      XCTAssertTrue(($0 as! TesseraError).message.contains("RFC 9207"))
+    }
+    let decoded = try JSONDecoder().decode(
+      OIDCMetadata.self,
+      from: Data(
+        #"{"issuer":"i","authorization_endpoint":"a","token_endpoint":"t","jwks_uri":"k","authorization_response_iss_parameter_supported":true}"#
+          .utf8))
+    XCTAssertEqual(decoded.authorizationResponseIssParameterSupported, true)
+  }
+}
+
 final class OptionTableUseTests: XCTestCase {
   /// The core's enumerations accept exactly the values the option table documents.
   func testEnumerationsMatchTheTable() {

@@ -6,11 +6,10 @@ import XCTest
 @testable import TesseraPlatform
 
 final class LoopbackListenerTests: XCTestCase {
-  /// Sends a raw HTTP request to the listener and returns the response text.
-  static func get(_ port: UInt16, _ target: String, stall: Bool = false) -> String {
+  /// A TCP connection to 127.0.0.1:`port` (with a 10 s receive timeout, so a listener that never
+  /// answers fails the test instead of hanging it).
+  static func connectTo(_ port: UInt16) -> Int32 {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    // Bounded: a listener that never answers fails the test after 10 s instead of hanging it.
     var limit = timeval(tv_sec: 10, tv_usec: 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
     var address = sockaddr_in()
@@ -22,9 +21,16 @@ final class LoopbackListenerTests: XCTestCase {
         connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
       }
     }
-    // `stall`: a client that sends half a request and then nothing.
-    let text = stall ? "GET /?code=x" : "GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    let request = Array(text.utf8)
+    return fd
+  }
+
+  /// Sends a raw HTTP request to the listener and returns the response text. `host` is the Host
+  /// header (nil: none); by default the listener's own address.
+  static func get(_ port: UInt16, _ target: String, host: String?? = .none) -> String {
+    let fd = connectTo(port)
+    defer { close(fd) }
+    let hostLine = (host ?? "127.0.0.1:\(port)").map { "Host: \($0)\r\n" } ?? ""
+    let request = Array("GET \(target) HTTP/1.1\r\n\(hostLine)\r\n".utf8)
     _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
     var response: [UInt8] = []
     var buffer = [UInt8](repeating: 0, count: 4096)
@@ -36,28 +42,134 @@ final class LoopbackListenerTests: XCTestCase {
     return String(decoding: response, as: UTF8.self)
   }
 
+  static func port(_ listener: any RedirectListener) throws -> UInt16 {
+    try XCTUnwrap(UInt16(listener.redirectURI.split(separator: ":").last!.dropLast()))
+  }
+
   func testDeliversTheRedirectQueryAndShowsAPage() async throws {
     let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
     defer { listener.close() }
-    let port = try XCTUnwrap(UInt16(listener.redirectURI.split(separator: ":").last!.dropLast()))
+    let port = try Self.port(listener)
     XCTAssertTrue(listener.redirectURI.hasPrefix("http://127.0.0.1:"))
     let waiting = Task { try await listener.waitForRedirect(state: "s1", timeoutSeconds: 10) }
     let pages = await Task.detached {
       (
         LoopbackListenerTests.get(port, "/favicon.ico"),
-        LoopbackListenerTests.get(port, "/", stall: true),  // held for at most 2 s, then dropped
-        LoopbackListenerTests.get(port, "/?error=access_denied&state=forged"),  // any local user can try this
+        LoopbackListenerTests.get(port, "/?error=access_denied&state=forged"),  // not this sign-in's state
         LoopbackListenerTests.get(port, "/?code=abc%2Fd&state=s1")
       )
     }.value
     XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 404"))
-    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 400"), pages.1)
-    XCTAssertTrue(pages.2.hasPrefix("HTTP/1.1 400"), "a redirect without this sign-in's state is ignored")
-    XCTAssertTrue(pages.3.hasPrefix("HTTP/1.1 200"))
-    XCTAssertTrue(pages.3.contains("You can close this window"))
-    XCTAssertFalse(pages.3.contains("abc"), "the page does not echo the code")
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 400"), "a redirect without this sign-in's state is ignored")
+    XCTAssertTrue(pages.2.hasPrefix("HTTP/1.1 200"))
+    XCTAssertTrue(pages.2.contains("You can close this window"))
+    XCTAssertFalse(pages.2.contains("abc"), "the page does not echo the code")
     let received = try await waiting.value
     XCTAssertEqual(received, ["code": "abc/d", "state": "s1"])
+  }
+
+  /// DNS rebinding: a web page whose name resolves to 127.0.0.1 sends its own Host header.
+  func testOnlyTheLoopbackHostIsServed() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "localhost")
+    defer { listener.close() }
+    let port = try Self.port(listener)
+    let waiting = Task { try await listener.waitForRedirect(state: "s1", timeoutSeconds: 10) }
+    let pages = await Task.detached {
+      (
+        LoopbackListenerTests.get(port, "/?code=c&state=s1", host: "attacker.example:\(port)"),
+        LoopbackListenerTests.get(port, "/?code=c&state=s1", host: "127.0.0.1:\(port &+ 1)"),
+        LoopbackListenerTests.get(port, "/?code=c&state=s1", host: .some(nil)),
+        LoopbackListenerTests.get(port, "/?code=c&state=s1", host: "LOCALHOST:\(port)")
+      )
+    }.value
+    XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 421"), pages.0)
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 421"), pages.1)
+    XCTAssertTrue(pages.2.hasPrefix("HTTP/1.1 421"), pages.2)
+    XCTAssertTrue(pages.3.hasPrefix("HTTP/1.1 200"), pages.3)
+    let received = try await waiting.value
+    XCTAssertEqual(received["code"], "c")
+  }
+
+  /// The browser is given the start URL; the listener sends it on to the authorization URL.
+  func testTheStartURLLeadsToTheAuthorizationURL() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    defer { listener.close() }
+    let port = try Self.port(listener)
+    let authorization = "https://idp.example/authorize?state=s1&nonce=n&code_challenge=c"
+    let start = listener.startURL(opening: authorization)
+    XCTAssertTrue(start.hasPrefix("http://127.0.0.1:\(port)/start/"), start)
+    XCTAssertFalse(start.contains("s1") || start.contains("idp.example"), "nothing of the request in the start URL")
+    let path = String(start.dropFirst("http://127.0.0.1:\(port)".count))
+    XCTAssertEqual(path.count, "/start/".count + 32, "128 random bits")
+    let waiting = Task { try await listener.waitForRedirect(state: "s1", timeoutSeconds: 10) }
+    let pages = await Task.detached {
+      (
+        LoopbackListenerTests.get(port, path),
+        LoopbackListenerTests.get(port, "/start/0000"),
+        LoopbackListenerTests.get(port, "/?code=c&state=s1")
+      )
+    }.value
+    XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 303"), pages.0)
+    XCTAssertTrue(pages.0.contains("\r\nLocation: \(authorization)\r\n"), pages.0)
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 404"), "a guessed start path is not served")
+    _ = try await waiting.value
+  }
+
+  /// Connections that send nothing (more than the cap) do not hold up the browser's redirect.
+  func testIdleConnectionsDoNotStarveTheRedirect() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    defer { listener.close() }
+    let port = try Self.port(listener)
+    let waiting = Task { try await listener.waitForRedirect(state: "s1", timeoutSeconds: 30) }
+    let idle = (0..<(LoopbackListener.maxConnections + 8)).map { _ in Self.connectTo(port) }
+    defer { idle.forEach { close($0) } }
+    let half = Array("GET /?code=x".utf8)  // half a request, then nothing
+    for fd in idle.prefix(8) { _ = half.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } }
+    let started = LoopbackListener.monotonicNow()
+    let page = await Task.detached { LoopbackListenerTests.get(port, "/?code=c&state=s1") }.value
+    XCTAssertTrue(page.hasPrefix("HTTP/1.1 200"), page)
+    _ = try await waiting.value
+    // Not a timing test: one connection's budget is 10 s, and the redirect must not wait for it.
+    XCTAssertLessThan(LoopbackListener.monotonicNow() - started, LoopbackListener.connectionBudget)
+  }
+
+  /// The peer's uid is read from /proc/net/tcp: this process's own connection is found as ours.
+  func testTheLoopbackPeerIsFoundAsThisUser() {
+    // A plain listening socket of our own, to accept one connection and ask who is on the other end.
+    let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(server) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
+    _ = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        bind(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+      }
+    }
+    listen(server, 1)
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(server, $0, &length) }
+    }
+    let client = Self.connectTo(UInt16(bigEndian: address.sin_port))
+    defer { close(client) }
+    let accepted = accept(server, nil, nil)
+    defer { close(accepted) }
+    XCTAssertEqual(LoopbackPeer.uid(of: accepted), geteuid())
+  }
+
+  func testThePeerTableIsReadAsTheKernelWritesIt() {
+    let table = """
+        sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+         0: 0100007F:A1B2 0100007F:1F90 01 00000000:00000000 00:00000000 00000000 65534        0 1 1 0
+         1: 0100007F:1F90 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0
+         2: 0100007F:C3D4 0100007F:1F90 06 00000000:00000000 03:00000F9A 00000000     0        0 0 3 0
+      """
+    XCTAssertEqual(LoopbackPeer.uid(in: table, peerAddress: "0100007F:A1B2", ourAddress: "0100007F:1F90"), 65534)
+    XCTAssertNil(
+      LoopbackPeer.uid(in: table, peerAddress: "0100007F:C3D4", ourAddress: "0100007F:1F90"),
+      "TIME_WAIT lists uid 0 for everyone: not trusted")
+    XCTAssertNil(LoopbackPeer.uid(in: table, peerAddress: "0100007F:0001", ourAddress: "0100007F:1F90"))
   }
 
   func testTimesOut() async throws {
@@ -104,6 +216,10 @@ final class BrowserLauncherTests: XCTestCase {
     XCTAssertEqual(
       CommandBrowserLauncher(configured: nil, environment: ["INVOCATION_ID": "x"]).launcherPrefix.prefix(2),
       ["systemd-run", "--user"], "under systemd the browser runs outside the service's sandbox")
+    XCTAssertTrue(
+      CommandBrowserLauncher(configured: nil, environment: ["INVOCATION_ID": "x"]).launcherPrefix.contains {
+        $0.hasPrefix("--description=")
+      }, "the unit's description is ours, not the command line (which the journal would show)")
   }
 
   /// Reads what a child writes to the FIFO at `path` until it closes it, waiting at most 10 s.

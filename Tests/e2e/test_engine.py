@@ -152,6 +152,37 @@ def query_of(url):
     return {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
 
 
+def authorization_url(start_url):
+    """What the listener's start URL (the verification_uri a caller is given, and what the
+    browser opens) sends the browser on to: the IdP's authorization URL."""
+    parts = urlsplit(start_url)
+    assert parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost"), start_url
+    assert re.fullmatch(r"/start/[0-9a-f]{32}", parts.path), start_url
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", parts.path)
+        response = conn.getresponse()
+        assert response.status == 303, response.status
+        return response.getheader("Location")
+    finally:
+        conn.close()
+
+
+def sign_in_by_hand(interactions, browser, correlation_id, **opts):
+    """A sign-in whose browser the test plays: -> (the authorization URL's query, the reply)."""
+    browser.set("ignore")
+    a = Broker()
+    try:
+        call = start_sign_in(a, correlation_id, **opts)
+        url = authorization_url(interactions.wait_for(correlation_id)["verification_uri"])
+        run_browser(url)
+        name, result = call.reply()
+        assert name is None, (name, result)
+        return query_of(url), result
+    finally:
+        a.close()
+
+
 def http_get(url, path_and_query):
     """GET on the loopback redirect listener -> HTTP status."""
     parts = urlsplit(url)
@@ -362,7 +393,7 @@ def test_forged_redirects_are_refused_and_the_sign_in_goes_on(broker, browser, i
     a = Broker()
     try:
         call = start_sign_in(a, "forge-1", login_hint="alice@example.test")
-        url = interactions.wait_for("forge-1")["verification_uri"]
+        url = authorization_url(interactions.wait_for("forge-1")["verification_uri"])
         query = query_of(url)
         redirect_uri, state = query["redirect_uri"], query["state"]
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", redirect_uri), redirect_uri
@@ -410,14 +441,13 @@ def test_claims_must_be_a_json_object_and_skip_the_cache(broker, idp):
     assert [(p["grant_type"], p["status"]) for p in posts] == [("refresh_token", 200)] * 2
 
 
-def test_domain_hint(broker, interactions):
-    signed_in = broker.sign_in(domain_hint="example.test", correlation_id="dh-1")
-    assert query_of(interactions.wait_for("dh-1")["verification_uri"])["domain_hint"] == "example.test"
+def test_domain_hint(broker, browser, interactions):
+    query, signed_in = sign_in_by_hand(interactions, browser, "dh-1", domain_hint="example.test")
+    assert query["domain_hint"] == "example.test"
     # With account_id its user name is the login_hint, and a domain_hint is derived only from a
     # user name with a domain (alice's has none).
-    again = broker.acquire(account_id=signed_in["account"]["id"], correlation_id="dh-2")
+    query, again = sign_in_by_hand(interactions, browser, "dh-2", account_id=signed_in["account"]["id"])
     assert again["account"]["id"] == signed_in["account"]["id"]
-    query = query_of(interactions.wait_for("dh-2")["verification_uri"])
     assert query["login_hint"] == "alice" and "domain_hint" not in query
     # The broker sets domain_hint itself: not through extra_query.
     message = expect_error("InvalidArgument", broker.acquire, extra_query={"domain_hint": "x.test"})

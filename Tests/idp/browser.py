@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Headless stand-in for the user's web browser, for Tessera's tests.
 
-Usage: browser.py AUTHORIZATION_URL   (the URL is the last argument)
+Usage: browser.py URL   (the URL is the last argument: Tessera's loopback start URL, which
+                         answers 303 with the authorization URL, or an authorization URL)
 
 Signs in at the test IdP (user from login_hint, else $TESSERA_TEST_USER, else alice), answers a
 consent page if one appears, follows redirects until the IdP sends the browser to the loopback
@@ -11,10 +12,13 @@ hands the code (or error) to the waiting app.
 Mode: $TESSERA_TEST_BROWSER, or the first line of the file $TESSERA_TEST_BROWSER_FILE if set and
 present (the file wins, so a test can switch modes while the daemon runs):
   allow (default)  approve consent;  deny  press Deny on consent (-> error=access_denied);
-  ignore           do nothing and exit 0 (to test timeouts and cancel).
+  ignore           do nothing and exit 0 (to test timeouts and cancel);
+  hold             do nothing for 60 s (a browser that stays open, for reading its command line);
+  print            sign in, then print the loopback URL with the code instead of opening it.
 """
 import os
 import sys
+import time
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 sys.dont_write_bytecode = True  # keep the source tree clean
@@ -50,13 +54,27 @@ def main():
     if m == "ignore":
         log("mode ignore: doing nothing")
         return 0
-    user = pick_user(parse_qs(urlsplit(url).query).get("login_hint", [None])[0])
+    if m == "hold":
+        log("mode hold: staying open")
+        time.sleep(60)
+        return 0
     s = session()
+    if is_loopback(url):
+        # Tessera's start URL: the listener sends the browser on to the authorization URL.
+        start = s.get(url, allow_redirects=False, timeout=30)
+        if start.status_code != 303:
+            log(f"start URL answered HTTP {start.status_code}")
+            return 1
+        url = start.headers["Location"]
+    user = pick_user(parse_qs(urlsplit(url).query).get("login_hint", [None])[0])
     resp = s.get(url, allow_redirects=False)
     for _ in range(20):
         if resp.is_redirect:
             target = urljoin(resp.url, resp.headers["Location"])
             if is_loopback(target):
+                if m == "print":
+                    print(target)  # for a test playing an attacker who delivers it elsewhere
+                    return 0
                 log("delivering the IdP's answer to the loopback redirect URI")
                 # The app may answer with a page or close the connection: either is fine.
                 try:

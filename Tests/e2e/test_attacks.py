@@ -1,0 +1,117 @@
+"""Attacks on a running tesserad, performed as an attacker would (issue 8). Another Unix user is
+`nobody`, reached through runuser (the tests run as root in CI); it runs Tests/e2e/attacker.py
+with Debian's /usr/bin/python3."""
+import json
+import os
+import shutil
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import REPO, Broker, wait_until
+from test_engine import (authorization_url, interactions, query_of, run_browser,  # noqa: F401
+                         start_sign_in)
+
+ATTACKER = os.path.join(REPO, "Tests", "e2e", "attacker.py")
+NOBODY = ["runuser", "-u", "nobody", "--", "/usr/bin/python3", ATTACKER]
+
+cross_user = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser") or not os.path.exists("/usr/bin/python3"),
+    reason="attacks by another user need root (to become nobody) and /usr/bin/python3")
+
+
+def as_nobody(*args):
+    proc = subprocess.run(NOBODY + list(args), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def browser_as(user, mode, url):
+    """The IdP side of a browser (Tests/idp/browser.py) signing in as `user`; in mode "print" it
+    prints the loopback URL carrying the code instead of opening it."""
+    env = dict(os.environ, TESSERA_TEST_BROWSER=mode, TESSERA_TEST_USER=user)
+    env.pop("TESSERA_TEST_BROWSER_FILE", None)
+    cmd = os.environ["TESSERA_TEST_BROWSER_CMD"].split() + [url]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@cross_user
+def test_another_user_can_neither_read_end_stall_nor_hijack_a_sign_in(broker, browser, interactions, idp):
+    browser.set("hold")  # the browser the daemon starts stays open, its command line readable
+    victim = Broker()
+    try:
+        call = start_sign_in(victim, "xuser-1")
+        start = interactions.wait_for("xuser-1")["verification_uri"]
+        url = authorization_url(start)  # the test is the victim's user: it may follow the start URL
+        query = query_of(url)
+        redirect_uri, state = query["redirect_uri"], query["state"]
+        start_path = urlsplit(start).path
+
+        # 1. Every user can read every command line: the browser's holds the start URL only.
+        wait_until(lambda: as_nobody("cmdlines", start_path)["hits"], timeout=20,
+                   what="nobody seeing the browser's command line (so the scan below can see it)")
+        leaks = as_nobody("cmdlines", state, query["nonce"], query["code_challenge"], "/o/authorize")["hits"]
+        assert leaks == [], leaks
+
+        # 2. nobody cannot follow the start URL, nor end the sign-in with an error of its choosing:
+        #    its connections are closed before a byte is read.
+        assert as_nobody("get", start)["status"] is None
+        forged = (f"{redirect_uri}?state={state}&error=access_denied"
+                  "&error_description=Your+account+is+locked%0A%1B%5B31mcall+555-0100")
+        assert as_nobody("get", forged)["status"] is None
+
+        # 3. Hijack: the attacker signs in at the IdP as bob with the victim's own URL (so PKCE and
+        #    the nonce match) and delivers bob's code to the victim's listener.
+        bobs_redirect = browser_as("bob", "print", url)
+        assert query_of(bobs_redirect)["state"] == state and "code" in query_of(bobs_redirect)
+        assert as_nobody("get", bobs_redirect)["status"] is None
+
+        # 4. Starving the listener: nobody holds 64 connections open; the real redirect still
+        #    gets through at once (the sign-in's call would otherwise time out).
+        holder = subprocess.Popen(NOBODY + ["hold", redirect_uri, "64", "60"], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held 64"
+            run_browser(url)  # the victim's own browser, signing in as alice
+            name, result = call.reply()
+        finally:
+            holder.kill()
+            holder.wait()
+        assert name is None, (name, result)
+        assert str(result["account"]["username"]) == "alice"
+    finally:
+        victim.close()
+    assert [a["username"] for a in broker.accounts()] == ["alice"], "bob's sign-in was not taken"
+
+
+def test_a_hostile_error_description_cannot_drive_a_terminal_or_forge_a_log_line(
+        broker, browser, interactions, daemon):
+    """The user's own browser can be sent to the redirect with any text (a web page can do it):
+    what reaches the caller and the log has no control characters."""
+    browser.set("ignore")
+    a = Broker()
+    try:
+        call = start_sign_in(a, "hostile-1")
+        url = authorization_url(interactions.wait_for("hostile-1")["verification_uri"])
+        query = query_of(url)
+        hostile = ("%0AFAKE+LOG+LINE+level%3Derror%0D%1B%5B2J%1B%5D8%3B%3Bhttps%3A%2F%2Fevil%1B%5C"
+                   "%E2%80%AEreversed%C2%9B31m")
+        import http.client
+        parts = urlsplit(query["redirect_uri"])
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", f"/?state={query['state']}&error=access_denied&error_description={hostile}")
+        assert conn.getresponse().status == 200
+        conn.close()
+        name, message = call.reply()
+    finally:
+        a.close()
+    assert name.endswith(".AccessDenied"), name
+    assert "FAKE LOG LINE" in message, "the text is kept, made inert"
+    for bad in ("\n", "\r", "\x1b", "\u202e", "\x9b"):
+        assert bad not in message, repr(message)
+    for line in daemon.log().splitlines():
+        assert not line.startswith("FAKE LOG LINE"), line
+        assert "\x1b" not in line
