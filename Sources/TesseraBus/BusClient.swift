@@ -90,7 +90,7 @@ private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
         name: String(cString: error.pointee.name), message: error.pointee.message.map { String(cString: $0) } ?? ""))
   } else {
     do {
-      state.reply = .success(try BusCodec.readAll(message))
+      state.reply = .success(try BusCodec.readAll(message, limits: .replies))
     } catch {
       state.reply = .failure(
         BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Unreadable reply: \(error)"))
@@ -102,6 +102,6 @@ private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
 private let signalReceived: sd_bus_message_handler_t = { message, userdata, _ in
   let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
   guard let message, let member = sd_bus_message_get_member(message) else { return 0 }
-  if let values = try? BusCodec.readAll(message) { state.onSignal?(String(cString: member), values) }
+  if let values = try? BusCodec.readAll(message, limits: .replies) { state.onSignal?(String(cString: member), values) }
   return 0
 }

@@ -9,16 +9,52 @@ enum BusCodec {
     let what: String
   }
 
+  /// A message beyond `WireLimits`: `what` says which limit, for the caller's error message.
+  struct OverLimit: Error, CustomStringConvertible {
+    let description: String
+    /// Which argument (0-based) and, inside a dictionary, which key, when known.
+    var argument: Int? = nil
+    var key: String? = nil
+  }
+
+  /// What is left of a message's limits while it is read.
+  struct Budget {
+    let limits: WireLimits
+    var valuesLeft: Int
+    var variantDepth = 0
+    /// The key of the dictionary entry being read (for the error message).
+    var key: String? = nil
+    init(_ limits: WireLimits) {
+      self.limits = limits
+      valuesLeft = limits.values
+    }
+    mutating func take() throws {
+      valuesLeft -= 1
+      if valuesLeft < 0 { throw OverLimit(description: "more than \(limits.values) values in one message") }
+    }
+  }
+
   static func check(_ r: Int32, _ what: @autoclosure () -> String) throws {
     if r < 0 { throw Failure(errno: -r, what: what()) }
   }
 
   // MARK: Reading
 
-  /// Reads all remaining arguments of `m`.
-  static func readAll(_ m: OpaquePointer) throws -> [BusValue] {
+  /// Reads all remaining arguments of `m` within `limits` (throws `OverLimit` as soon as one is
+  /// passed, without reading the rest).
+  static func readAll(_ m: OpaquePointer, limits: WireLimits) throws -> [BusValue] {
+    var budget = Budget(limits)
     var values: [BusValue] = []
-    while try hasMore(m) { values.append(try read(m)) }
+    while try hasMore(m) {
+      do {
+        values.append(try read(m, &budget))
+      } catch var over as OverLimit {
+        over.argument = values.count
+        over.key = budget.key
+        throw over
+      }
+      budget.key = nil
+    }
     return values
   }
 
@@ -32,7 +68,8 @@ enum BusCodec {
 
   /// Reads the next complete value. Variants are unwrapped; types the broker never uses are skipped
   /// and reported as `.other(signature:)`.
-  static func read(_ m: OpaquePointer) throws -> BusValue {
+  static func read(_ m: OpaquePointer, _ budget: inout Budget) throws -> BusValue {
+    try budget.take()
     var type: CChar = 0
     var contents: UnsafePointer<CChar>?
     try check(sd_bus_message_peek_type(m, &type, &contents), "peek")
@@ -47,7 +84,12 @@ enum BusCodec {
     case UInt8(ascii: "s"), UInt8(ascii: "o"), UInt8(ascii: "g"):
       var p: UnsafePointer<CChar>?
       try check(sd_bus_message_read_basic(m, type, &p), "read string")
-      return .string(p.map { String(cString: $0) } ?? "")
+      guard let p else { return .string("") }
+      let length = strlen(p)
+      if length > budget.limits.stringBytes {
+        throw OverLimit(description: "a string of \(length) bytes (at most \(budget.limits.stringBytes))")
+      }
+      return .string(String(cString: p))
     case UInt8(ascii: "b"):
       var v: Int32 = 0
       try check(sd_bus_message_read_basic(m, type, &v), "read bool")
@@ -73,15 +115,23 @@ enum BusCodec {
       try check(sd_bus_message_read_basic(m, type, &v), "read d")
       return .double(v)
     case UInt8(ascii: "v"):
+      if budget.variantDepth > 0, !budget.limits.nestedVariants, contentsAre("v") {
+        throw OverLimit(description: "a variant holding a variant (each value has exactly its documented type)")
+      }
       try check(sd_bus_message_enter_container(m, type, contents), "enter variant")
-      let inner = try read(m)
+      budget.variantDepth += 1
+      let inner = try read(m, &budget)
+      budget.variantDepth -= 1
       try check(sd_bus_message_exit_container(m), "exit variant")
       return inner
     case UInt8(ascii: "a") where contentsAre("s"):
       try check(sd_bus_message_enter_container(m, type, contents), "enter as")
       var strings: [String] = []
       while try hasMore(m) {
-        if case .string(let s) = try read(m) { strings.append(s) }
+        if strings.count == budget.limits.elements {
+          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+        }
+        if case .string(let s) = try read(m, &budget) { strings.append(s) }
       }
       try check(sd_bus_message_exit_container(m), "exit as")
       return .strings(strings)
@@ -91,15 +141,22 @@ enum BusCodec {
       var dict: [String: BusValue] = [:]
       var stringMap: [String: String] = [:]
       let entry: StaticString = isStringMap ? "ss" : "sv"
+      var entries = 0
       while try hasMore(m) {
+        entries += 1
+        if entries > budget.limits.entries {
+          budget.key = nil
+          throw OverLimit(description: "a dictionary with more than \(budget.limits.entries) entries")
+        }
         try check(
           entry.withUTF8Buffer {
             $0.withMemoryRebound(to: CChar.self) {
               sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), $0.baseAddress)
             }
           }, "enter entry")
-        let key = try read(m).stringValue ?? ""
-        let value = try read(m)
+        let key = try read(m, &budget).stringValue ?? ""
+        budget.key = key
+        let value = try read(m, &budget)
         try check(sd_bus_message_exit_container(m), "exit entry")
         if isStringMap { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
       }
@@ -109,7 +166,10 @@ enum BusCodec {
       try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
       var dicts: [[String: BusValue]] = []
       while try hasMore(m) {
-        if case .dict(let d) = try read(m) { dicts.append(d) }
+        if dicts.count == budget.limits.elements {
+          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+        }
+        if case .dict(let d) = try read(m, &budget) { dicts.append(d) }
       }
       try check(sd_bus_message_exit_container(m), "exit aa{sv}")
       return .dicts(dicts)

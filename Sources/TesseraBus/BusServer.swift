@@ -161,7 +161,16 @@ public final class BusServer: @unchecked Sendable {
     let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
     let arguments: [BusValue]
     do {
-      arguments = try BusCodec.readAll(message)
+      arguments = try BusCodec.readAll(message, limits: .calls)
+    } catch let over as BusCodec.OverLimit {
+      let inputs = object.description.methods.first { $0.name == member }?.inputs ?? []
+      var place = over.argument.flatMap { $0 < inputs.count ? "argument \(inputs[$0].name)" : nil } ?? "a value"
+      if let key = over.key { place += ", key '\(RequestOptions.clip(key))'" }
+      return replyError(
+        message,
+        .invalidArgument(
+          "The call to \(member) was refused before being read whole: \(place) holds \(over). Send fewer or shorter values (each option's limits are annotated in org.tessera.Broker1.xml)."
+        ))
     } catch {
       return replyError(
         message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
@@ -240,7 +249,8 @@ public final class BusServer: @unchecked Sendable {
 
   /// NameOwnerChanged(name, old, new): a unique name with no new owner has left the bus.
   fileprivate func nameOwnerChanged(_ message: OpaquePointer) {
-    guard let values = try? BusCodec.readAll(message), values.count == 3, case .string(let name) = values[0],
+    guard let values = try? BusCodec.readAll(message, limits: .replies), values.count == 3,
+      case .string(let name) = values[0],
       case .string(let newOwner) = values[2], name.hasPrefix(":"), newOwner.isEmpty
     else { return }
     callerCache[name] = nil

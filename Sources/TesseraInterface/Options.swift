@@ -210,6 +210,38 @@ public enum ArgumentLimits {
   public static let scopeBytes = 512
 }
 
+/// Limits applied while a message's values are decoded, before any of them is looked at: a call
+/// of 2 million option keys is refused after the 65th, on the bus thread, in microseconds, instead
+/// of being built into a dictionary first. Generous against the tables above (ContractTests checks
+/// that every valid call fits); the parser applies the exact limits afterwards.
+public struct WireLimits: Sendable {
+  /// Entries of one a{sv} or a{ss}.
+  public var entries: Int
+  /// Elements of one array.
+  public var elements: Int
+  /// Bytes of one string.
+  public var stringBytes: Int
+  /// Values in the whole message, containers included.
+  public var values: Int
+  /// Whether a variant may hold a variant (an option has exactly its documented type).
+  public var nestedVariants: Bool
+
+  public init(entries: Int, elements: Int, stringBytes: Int, values: Int, nestedVariants: Bool) {
+    self.entries = entries
+    self.elements = elements
+    self.stringBytes = stringBytes
+    self.values = values
+    self.nestedVariants = nestedVariants
+  }
+
+  /// For calls a server receives.
+  public static let calls = WireLimits(
+    entries: 64, elements: 256, stringBytes: 16 * 1024, values: 4096, nestedVariants: false)
+  /// For replies and signals a client receives from the broker (an account list can be long).
+  public static let replies = WireLimits(
+    entries: 4096, elements: 1 << 20, stringBytes: 1 << 24, values: 1 << 24, nestedVariants: false)
+}
+
 /// How long an interactive sign-in may take when the caller gives no `timeout`, in seconds.
 public enum InteractiveTimeouts {
   public static let browser: UInt32 = 300

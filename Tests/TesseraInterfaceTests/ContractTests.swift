@@ -169,6 +169,20 @@ final class ContractTests: XCTestCase {
     XCTAssertEqual(InteractionInfo(busValue: known.busValue), known)
   }
 
+  /// The decoding limits never refuse a call the tables allow: they only cut off the absurd early.
+  func testWireLimitsFitEveryValidCall() {
+    let limits = WireLimits.calls
+    XCTAssertGreaterThanOrEqual(limits.entries, RequestOptions.all.count)
+    XCTAssertGreaterThanOrEqual(limits.entries, RequestOptions.all.map(\.maxEntries).max()!)
+    XCTAssertGreaterThanOrEqual(limits.stringBytes, RequestOptions.all.map(\.maxBytes).max()!)
+    XCTAssertGreaterThanOrEqual(limits.stringBytes, ArgumentLimits.accountIDBytes)
+    XCTAssertGreaterThanOrEqual(limits.elements, ArgumentLimits.scopes)
+    // The largest valid call: every option, every scope, every extra_query entry.
+    let largest = 3 + 2 * RequestOptions.all.count + ArgumentLimits.scopes + 2 * RequestOptions.extraQuery.maxEntries
+    XCTAssertGreaterThanOrEqual(limits.values, largest)
+    XCTAssertFalse(limits.nestedVariants, "an option has exactly its documented type")
+  }
+
   func testCorrelationIDsAreVersion4UUIDs() {
     var seen = Set<String>()
     for _ in 0..<1000 {

@@ -7,9 +7,10 @@ import shutil
 import subprocess
 from urllib.parse import urlsplit
 
+import dbus
 import pytest
 
-from conftest import REPO, Broker, wait_until
+from conftest import ERROR_PREFIX, REPO, Broker, expect_error, wait_until
 from test_engine import (authorization_url, interactions, query_of, run_browser,  # noqa: F401
                          start_sign_in)
 
@@ -115,3 +116,65 @@ def test_a_hostile_error_description_cannot_drive_a_terminal_or_forge_a_log_line
     for line in daemon.log().splitlines():
         assert not line.startswith("FAKE LOG LINE"), line
         assert "\x1b" not in line
+
+
+# ----------------------------------------------------------------------------------------------
+# Huge messages on the bus thread (issue 8 §3)
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def huge_filter(keys):
+    """GetAccounts' filter with `keys` entries (2 million: about 32 MB on the wire)."""
+    return dbus.Dictionary({f"k{i:08d}": dbus.String("v", variant_level=1) for i in range(keys)}, signature="sv")
+
+
+def test_huge_messages_are_refused_early_without_stalling_others_or_keeping_memory(broker, daemon):
+    from test_engine import PendingCall
+    signed_in = broker.sign_in()
+    account_id = signed_in["account"]["id"]
+    broker.silent(account_id=account_id)
+    before = rss_kib(daemon.proc.pid)
+
+    # Six senders of 2 million filter keys each, and a silent caller among them.
+    message = huge_filter(2_000_000)
+    senders = [Broker() for _ in range(6)]
+    try:
+        calls = [PendingCall(s, "GetAccounts", "a{sv}", (message,), timeout=120) for s in senders]
+        token = broker.silent(account_id=account_id)
+        assert token["access_token"] == signed_in["access_token"], "the silent caller got its cached token"
+        for call in calls:
+            name, detail = call.reply()
+            assert name == ERROR_PREFIX + "InvalidArgument", (name, detail)
+            assert "more than 64 entries" in detail, detail
+    finally:
+        for s in senders:
+            s.close()
+    del message
+
+    # Memory comes back: nothing of the messages is kept.
+    after = rss_kib(daemon.proc.pid)
+    assert after - before < 8 * 1024, f"RSS grew from {before} to {after} KiB"
+    assert daemon.running
+
+
+@pytest.mark.parametrize("case", ["nested variant", "long string", "many scopes"])
+def test_malformed_values_are_refused_by_type_and_size(broker, case):
+    if case == "nested variant":
+        # 62 variants around a string: the contract says the option is a string, not a variant.
+        value = dbus.String("c-1", variant_level=62)
+        message = expect_error("InvalidArgument", broker.call, "GetAccounts", "a{sv}",
+                               (dbus.Dictionary({"client_id": value}, signature="sv"),))
+        assert "variant holding a variant" in message
+    elif case == "long string":
+        message = expect_error("InvalidArgument", broker.call, "GetAccounts", "a{sv}",
+                               (dbus.Dictionary({"client_id": dbus.String("x" * (1 << 20))}, signature="sv"),))
+        assert "string of 1048576 bytes" in message
+    else:
+        message = expect_error("InvalidArgument", broker.call, "AcquireTokenSilent", "sassa{sv}",
+                               ("", dbus.Array([f"s{i}" for i in range(100_000)], signature="s"), "",
+                                dbus.Dictionary({}, signature="sv")))
+        assert "more than 256 elements" in message
