@@ -11,7 +11,11 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
-    try signIns.checkRoom(correlationID: request.correlationID, caller: caller.busName)
+    if let ended = try signIns.makeRoom(correlationID: request.correlationID, caller: caller) {
+      logger.notice(
+        "Ended the oldest sign-in of an app holding \(ended.held) places, to make room for another app's",
+        metadata: ["correlation_id": "\(ended.correlationID)", "app": "\(ended.app)"])
+    }
     // Registered before the first suspension, so the cap, duplicate ids, Cancel and callers leaving
     // the bus all see this sign-in from the start.
     let task = Task { () async throws -> TokenResult in
@@ -37,13 +41,16 @@ extension Broker {
           request, clientID: clientID, scopes: scopes, authority: authority, metadata: metadata, caller: caller)
       }
     }
-    signIns.register(correlationID: request.correlationID, caller: caller.busName, task: task)
-    defer { signIns.remove(correlationID: request.correlationID) }
+    signIns.register(correlationID: request.correlationID, caller: caller, task: task)
     do {
-      return try await task.value.busValue(correlationID: request.correlationID)
+      let result = try await task.value.busValue(correlationID: request.correlationID)
+      signIns.remove(correlationID: request.correlationID)
+      return result
     } catch {
+      let endedBecause = signIns.remove(correlationID: request.correlationID)
       if task.isCancelled {
-        throw TesseraError.cancelled("The sign-in was cancelled (by Cancel, or because the caller left the bus).")
+        throw TesseraError.cancelled(
+          endedBecause ?? "The sign-in was cancelled (by Cancel, or because the caller left the bus).")
       }
       throw error
     }

@@ -28,6 +28,7 @@ public struct TesseraError: Error, Sendable, Equatable, CustomStringConvertible 
   public static func accessDenied(_ message: String) -> TesseraError { .init(.accessDenied, message) }
   public static func configuration(_ message: String) -> TesseraError { .init(.configuration, message) }
   public static func environment(_ message: String) -> TesseraError { .init(.environment, message) }
+  public static func busy(_ message: String) -> TesseraError { .init(.busy, message) }
   /// A bug in the broker, and nothing else: never a problem of the user's configuration or machine.
   public static func `internal`(_ message: String) -> TesseraError { .init(.internal, message) }
 
@@ -56,6 +57,7 @@ public enum ErrorCode: String, CaseIterable, Sendable {
   case `internal` = "Internal"
   case configuration = "Configuration"
   case environment = "Environment"
+  case busy = "Busy"
 
   /// What the table holds for each code.
   public struct Entry: Sendable {
@@ -83,6 +85,7 @@ public enum ErrorCode: String, CaseIterable, Sendable {
       Entry(exitStatus: 15, summary: "the broker's configuration cannot serve the request: fix config.toml")
     case .environment:
       Entry(exitStatus: 16, summary: "something the broker needs on this machine is missing or exhausted")
+    case .busy: Entry(exitStatus: 17, summary: "too many sign-ins are in progress: finish or cancel one")
     }
   }
 

@@ -5,6 +5,7 @@ import http.client
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -16,7 +17,7 @@ import dbus.lowlevel
 import pytest
 
 from conftest import (BUS_NAME, stop_process, ERROR_PREFIX, IFACE, INTERACTIVE_TIMEOUT, OBJECT_PATH, TESSERA, Async, Broker,
-                      expect_error, new_connection, options, wait_until)
+                      expect_error, new_connection, options, run_cli, wait_until)
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
@@ -334,43 +335,77 @@ def test_caller_leaving_the_bus_stops_device_code_polling(daemon, broker, idp):
     assert broker.sign_in()["account"]["username"] == "alice"
 
 
-def test_interactive_sign_ins_are_capped_per_caller_and_in_all(daemon, broker, browser, monitor):
-    browser.set("ignore")
+HOLDERS = {
+    # Other programs the user runs, each an app of its own (places are counted by executable).
+    "busctl": lambda: ["busctl", "--user", "call", "--timeout=120", BUS_NAME, OBJECT_PATH, IFACE, "AcquireToken",
+                       "sasa{sv}", "", "0", "0"],
+    "gdbus": lambda: ["gdbus", "call", "--session", "--timeout", "120", "--dest", BUS_NAME, "--object-path",
+                      OBJECT_PATH, "--method", IFACE + ".AcquireToken", "", "@as []", "@a{sv} {}"],
+}
+
+
+def test_sign_in_places_are_shared_by_apps_not_connections(daemon, broker, browser, monitor, tmp_path):
+    """Issue 8 §4: one program with four connections and five sign-ins each held all 16 places
+    for up to an hour, and `tessera login` failed with "Too many sign-ins"."""
+    browser.set("ignore")  # nobody finishes these sign-ins
+
+    def pending():
+        return len(monitor.signals("InteractionPending"))
+
     callers = [Broker() for _ in range(5)]
-    calls = {}
-
-    def start(i, j):
-        cid = f"cap-{i}-{j}"
-        calls[cid] = start_sign_in(callers[i], cid)
-
-    def pending_count(caller):
-        return len([s for s in monitor.signals("InteractionPending") if s["destination"] == caller.unique_name])
-
+    holders = []
     try:
-        for j in range(4):
-            start(0, j)
-            wait_until(lambda: pending_count(callers[0]) == j + 1, what=f"sign-in {j + 1} of caller 0")
-        message = expect_error("InvalidArgument", callers[0].acquire, correlation_id="cap-0-4", timeout=60)
-        assert "Too many sign-ins" in message
-        # Per caller: others may still start theirs, up to 16 in all.
-        for i in range(1, 4):
-            for j in range(4):
-                start(i, j)
-            wait_until(lambda: pending_count(callers[i]) == 4, what=f"4 sign-ins of caller {i}")
-        message = expect_error("InvalidArgument", callers[4].acquire, correlation_id="cap-4-0", timeout=60)
-        assert "Too many sign-ins" in message
+        # One program (this test's python), four connections: four places at most.
+        calls = []
+        for i in range(4):
+            calls.append(start_sign_in(callers[i], f"cap-{i}"))
+            wait_until(lambda: pending() == i + 1, what=f"sign-in {i + 1}")
+        for c in (callers[0], callers[4]):
+            message = expect_error("Busy", c.acquire, correlation_id="cap-more", timeout=60)
+            assert "already has 4 sign-ins" in message
         # Silent calls are not capped.
         assert broker.accounts() == []
-        # A cancelled sign-in frees its place.
-        callers[0].call("Cancel", "s", ("cap-0-0",))
-        assert calls.pop("cap-0-0").error()[0] == error_name("Cancelled")
-        start(0, 5)
-        wait_until(lambda: pending_count(callers[0]) == 5, what="a sign-in in the freed place")
+
+        # Three other programs fill the other twelve places: busctl, gdbus, and a copy of busctl
+        # (another executable, so another app).
+        other = str(tmp_path / "other-app")
+        shutil.copy(shutil.which("busctl"), other)
+        holders_commands = dict(HOLDERS, other=lambda: [other] + HOLDERS["busctl"]()[1:])
+        for name, command in holders_commands.items():
+            for _ in range(4):
+                holders.append(subprocess.Popen(command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                text=True))
+        wait_until(lambda: pending() == 16 or any(h.poll() is not None for h in holders), timeout=20,
+                   what="16 sign-ins in progress")
+        assert all(h.poll() is None for h in holders), [h.stderr.read() for h in holders if h.poll() is not None]
+        assert pending() == 16
+        # Each sign-in's browser has read its mode ("ignore") before the mode changes below.
+        wait_until(lambda: daemon.log().count("mode ignore: doing nothing") == 16, timeout=30,
+                   what="the 16 browsers starting")
+
+        # A legitimate `tessera login` still signs in: it takes the oldest place of an app that
+        # holds four (the oldest of all: this test's first), whose sign-in ends with Cancelled and
+        # says why.
+        browser.set("allow")
+        login = run_cli("login", "--client-id", "tessera-test", timeout=60)
+        assert login.returncode == 0, login.stderr
+        assert "Signed in as alice" in login.stdout
+        name, message = calls[0].error()
+        assert name == error_name("Cancelled") and "to make room for another app's sign-in" in message, message
+        assert daemon.log().count("Ended the oldest sign-in of an app holding 4 places") == 1
+
+        # A cancelled sign-in frees its place (for the same app).
+        callers[1].call("Cancel", "s", ("cap-1",))
+        browser.set("ignore")
+        start_sign_in(callers[4], "cap-again")
     finally:
         for c in callers:
             c.close()  # the broker cancels the sign-ins of callers that left
-    wait_until(lambda: daemon.log().count("The caller left the bus; cancelling its sign-in") == 16,
-               what="the broker cancelling the 16 sign-ins of the callers that left")
+        for h in holders:
+            h.kill()
+            h.wait()
+    wait_until(lambda: daemon.log().count("The caller left the bus; cancelling its sign-in") >= 15, timeout=15,
+               what="the broker cancelling the sign-ins of the callers that left")
     # All places are free again.
     browser.set("allow")
     others = [Broker() for _ in range(3)]

@@ -6,7 +6,7 @@
 # To build tesserad and tessera: the headers of the C libraries they reach.
 TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
 # To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
-TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin python3-dbus python3-venv
+TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin libglib2.0-bin python3-dbus python3-venv
     openssl systemd)
 
 # tessera_install_packages NAME...: installs those of NAME... that are missing (apt-get, as root or
