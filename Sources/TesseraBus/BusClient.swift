@@ -30,14 +30,44 @@ public final class BusClient {
   final class CallState {
     var reply: Result<[BusValue], BusCallError>?
     var onSignal: ((String, [BusValue]) -> Void)?
+    /// The only connection whose signals are delivered to `onSignal`.
+    var signalSender: String?
   }
 
-  /// Calls a method and waits for the reply, dispatching the broker's signals meanwhile.
+  /// Who owns a bus name, as the bus daemon vouches for it (GetConnectionCredentials).
+  public struct NameOwner: Sendable, Equatable {
+    public let uniqueName: String
+    public let pid: UInt32?
+    public let uid: UInt32?
+  }
+
+  /// The current owner of `name` (its unique name, process and user), or nil when it has none.
+  public func owner(of name: String) throws(BusCallError) -> NameOwner? {
+    var creds: OpaquePointer?
+    let mask = UInt64(SD_BUS_CREDS_UNIQUE_NAME | SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID)
+    let r = sd_bus_get_name_creds(bus, name, mask, &creds)
+    if r == -ENXIO || r == -ESRCH { return nil }  // no owner
+    try check(r, "GetConnectionCredentials(\(name))")
+    defer { sd_bus_creds_unref(creds) }
+    var unique: UnsafePointer<CChar>?
+    try check(sd_bus_creds_get_unique_name(creds, &unique), "read the owner's unique name")
+    var pid: pid_t = 0
+    var uid: uid_t = 0
+    return NameOwner(
+      uniqueName: unique.map { String(cString: $0) } ?? "",
+      pid: sd_bus_creds_get_pid(creds, &pid) >= 0 ? UInt32(pid) : nil,
+      uid: sd_bus_creds_get_euid(creds, &uid) >= 0 ? uid : nil)
+  }
+
+  /// Calls a method and waits for the reply, dispatching the broker's signals meanwhile: only those
+  /// sent by `signalSender` (a unique name), when `onSignal` is given. Signals from any other
+  /// connection, broadcast or sent to this one, are dropped.
   public func call(
     destination: String = BrokerInterface.busName, path: String = BrokerInterface.objectPath,
     interface: String = BrokerInterface.interfaceName, member: String, arguments: [BusValue],
-    timeoutSeconds: Double = 25, onSignal: ((String, [BusValue]) -> Void)? = nil
+    timeoutSeconds: Double = 25, signalSender: String? = nil, onSignal: ((String, [BusValue]) -> Void)? = nil
   ) throws(BusCallError) -> [BusValue] {
+    precondition(onSignal == nil || signalSender != nil, "signals are accepted from a known sender only")
     var message: OpaquePointer?
     try check(sd_bus_message_new_method_call(bus, &message, destination, path, interface, member), "create call")
     defer { sd_bus_message_unref(message) }
@@ -49,13 +79,14 @@ public final class BusClient {
 
     let state = CallState()
     state.onSignal = onSignal
+    state.signalSender = signalSender
     let userdata = Unmanaged.passUnretained(state).toOpaque()
     var matchSlot: OpaquePointer?
     if onSignal != nil {
       try check(
         sd_bus_match_signal(
-          bus, &matchSlot, nil, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived, userdata
-        ),
+          bus, &matchSlot, signalSender, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived,
+          userdata),
         "subscribe to signals")
     }
     defer { sd_bus_slot_unref(matchSlot) }
@@ -102,6 +133,10 @@ private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
 private let signalReceived: sd_bus_message_handler_t = { message, userdata, _ in
   let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
   guard let message, let member = sd_bus_message_get_member(message) else { return 0 }
+  // The match names the sender already; checked again here, where it is decided.
+  guard let expected = state.signalSender, let sender = sd_bus_message_get_sender(message),
+    strcmp(sender, expected) == 0
+  else { return 0 }
   if let values = try? BusCodec.readAll(message, limits: .replies) { state.onSignal?(String(cString: member), values) }
   return 0
 }

@@ -1,3 +1,4 @@
+import Glibc
 import TesseraBus
 @_exported import TesseraInterface
 
@@ -85,12 +86,14 @@ public final class TesseraBroker {
   }
 
   private func call(
-    _ member: String, _ arguments: [BusValue], timeout: Double = 25, onSignal: ((String, [BusValue]) -> Void)? = nil,
-    interface: String = BrokerInterface.interfaceName
+    _ member: String, _ arguments: [BusValue], timeout: Double = 25, signalSender: String? = nil,
+    destination: String = BrokerInterface.busName, onSignal: ((String, [BusValue]) -> Void)? = nil,
+    interface: String = BrokerInterface.interfaceName, path: String = BrokerInterface.objectPath
   ) throws(TesseraClientError) -> [BusValue] {
     do {
       return try client.call(
-        interface: interface, member: member, arguments: arguments, timeoutSeconds: timeout, onSignal: onSignal)
+        destination: destination, path: path, interface: interface, member: member, arguments: arguments,
+        timeoutSeconds: timeout, signalSender: signalSender, onSignal: onSignal)
     } catch {
       if let code = TesseraError.Code(dbusName: error.name) { throw .broker(TesseraError(code, error.message)) }
       switch error.name {
@@ -114,6 +117,52 @@ public final class TesseraBroker {
     do { return try options.busValue(for: method) } catch { throw .broker(error) }
   }
 
+  /// The connection that owns org.tessera.Broker1, started by activation if needed, once it is
+  /// known to be the broker: a process of this user and, when the user's service manager runs
+  /// tessera.service, that service's process. Only its signals are believed: any program on the bus
+  /// can send an InteractionPending with a URL of its choosing.
+  func verifiedBroker() throws(TesseraClientError) -> BusClient.NameOwner {
+    // Peer.Ping starts the broker through D-Bus activation when it is not running.
+    _ = try call("Ping", [], interface: "org.freedesktop.DBus.Peer")
+    let owner: BusClient.NameOwner?
+    do { owner = try client.owner(of: BrokerInterface.busName) } catch {
+      throw .bus(name: error.name, message: error.message)
+    }
+    guard let owner else {
+      throw .unreachable("The Tessera broker stopped while the sign-in was starting. Try again.")
+    }
+    guard owner.uid == getuid() else {
+      throw .broker(
+        .accessDenied(
+          "\(BrokerInterface.busName) is owned by another user's process (uid \(owner.uid.map(String.init) ?? "unknown")), not by your broker. Refusing to sign in through it."
+        ))
+    }
+    if let mainPID = serviceMainPID(), let pid = owner.pid, pid != mainPID {
+      throw .broker(
+        .accessDenied(
+          "\(BrokerInterface.busName) is owned by process \(pid), but tessera.service runs as process \(mainPID): another program took the broker's name. Refusing to sign in through it; stop process \(pid)."
+        ))
+    }
+    return owner
+  }
+
+  /// tessera.service's main process under the user's service manager; nil when the service manager
+  /// is not on this bus, or tessera.service is not running there (tesserad started by hand).
+  private func serviceMainPID() -> UInt32? {
+    let manager = "org.freedesktop.systemd1"
+    guard
+      let unit = try? call(
+        "GetUnit", [.string("tessera.service")], destination: manager, interface: manager + ".Manager",
+        path: "/org/freedesktop/systemd1"
+      ).first?.stringValue,
+      let value = try? call(
+        "Get", [.string(manager + ".Service"), .string("MainPID")], destination: manager,
+        interface: "org.freedesktop.DBus.Properties", path: unit
+      ).first, case .uint32(let pid) = value, pid != 0
+    else { return nil }
+    return pid
+  }
+
   /// Interactive sign-in. `onInteraction` is called when the user must act (open a URL, enter a code).
   public func acquireToken(
     clientID: String = "", scopes: [String] = [], options: TesseraTokenOptions = .init(),
@@ -125,9 +174,12 @@ public final class TesseraBroker {
     var options = options
     let correlationID = options.correlationID ?? CorrelationID.new()
     options.correlationID = correlationID
+    let encoded = try encode(options, for: .acquireToken)
+    let broker = try verifiedBroker()
     let reply = try call(
-      "AcquireToken", [.string(clientID), .strings(scopes), .dict(encode(options, for: .acquireToken))],
-      timeout: Double(flowTimeout + Self.interactiveSlack),
+      "AcquireToken", [.string(clientID), .strings(scopes), .dict(encoded)],
+      timeout: Double(flowTimeout + Self.interactiveSlack), signalSender: broker.uniqueName,
+      destination: broker.uniqueName,
       onSignal: { member, values in
         guard member == "InteractionPending", values.count == 2, values[0] == .string(correlationID),
           case .dict(let info) = values[1], let interaction = InteractionInfo(busValue: info)

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import dbus
 import pytest
 
-from conftest import ERROR_PREFIX, REPO, Broker, expect_error, wait_until
+from conftest import (ERROR_PREFIX, IFACE, OBJECT_PATH, REPO, TESSERA, Broker, expect_error, monitor,  # noqa: F401
+                      wait_until)
 from test_engine import (authorization_url, interactions, query_of, run_browser,  # noqa: F401
                          start_sign_in)
 
@@ -178,3 +179,48 @@ def test_malformed_values_are_refused_by_type_and_size(broker, case):
                                ("", dbus.Array([f"s{i}" for i in range(100_000)], signature="s"), "",
                                 dbus.Dictionary({}, signature="sv")))
         assert "more than 256 elements" in message
+
+
+# ----------------------------------------------------------------------------------------------
+# Spoofed signals (issue 8 §5)
+
+
+def test_spoofed_interaction_signals_do_not_reach_the_user(broker, browser, interactions, monitor):
+    """Another program on the bus sends `tessera login` an InteractionPending with its own URL and
+    device code (broadcast, and sent to the CLI's connection): the CLI shows only the broker's."""
+    browser.set("ignore")  # the test plays the browser, after the attack
+    cli = subprocess.Popen([TESSERA, "login", "--client-id", "tessera-test", "--timeout", "60"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    attacker = Broker()
+    try:
+        real = wait_until(lambda: monitor.signals("InteractionPending"), what="the broker's InteractionPending")[0]
+        # What a program of the same user can learn by monitoring the bus: the CLI's connection and
+        # the correlation id it chose.
+        wait_until(lambda: interactions._poke(lambda: len(interactions.infos) > 1, 0.2),
+                   what="the correlation id on the bus")
+        correlation_id = next(k for k in interactions.infos if k != "probe")
+        for destination in (None, real["destination"]):
+            fake = dbus.lowlevel.SignalMessage(OBJECT_PATH, IFACE, "InteractionPending")
+            if destination:
+                fake.set_destination(destination)
+            fake.append(dbus.String(correlation_id), dbus.Dictionary({
+                "flow": dbus.String("device_code"), "verification_uri": dbus.String("https://evil.example/device"),
+                "user_code": dbus.String("EVIL-CODE"), "expires_in": dbus.UInt32(600),
+                "message": dbus.String("To sign in, open https://evil.example/device and enter EVIL-CODE"),
+            }, signature="sv"), signature="sa{sv}")
+            attacker.conn.send_message(fake)
+        # A round trip through the bus daemon: the fake signals are queued for the CLI before
+        # anything the broker sends from here on.
+        attacker.conn.call_blocking("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                    "GetId", "", ())
+        run_browser(authorization_url(interactions.infos[correlation_id]["verification_uri"]))
+        out, err = cli.communicate(timeout=60)
+    finally:
+        attacker.close()
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 0, err
+    assert "Signed in as alice" in out
+    assert "Opening your browser" in err, "the broker's own signal is shown"
+    assert "evil.example" not in err and "EVIL-CODE" not in err, err
