@@ -228,10 +228,11 @@ public actor Broker {
   }
 
   /// Validates a token response, stores what it carries (the new refresh token first), and returns it.
-  /// `knownAccount` is the account a refresh was for; `requestedScopes` what the caller asked.
+  /// `knownAccount` is the account a refresh was for, `redeemed` the refresh token it used;
+  /// `requestedScopes` what the caller asked.
   func accept(
     _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
-    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?
+    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil
   ) async throws -> TokenResult {
     var claims: IDTokenClaims?
     if let idToken = response.idToken {
@@ -268,18 +269,23 @@ public actor Broker {
     var operations: [TokenCache.StoreOperation] = []
     let isNewAccount = cache.accounts[account.id] == nil
     if cache.accounts[account.id] != account { operations += cache.upsert(account: account) }
+    let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
     if let newRefreshToken = response.refreshToken {
+      // A rotated token is the same grant (RFC 6749 §6: the same scopes); a sign-in's token is
+      // bound to what it granted, except at Entra, whose refresh tokens serve any scope.
+      let grantScopes =
+        redeemed.map { $0.scopes } ?? (authority.isMicrosoft ? nil : ScopeSet.resourceScopes(granted).sorted())
       operations += cache.upsert(
         refreshToken: RefreshTokenRecord(
           accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
-          secret: newRefreshToken, familyID: response.foci))
+          secret: newRefreshToken, familyID: response.foci, scopes: grantScopes),
+        replacing: redeemed)
     }
     // Family membership is remembered only where families exist (Entra answers `foci`).
     if response.foci != nil || cache.appMetadata(environment: authority.environment, clientID: clientID) != nil {
       operations += cache.upsert(
         appMetadata: AppMetadataRecord(environment: authority.environment, clientID: clientID, familyID: response.foci))
     }
-    let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
     let realm = (claims?.tid ?? realm(for: authority, account: account)).lowercased()
     if let tid = claims?.tid, !Self.commonTenants.contains(authority.tenant.lowercased()) {
       tenantRealms[TenantKey(environment: authority.environment, tenant: authority.tenant.lowercased())] =

@@ -47,9 +47,15 @@ public struct RefreshTokenRecord: Codable, Sendable, Equatable {
   public var secret: String
   /// Microsoft's family of client ids ("1"), when the token is a family refresh token.
   public var familyID: String? = nil
+  /// The resource scopes of the grant, for identity providers that bind a refresh token to the
+  /// scopes first granted (every one but Entra): normalized, without OpenID scopes. Nil for Entra's
+  /// tokens, which serve any scope, and for tokens stored before scopes were recorded.
+  public var scopes: [String]? = nil
 
   public init(
-    accountID: String, environment: String, clientID: String, authority: String, secret: String, familyID: String? = nil
+    accountID: String, environment: String, clientID: String, authority: String, secret: String,
+    familyID: String? = nil,
+    scopes: [String]? = nil
   ) {
     self.accountID = accountID
     self.environment = environment
@@ -57,10 +63,16 @@ public struct RefreshTokenRecord: Codable, Sendable, Equatable {
     self.authority = authority
     self.secret = secret
     self.familyID = familyID
+    self.scopes = scopes
   }
 
   /// Where it is filed: the client id, or `family:<id>`.
   public var slot: String { familyID.map { "family:" + $0 } ?? clientID }
+
+  /// Whether `other` is the same stored token (a newer secret of it replaces it).
+  func isSameGrant(as other: RefreshTokenRecord) -> Bool {
+    accountID == other.accountID && environment == other.environment && slot == other.slot && scopes == other.scopes
+  }
 }
 
 /// What the broker learned about a client id (as MSAL's app metadata): is it in a family?

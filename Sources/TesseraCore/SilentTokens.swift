@@ -81,7 +81,9 @@ extension Broker {
     guard cache.accounts[account.id] != nil else {
       throw TesseraError.noSuchAccount("\(account.username) was signed out. Sign in again with AcquireToken.")
     }
-    guard let record = cache.refreshToken(accountID: account.id, environment: environment, clientID: target.clientID)
+    guard
+      let record = cache.refreshToken(
+        accountID: account.id, environment: environment, clientID: target.clientID, scopes: target.scopes)
     else {
       throw TesseraError.interactionRequired(
         "\(account.username) has not signed in to client \(target.clientID) yet. Run an interactive sign-in (AcquireToken with this account, or `tessera login --client-id \(target.clientID)`): at most a click is needed."
@@ -103,7 +105,7 @@ extension Broker {
       let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: correlationID)
       return try await accept(
         response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
-        requestedScopes: target.scopes, nonce: nil, knownAccount: account)
+        requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
     } catch let error as TesseraError
       where record.familyID != nil && !knownInFamily
       && (error.code == .interactionRequired || error.code == .invalidArgument)

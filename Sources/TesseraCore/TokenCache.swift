@@ -24,10 +24,23 @@ public struct TokenCache: Sendable {
 
   // MARK: Lookups
 
-  /// The refresh token a client should use: its own, else its family's (when it is in a family, or
-  /// not yet known not to be).
-  public func refreshToken(accountID: String, environment: String, clientID: String) -> RefreshTokenRecord? {
-    if let own = refreshToken(accountID: accountID, environment: environment, slot: clientID) { return own }
+  /// The refresh token a client should use for `scopes`: its own, else its family's (when it is in
+  /// a family, or not yet known not to be). Of a client's scope-bound tokens, the narrowest grant
+  /// that covers the scopes; else one stored without scopes; else the broadest (the IdP decides).
+  public func refreshToken(accountID: String, environment: String, clientID: String, scopes: [String] = [])
+    -> RefreshTokenRecord?
+  {
+    let own = refreshTokens.filter {
+      $0.accountID == accountID && $0.environment == environment && $0.slot == clientID
+    }
+    let wanted = ScopeSet.resourceScopes(scopes)
+    if let covering = own.filter({ $0.scopes.map { wanted.isSubset(of: Set($0)) } ?? false })
+      .min(by: { $0.scopes!.count < $1.scopes!.count })
+    {
+      return covering
+    }
+    if let unscoped = own.first(where: { $0.scopes == nil }) { return unscoped }
+    if let broadest = own.max(by: { ($0.scopes?.count ?? 0) < ($1.scopes?.count ?? 0) }) { return broadest }
     let metadata = appMetadata(environment: environment, clientID: clientID)
     if let metadata, metadata.familyID == nil { return nil }
     return refreshTokens.first {
@@ -67,12 +80,38 @@ public struct TokenCache: Sendable {
     return [.save(Self.item(account))]
   }
 
-  public mutating func upsert(refreshToken record: RefreshTokenRecord) -> [StoreOperation] {
-    refreshTokens.removeAll {
-      $0.accountID == record.accountID && $0.environment == record.environment && $0.slot == record.slot
+  /// Stores a refresh token without ever making a stored grant worse:
+  /// - `replacing`: the token a refresh redeemed; the new one (same grant, rotated) takes its place.
+  /// - otherwise a new grant (a sign-in). Entra's tokens (no scopes) replace the client's or family's
+  ///   token. A scope-bound token replaces only the client's tokens whose scopes it covers; a
+  ///   narrower sign-in (one app asking for `write` only) keeps the broader grant beside it.
+  public mutating func upsert(refreshToken record: RefreshTokenRecord, replacing old: RefreshTokenRecord? = nil)
+    -> [StoreOperation]
+  {
+    var operations: [StoreOperation] = []
+    refreshTokens.removeAll { existing in
+      let replaced: Bool
+      if let old {
+        // (A family token redeemed for a token of the client's own stays for the family.)
+        replaced = existing.isSameGrant(as: record) || (existing.isSameGrant(as: old) && old.slot == record.slot)
+      } else if let newScopes = record.scopes {
+        replaced =
+          existing.accountID == record.accountID && existing.environment == record.environment
+          && existing.slot == record.slot && existing.scopes.map { Set($0).isSubset(of: Set(newScopes)) } ?? false
+      } else {
+        replaced =
+          existing.accountID == record.accountID && existing.environment == record.environment
+          && existing.slot == record.slot && existing.scopes == nil
+      }
+      // An item with the very same attributes is replaced by the save below: no delete needed.
+      if replaced && Self.attributes(existing) != Self.attributes(record) {
+        operations.append(.delete(Self.attributes(existing)))
+      }
+      return replaced
     }
     refreshTokens.append(record)
-    return [.save(Self.item(record))]
+    operations.append(.save(Self.item(record)))
+    return operations
   }
 
   /// Records whether a client is in a family; no store write when nothing changed.
@@ -127,9 +166,7 @@ public struct TokenCache: Sendable {
   public mutating func restore(from before: TokenCache, accountID: String) {
     if let account = before.accounts[accountID] { accounts[accountID] = account }
     for record in before.refreshTokens where record.accountID == accountID {
-      if refreshToken(accountID: accountID, environment: record.environment, slot: record.slot) == nil {
-        refreshTokens.append(record)
-      }
+      if !refreshTokens.contains(where: { $0.isSameGrant(as: record) }) { refreshTokens.append(record) }
     }
     for token in before.accessTokens where token.accountID == accountID && !accessTokens.contains(token) {
       accessTokens.append(token)
@@ -151,10 +188,13 @@ public struct TokenCache: Sendable {
     [base: schemaVersion, "kind": Kind.account.rawValue, "account_id": a.id, "environment": a.environment]
   }
   static func attributes(_ r: RefreshTokenRecord) -> [String: String] {
-    [
+    var attributes = [
       base: schemaVersion, "kind": Kind.refreshToken.rawValue, "account_id": r.accountID, "environment": r.environment,
       "client_id": r.slot,
     ]
+    // Scope-bound grants of one client are items of their own.
+    if let scopes = r.scopes { attributes["scopes"] = scopes.joined(separator: " ") }
+    return attributes
   }
   static func attributes(_ m: AppMetadataRecord) -> [String: String] {
     [base: schemaVersion, "kind": Kind.appMetadata.rawValue, "environment": m.environment, "client_id": m.clientID]

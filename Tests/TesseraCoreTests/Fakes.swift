@@ -118,6 +118,9 @@ final class FakeIdP: HTTPClient, Sendable {
   let subject = Mutex("alice-sub")
   /// Appended to every issued token response, e.g. `,"refresh_in":600`.
   let extraTokenFields = Mutex("")
+  /// When set, a token answer grants the scopes the request asked for (else always "read"), as a
+  /// provider that binds refresh tokens to their scopes does.
+  let echoScopes = Mutex(false)
   /// Clients whose refresh requests are refused with invalid_grant.
   let refusedClients = Mutex<Set<String>>([])
   let audienceOverride = Mutex<String?>(nil)
@@ -236,7 +239,7 @@ final class FakeIdP: HTTPClient, Sendable {
         tenant == nil
         ? "" : #","client_info":"\#(Base64URL.encode(Array(#"{"uid":"uid1","utid":"\#(Self.homeTenant)"}"#.utf8)))""#
       let body =
-        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"read","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])

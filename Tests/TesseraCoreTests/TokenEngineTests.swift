@@ -128,6 +128,36 @@ final class TokenEngineTests: XCTestCase {
     _ = try await h.broker.acquireTokenSilent(try h.request(clientID: "app2", options: ["force_refresh": .bool(true)]))
   }
 
+  /// Issue 8 §6: one app signing in with narrower scopes must not break another app's refresh at a
+  /// provider that binds refresh tokens to their scopes.
+  func testANarrowerSignInKeepsTheBroaderGrant() async throws {
+    let h = await Harness()
+    h.idp.echoScopes.withLock { $0 = true }
+    func signIn(_ scopes: [String]) async throws {
+      h.listeners.lastAuthorizationURL.withLock { $0 = nil }
+      _ = try await h.broker.acquireTokenInteractive(h.request(scopes: scopes), caller: CallerInfo(busName: ":1.42"))
+    }
+    func refresh(_ scopes: [String]) async throws -> String {
+      _ = try await h.broker.acquireTokenSilent(h.request(scopes: scopes, options: ["force_refresh": .bool(true)]))
+      return h.idp.form(h.idp.tokenRequests.last!)["refresh_token"] ?? ""
+    }
+    func storedRefreshTokens() -> [[String: String]] {
+      h.store.items.withLock { $0 }.map(\.attributes).filter { $0["kind"] == "refresh_token" }
+    }
+    try await signIn(["read", "write"])  // rt-1
+    try await signIn(["write"])  // rt-2: a second app, narrower
+    XCTAssertEqual(Set(storedRefreshTokens().compactMap { $0["scopes"] }), ["read write", "write"])
+    let broad = try await refresh(["read", "write"])
+    XCTAssertEqual(broad, "rt-1", "the broader grant still serves the broader request")
+    let narrow = try await refresh(["write"])
+    XCTAssertEqual(narrow, "rt-2", "the narrowest grant that covers the request")
+    let rotated = try await refresh(["read"])
+    XCTAssertEqual(rotated, "rt-3", "rt-1 rotated (to rt-3) is still the read/write grant")
+    // A broader sign-in replaces the grants it covers.
+    try await signIn(["read", "write", "admin"])
+    XCTAssertEqual(storedRefreshTokens().compactMap { $0["scopes"] }, ["admin read write"])
+  }
+
   func testRefreshesOfOneAccountUseTheLatestRotatedToken() async throws {
     let h = await Harness()
     try await h.signIn()

@@ -11,7 +11,7 @@ import dbus
 import pytest
 
 from conftest import (ERROR_PREFIX, IFACE, OBJECT_PATH, REPO, TESSERA, Broker, expect_error, monitor,  # noqa: F401
-                      wait_until)
+                      run_cli, wait_until)
 from test_engine import (authorization_url, interactions, query_of, run_browser,  # noqa: F401
                          start_sign_in)
 
@@ -224,3 +224,26 @@ def test_spoofed_interaction_signals_do_not_reach_the_user(broker, browser, inte
     assert "Signed in as alice" in out
     assert "Opening your browser" in err, "the broker's own signal is shown"
     assert "evil.example" not in err and "EVIL-CODE" not in err, err
+
+
+# ----------------------------------------------------------------------------------------------
+# One app breaking another's refresh (issue 8 §6)
+
+
+def test_an_app_signing_in_with_other_scopes_does_not_break_another_apps_refresh(broker, idp):
+    """django-oauth-toolkit binds a refresh token to the scopes first granted. A sign-in for
+    ["write"] used to replace the default-scope grant, and the next default refresh failed with
+    invalid_scope."""
+    first = broker.sign_in()  # default scopes (read)
+    other = broker.acquire("tessera-test", ["write"], login_hint="alice@example.test")
+    assert other["account"]["id"] == first["account"]["id"]
+    assert "write" in other["scopes"]
+
+    token = run_cli("token", "--force-refresh", check_rc=0).stdout.strip()
+    assert token and token not in (first["access_token"], other["access_token"])
+    write = broker.silent(scopes=["write"], force_refresh=True)
+    assert write["access_token"] != other["access_token"]
+    # Each grant was refreshed with its own refresh token; neither was refused.
+    mark = idp.mark()
+    run_cli("token", "--force-refresh", check_rc=0)
+    assert [p["status"] for p in idp.token_posts(mark, grant_type="refresh_token")] == [200]
