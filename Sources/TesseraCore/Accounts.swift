@@ -54,6 +54,12 @@ extension Broker {
   func revoke(_ record: RefreshTokenRecord, correlationID: String) async {
     do {
       let authority = try Authority(parsing: record.authority)
+      guard (try? policy.validate(authority.url)) != nil else {
+        logger.notice(
+          "The account's authority is no longer trusted (config.toml); its refresh token was removed here but not sent there to be revoked",
+          metadata: ["correlation_id": "\(correlationID)", "authority": "\(authority.url)"])
+        return
+      }
       guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
         logger.info(
           "The identity provider has no revocation endpoint; removing the token locally",

@@ -242,7 +242,11 @@ public actor Broker {
     if let claims {
       account = Self.account(
         from: claims, clientInfo: response.clientInfo, authority: authority, issuer: metadata.issuer)
-      if let knownAccount, knownAccount.id != account.id {
+      // A refresh in a guest tenant signs the guest object in: there the home account is the one
+      // client_info names (the refresh token was that account's).
+      let homeFromClientInfo =
+        authority.isMicrosoft ? response.clientInfo.flatMap(ClientInfo.decode).map { "\($0.uid).\($0.utid)" } : nil
+      if let knownAccount, knownAccount.id != account.id, knownAccount.id != homeFromClientInfo {
         throw TesseraError.provider(
           "The identity provider answered for a different user than \(knownAccount.username). Sign in again.")
       }
@@ -317,7 +321,12 @@ public actor Broker {
   static func account(from claims: IDTokenClaims, clientInfo: String?, authority: Authority, issuer: String) -> Account
   {
     let id: String
-    if let info = clientInfo.flatMap(ClientInfo.decode) {
+    // client_info is not signed: it names the home account only when the authority is Microsoft's
+    // and it agrees with the signed id_token (the user's object id in the tenant that signed it
+    // in). Otherwise, or for a guest sign-in, issuer and subject do.
+    if authority.isMicrosoft, let info = clientInfo.flatMap(ClientInfo.decode), let oid = claims.oid,
+      let tid = claims.tid, info.uid.lowercased() == oid.lowercased(), info.utid.lowercased() == tid.lowercased()
+    {
       id = "\(info.uid).\(info.utid)"
     } else {
       // Stable across sign-ins and unique across issuers: sub plus a short digest of the issuer.

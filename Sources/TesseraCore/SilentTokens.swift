@@ -94,6 +94,7 @@ extension Broker {
     let tokenAuthority =
       target.authority.isMicrosoft && target.authority.environment == record.environment
       ? target.authority : try Authority(parsing: record.authority)
+    try checkStillTrusted(tokenAuthority, account: account)
     let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
     var fields = [
       ("grant_type", "refresh_token"), ("client_id", target.clientID), ("refresh_token", record.secret),
@@ -117,6 +118,18 @@ extension Broker {
       )
       throw TesseraError.interactionRequired(
         "Client \(target.clientID) cannot use the family sign-in of \(account.username) (\(error.message)). Run an interactive sign-in for it."
+      )
+    }
+  }
+
+  /// The trust policy is the configuration's, which may have changed since the account signed in:
+  /// a refresh token is sent (or revoked) only where the policy allows today. The account stays.
+  func checkStillTrusted(_ authority: Authority, account: Account) throws {
+    do {
+      _ = try policy.validate(authority.url)
+    } catch let error as TesseraError where error.code == .untrustedAuthority {
+      throw TesseraError.untrustedAuthority(
+        "\(account.username) signed in at \(authority.url), which config.toml no longer trusts, so its refresh token is not sent there. Add it to trusted_authorities again, or sign the account out."
       )
     }
   }

@@ -163,8 +163,12 @@ final class FakeIdP: HTTPClient, Sendable {
     var preferred_username: String
     var name: String
     var tid: String?
+    var oid: String?
     func verify(using algorithm: some JWTAlgorithm) async throws {}
   }
+
+  /// Entra mode: the client_info the token endpoint sends (default: uid1 in the home tenant).
+  let clientInfoJSON = Mutex(#"{"uid":"uid1","utid":"home-tid"}"#)
 
   /// Entra mode: the tenant (realm) of the account's home.
   static let homeTenant = "home-tid"
@@ -183,7 +187,8 @@ final class FakeIdP: HTTPClient, Sendable {
         iss: tenant.map { "https://login.microsoftonline.com/\($0)/v2.0" } ?? Self.authority,
         sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID,
         exp: now + 3600,
-        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice", tid: tenant),
+        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice", tid: tenant,
+        oid: tenant.map { $0 == Self.homeTenant ? "uid1" : "guest-object-id" }),
       kid: JWKIdentifier(string: signingKid.withLock { $0 }))
   }
 
@@ -237,7 +242,7 @@ final class FakeIdP: HTTPClient, Sendable {
       let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "", tenant: tenant)
       let clientInfo =
         tenant == nil
-        ? "" : #","client_info":"\#(Base64URL.encode(Array(#"{"uid":"uid1","utid":"\#(Self.homeTenant)"}"#.utf8)))""#
+        ? "" : #","client_info":"\#(Base64URL.encode(Array(clientInfoJSON.withLock { $0 }.utf8)))""#
       let body =
         #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))

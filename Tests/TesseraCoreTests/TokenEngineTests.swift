@@ -1,3 +1,4 @@
+import Logging
 import XCTest
 
 @testable import TesseraCore
@@ -156,6 +157,37 @@ final class TokenEngineTests: XCTestCase {
     // A broader sign-in replaces the grants it covers.
     try await signIn(["read", "write", "admin"])
     XCTAssertEqual(storedRefreshTokens().compactMap { $0["scopes"] }, ["admin read write"])
+  }
+
+  /// The configuration changed since the account signed in: its refresh token is neither sent to
+  /// nor revoked at an authority the policy no longer trusts, and the account is not forgotten.
+  func testARefreshTokenGoesOnlyWhereThePolicyStillTrusts() async throws {
+    let h = await Harness()
+    let signedIn = try await h.signIn()
+    let accountID = try XCTUnwrap(signedIn["account"]?.dictValue?["id"]?.stringValue)
+    await h.broker.finishStoreWrites()
+    var config = BrokerConfig()
+    config.defaultAuthority = "https://other.test/t"
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["read"]
+    config.trustedAuthorities = ["https://other.test"]
+    let restarted = Broker(
+      config: config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: RecordingBrowser(listeners: h.listeners, idp: h.idp),
+        listeners: h.listeners, events: h.events, clock: h.clock),
+      logger: Logger(label: "test"))
+    let before = h.idp.requests.withLock { $0.count }
+    await XCTAssertThrowsTessera(.untrustedAuthority) {
+      _ = try await restarted.acquireTokenSilent(
+        RequestParser.tokenRequest(
+          clientID: "", scopes: [], accountID: accountID,
+          options: ["force_refresh": .bool(true), "authority": .string(FakeIdP.authority)]))
+    }
+    let accounts = try await restarted.accounts(matching: AccountFilter())
+    XCTAssertEqual(accounts.count, 1, "the account is kept")
+    try await restarted.signOut(SignOutRequest(accountID: accountID, clientID: nil, revoke: true, correlationID: "c"))
+    XCTAssertEqual(h.idp.requests.withLock { $0.count }, before, "nothing was sent to idp.test")
   }
 
   func testRefreshesOfOneAccountUseTheLatestRotatedToken() async throws {
@@ -395,6 +427,17 @@ final class MultiTenantTests: XCTestCase {
     config.defaultClientID = "app1"
     config.defaultScopes = ["read"]
     return await Harness(config: config)
+  }
+
+  /// client_info is unsigned: a token answer whose client_info names someone else than the signed
+  /// id_token does not choose the account id.
+  func testClientInfoCountsOnlyWhenTheIdTokenAgrees() async throws {
+    let h = await entraHarness()
+    h.idp.clientInfoJSON.withLock { $0 = #"{"uid":"victim-uid","utid":"home-tid"}"# }
+    let signedIn = try await h.signIn()
+    let id = try XCTUnwrap(signedIn["account"]?.dictValue?["id"]?.stringValue)
+    XCTAssertFalse(id.hasPrefix("victim-uid"), id)
+    XCTAssertTrue(id.hasPrefix("alice-sub."), "issuer and subject name the account: \(id)")
   }
 
   func testOneHomeAccountServesSeveralTenants() async throws {
