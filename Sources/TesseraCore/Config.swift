@@ -5,6 +5,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var defaultScopes: [String] = []
   public var trustedAuthorities: [String] = []
   public var caFile: String?
+  /// Whether ca_file is also trusted for Microsoft's hosts (behind a TLS-inspecting proxy).
+  public var caFileForMicrosoft = false
   public var browser: String?
   public var redirectPort: UInt16 = 0
   public var allowInsecureLoopback = false
@@ -15,8 +17,9 @@ public struct BrokerConfig: Sendable, Equatable {
   public init() {}
 
   public static let keys: [String] = [
-    "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file", "browser",
-    "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
+    "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file",
+    "ca_file_for_microsoft",
+    "browser", "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
   ]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
@@ -84,6 +87,9 @@ public struct BrokerConfig: Sendable, Equatable {
       case "ca_file":
         guard let s = value.string, s.hasPrefix("/") else { throw fail("must be an absolute path") }
         config.caFile = s
+      case "ca_file_for_microsoft":
+        guard let b = value.bool else { throw fail("must be true or false") }
+        config.caFileForMicrosoft = b
       case "browser":
         guard let s = value.string, s.contains(where: { !$0.isWhitespace }) else {
           throw fail("must be a non-empty command")

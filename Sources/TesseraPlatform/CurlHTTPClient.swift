@@ -13,6 +13,9 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   private struct Handle: @unchecked Sendable { let pointer: UnsafeMutableRawPointer }
   private let idle = Mutex<[Handle]>([])
   private let caBundle: [UInt8]?
+  /// Whether ca_file also applies to Microsoft's hosts (else they are checked against the
+  /// system's trust store only: an internal CA cannot vouch for login.microsoftonline.com).
+  private let caFileForMicrosoft: Bool
   private let protocols: String
   /// Larger answers are refused: no IdP document is anywhere near this.
   public static let maxResponseBytes = 1 << 20
@@ -24,7 +27,8 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
 
   /// `caFile` is added to the system's trusted CAs. Plain http is allowed only to loopback hosts,
   /// and only when `allowInsecureLoopback` is set (the broker checks hosts before calling).
-  public init(caFile: String?, allowInsecureLoopback: Bool) throws {
+  public init(caFile: String?, caFileForMicrosoft: Bool = false, allowInsecureLoopback: Bool) throws {
+    self.caFileForMicrosoft = caFileForMicrosoft
     if let caFile {
       guard let extra = readFile(caFile) else {
         throw SetupError(description: "ca_file \(caFile) cannot be read. Fix the path in config.toml.")
@@ -64,9 +68,20 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     guard let handle else {
       throw TesseraError.environment("libcurl could not create a handle (out of memory?). Retry.")
     }
-    defer { idle.withLock { if $0.count < 8 { $0.append(handle) } else { lib.easyCleanup(handle.pointer) } } }
     let curl = handle.pointer
     lib.easyReset(curl)
+    // The body (a refresh token, an authorization code) lives in a buffer of ours, handed to
+    // libcurl without a copy, and is wiped once the request is done. The handle is reset before it
+    // goes back to the pool, so an idle handle points at nothing of the request.
+    let body = request.method == "POST" ? request.body ?? [] : []
+    let bodyBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(body.count, 1), alignment: 1)
+    bodyBuffer.copyBytes(from: body)
+    defer {
+      lib.easyReset(curl)
+      explicit_bzero(bodyBuffer.baseAddress!, bodyBuffer.count)
+      bodyBuffer.deallocate()
+      idle.withLock { if $0.count < 8 { $0.append(handle) } else { lib.easyCleanup(handle.pointer) } }
+    }
 
     var headerList: UnsafeMutablePointer<curl_slist>?
     for (name, value) in request.headers { headerList = lib.slistAppend(headerList, "\(name): \(value)") }
@@ -96,6 +111,12 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
         try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000), "CURLOPT_CONNECTTIMEOUT_MS")
         try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_FOLLOWLOCATION, 0), "CURLOPT_FOLLOWLOCATION")
         try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_PROTOCOLS_STR, protocols), "CURLOPT_PROTOCOLS_STR")
+        // libcurl's defaults, set anyway: a build or an environment that changed them gets no say.
+        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYPEER, 1), "CURLOPT_SSL_VERIFYPEER")
+        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYHOST, 2), "CURLOPT_SSL_VERIFYHOST")
+        try set(
+          tessera_curl_setopt_long(setopt, curl, CURLOPT_SSLVERSION, CURL_SSLVERSION_TLSv1_2),
+          "CURLOPT_SSLVERSION (TLS 1.2 at least)")
         try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_USERAGENT, Self.userAgent), "CURLOPT_USERAGENT")
         try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HTTPHEADER, headerList), "CURLOPT_HTTPHEADER")
         try set(
@@ -109,17 +130,12 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
         )
         try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HEADERDATA, exchangePointer), "CURLOPT_HEADERDATA")
         if request.method == "POST" {
-          let body = request.body ?? []
           try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POST, 1), "CURLOPT_POST")
           try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POSTFIELDSIZE, body.count), "CURLOPT_POSTFIELDSIZE")
           try set(
-            body.withUnsafeBytes {
-              tessera_curl_setopt_pointer(
-                setopt, curl, CURLOPT_COPYPOSTFIELDS,
-                UnsafeMutableRawPointer(mutating: $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1)!))
-            }, "CURLOPT_COPYPOSTFIELDS")
+            tessera_curl_setopt_pointer(setopt, curl, CURLOPT_POSTFIELDS, bodyBuffer.baseAddress), "CURLOPT_POSTFIELDS")
         }
-        if let caBundle {
+        if let caBundle, Self.trustsCAFile(for: request.url, caFileForMicrosoft: caFileForMicrosoft) {
           return try caBundle.withUnsafeBytes { bytes in
             var blob = curl_blob(
               data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count,
@@ -145,6 +161,11 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     var status = 0
     _ = tessera_curl_getinfo_long(lib.easyGetinfo, curl, CURLINFO_RESPONSE_CODE, &status)
     return HTTPResponse(status: status, headers: exchange.headers, body: exchange.body)
+  }
+
+  /// Whether ca_file may vouch for this URL's host: any host but Microsoft's, unless configured.
+  static func trustsCAFile(for url: String, caFileForMicrosoft: Bool) -> Bool {
+    caFileForMicrosoft || !((try? Authority(parsing: url))?.isMicrosoft ?? false)
   }
 
   static func host(_ url: String) -> String {

@@ -51,6 +51,14 @@ struct Tesserad: AsyncParsableCommand {
     let path = config ?? environment["TESSERA_CONFIG"] ?? BrokerConfig.defaultPath(environment: environment)
     var brokerConfig = BrokerConfig()
     if let bytes = readFile(path) {
+      // The file's `browser` key runs a program, and its trust settings decide where refresh tokens
+      // go: another user who can write it could make the daemon do either.
+      if let problem = othersCanWrite(path) {
+        printError(
+          "tesserad: bad configuration: \(problem), and its 'browser' key runs a program as you. Run `chmod go-w` on it (and `chown` it to yourself), then start again."
+        )
+        throw ExitCode(78)
+      }
       do {
         brokerConfig = try BrokerConfig.parse(bytes: bytes, path: path)
       } catch {
@@ -63,16 +71,20 @@ struct Tesserad: AsyncParsableCommand {
     }
     let level = Logger.Level(rawValue: logLevel ?? brokerConfig.logLevel) ?? .info
     LoggingSystem.bootstrap { label in
-      if JournalLogHandler.isJournalStream { return JournalLogHandler(identifier: "tesserad", level: level) }
+      if JournalLogHandler.isJournalStream {
+        return InertLogHandler(JournalLogHandler(identifier: "tesserad", level: level))
+      }
       var handler = StreamLogHandler.standardError(label: label)
       handler.logLevel = level
-      return handler
+      return InertLogHandler(handler)
     }
     let logger = Logger(label: "tesserad")
 
     let http: CurlHTTPClient
     do {
-      http = try CurlHTTPClient(caFile: brokerConfig.caFile, allowInsecureLoopback: brokerConfig.allowInsecureLoopback)
+      http = try CurlHTTPClient(
+        caFile: brokerConfig.caFile, caFileForMicrosoft: brokerConfig.caFileForMicrosoft,
+        allowInsecureLoopback: brokerConfig.allowInsecureLoopback)
     } catch {
       printError("tesserad: \(error)")
       throw ExitCode(78)

@@ -281,6 +281,14 @@ final class CurlHTTPClientTests: XCTestCase {
     }
   }
 
+  /// An internal CA (ca_file) cannot vouch for Microsoft's sign-in hosts unless configured to.
+  func testCAFileIsNotTrustedForMicrosoftHostsUnlessConfigured() {
+    let microsoft = "https://login.microsoftonline.com/common/oauth2/v2.0/token"
+    XCTAssertFalse(CurlHTTPClient.trustsCAFile(for: microsoft, caFileForMicrosoft: false))
+    XCTAssertTrue(CurlHTTPClient.trustsCAFile(for: microsoft, caFileForMicrosoft: true))
+    XCTAssertTrue(CurlHTTPClient.trustsCAFile(for: "https://sso.example.com/realms/x/token", caFileForMicrosoft: false))
+  }
+
   func testPlainHTTPIsRefusedUnlessAllowed() async throws {
     let client = try CurlHTTPClient(caFile: nil, allowInsecureLoopback: false)
     do {

@@ -247,3 +247,56 @@ def test_an_app_signing_in_with_other_scopes_does_not_break_another_apps_refresh
     mark = idp.mark()
     run_cli("token", "--force-refresh", check_rc=0)
     assert [p["status"] for p in idp.token_posts(mark, grant_type="refresh_token")] == [200]
+
+
+# ----------------------------------------------------------------------------------------------
+# Identity and trust details (issue 8 §7)
+
+
+@pytest.mark.parametrize("how", ["group-writable", "world-writable", "another user's", "in a shared directory"])
+def test_a_config_others_can_write_is_refused(tmp_path, daemon, how):
+    """config.toml's `browser` key runs a program: a file another user can change is not read."""
+    from conftest import SESSION_CONFIG, TESSERAD
+    if how == "another user's" and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    daemon.stop()
+    directory = tmp_path / "cfg"
+    directory.mkdir(mode=0o700)
+    path = directory / "config.toml"
+    shutil.copy(SESSION_CONFIG, path)
+    os.chmod(path, 0o600)
+    if how == "group-writable":
+        os.chmod(path, 0o620)
+    elif how == "world-writable":
+        os.chmod(path, 0o602)
+    elif how == "another user's":
+        os.chown(path, 65534, -1)  # nobody
+    else:
+        os.chmod(directory, 0o777)
+    proc = subprocess.run([TESSERAD, "--config", str(path)], capture_output=True, text=True, timeout=20,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 78, proc.stderr
+    assert "chmod go-w" in proc.stderr and ("writable by other users" in proc.stderr
+                                            or "belongs to another user" in proc.stderr), proc.stderr
+    assert not daemon.has_owner()
+    # The same file, private again, is read.
+    os.chmod(directory, 0o700)
+    os.chown(path, os.geteuid(), -1)
+    os.chmod(path, 0o600)
+    daemon.config = str(path)
+    daemon.start()
+
+
+def test_caller_input_cannot_forge_a_log_line(broker, daemon):
+    """Correlation ids given to Cancel and option keys are the caller's text; in the log they stay
+    on their own line, without escape sequences."""
+    forged = "x\n2026-01-01T00:00:00+0000 critical tesserad: FORGED keyring wiped\x1b[2J"
+    expect_error("InvalidArgument", broker.call, "Cancel", "s", (forged,))
+    expect_error("InvalidArgument", broker.call, "GetAccounts", "a{sv}",
+                 (dbus.Dictionary({forged: dbus.String("v")}, signature="sv"),))
+    expect_error("InvalidArgument", broker.silent, correlation_id=forged)
+    log = daemon.log()
+    assert "FORGED" in log, "the caller's text was logged (made inert), so this test can see a forgery"
+    for line in log.splitlines():
+        assert "FORGED" not in line or not line.startswith("2026-01-01"), line
+        assert "\x1b" not in line, repr(line)
