@@ -517,7 +517,7 @@ def test_a_burst_of_sign_ins_from_one_caller_is_capped_too(daemon, browser, moni
         outcomes = sorted(c.error()[0] for c in calls)
     finally:
         a.close()
-    assert outcomes == sorted([error_name("Cancelled")] * 4 + [error_name("InvalidArgument")] * 4)
+    assert outcomes == sorted([error_name("Cancelled")] * 4 + [error_name("Busy")] * 4)
 
 
 
