@@ -216,11 +216,13 @@ extension Broker {
     while let task = scheduler.anyBackground { await task.value }
   }
 
-  /// Runs refresh-ahead every `interval` seconds until the task is cancelled.
-  public func runMaintenance(interval: Double = 30) async {
+  /// Runs refresh-ahead every `interval` seconds until the task is cancelled; `afterEachPass`
+  /// runs after each (the daemon hands freed memory back to the system there).
+  public func runMaintenance(interval: Double = 30, afterEachPass: @Sendable () -> Void = {}) async {
     while !Task.isCancelled {
       do { try await deps.clock.sleep(seconds: interval) } catch { return }
       await refreshAhead()
+      afterEachPass()
     }
   }
 }

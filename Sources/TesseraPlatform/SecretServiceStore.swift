@@ -203,11 +203,6 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   /// Secrets asked for in one GetSecrets call (about 2.5 KB each at most).
   static let secretsPerBatch = 128
 
-  /// Hands memory freed after a big load back to the system (glibc keeps it otherwise).
-  public static func releaseFreedMemory() {
-    _ = malloc_trim(0)
-  }
-
   public func save(_ item: StoredItem) async throws {
     try await run {
       // Checked first: storing into a locked collection would ask the keyring to prompt for the

@@ -47,6 +47,7 @@ struct Tesserad: AsyncParsableCommand {
   }
 
   func run() async throws {
+    ProcessMemory.limitArenas()
     let environment = ProcessInfo.processInfo.environment
     let path = config ?? environment["TESSERA_CONFIG"] ?? BrokerConfig.defaultPath(environment: environment)
     var brokerConfig = BrokerConfig()
@@ -109,12 +110,12 @@ struct Tesserad: AsyncParsableCommand {
         http: http, store: SecretServiceStore(),
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server), clock: SystemClock(),
-        afterLoad: { SecretServiceStore.releaseFreedMemory() }),
+        afterLoad: { ProcessMemory.releaseFreed() }),
       logger: logger)
     requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))
 
     // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
-    let maintenance = Task { await broker.runMaintenance() }
+    let maintenance = Task { await broker.runMaintenance(afterEachPass: { ProcessMemory.releaseFreed() }) }
     defer { maintenance.cancel() }
     let service = BusService(server: server, logger: logger, configPath: path)
     let group = ServiceGroup(
