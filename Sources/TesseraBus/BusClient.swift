@@ -7,6 +7,10 @@ public struct BusCallError: Error, Sendable, CustomStringConvertible {
   public let name: String
   public let message: String
   public var description: String { "\(name): \(message)" }
+  public init(name: String, message: String) {
+    self.name = name
+    self.message = message
+  }
 }
 
 /// A session-bus client connection for calling org.tessera.Broker1. Not thread-safe: use it from
@@ -67,7 +71,11 @@ public final class BusClient {
     interface: String = BrokerInterface.interfaceName, member: String, arguments: [BusValue],
     timeoutSeconds: Double = 25, signalSender: String? = nil, onSignal: ((String, [BusValue]) -> Void)? = nil
   ) throws(BusCallError) -> [BusValue] {
-    precondition(onSignal == nil || signalSender != nil, "signals are accepted from a known sender only")
+    guard onSignal == nil || signalSender != nil else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.InvalidArgs",
+        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
+    }
     var message: OpaquePointer?
     try check(sd_bus_message_new_method_call(bus, &message, destination, path, interface, member), "create call")
     defer { sd_bus_message_unref(message) }

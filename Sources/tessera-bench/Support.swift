@@ -198,9 +198,15 @@ enum Broker {
   /// Device-code sign-in through the broker, approved as the user on "another device".
   static func signInWithDeviceCode(_ client: BusClient, clientID: String, env: Environment) throws -> String {
     let failure = Locked<(any Error)?>(nil)
+    // Signals are taken from the broker's own connection only (the daemon the bench started).
+    _ = try client.call(interface: "org.freedesktop.DBus.Peer", member: "Ping", arguments: [])
+    guard let broker = try client.owner(of: BrokerInterface.busName) else {
+      throw BusCallError(name: "org.freedesktop.DBus.Error.NameHasNoOwner", message: "the broker stopped")
+    }
     let reply = try client.call(
-      member: "AcquireToken", arguments: [.string(clientID), .strings([]), .dict(["flow": .string("device_code")])],
-      timeoutSeconds: 120,
+      destination: broker.uniqueName, member: "AcquireToken",
+      arguments: [.string(clientID), .strings([]), .dict(["flow": .string("device_code")])],
+      timeoutSeconds: 120, signalSender: broker.uniqueName,
       onSignal: { member, values in
         guard member == "InteractionPending", values.count == 2,
           let code = values[1].dictValue?["user_code"]?.stringValue
