@@ -8,6 +8,10 @@ public enum ProcessMemory {
   /// never came back. Two serve tesserad's few concurrent threads without contention that shows.
   public static func limitArenas() {
     _ = mallopt(M_ARENA_MAX, 2)
+    // Blocks of 64 KiB and more (a big message's buffers) come from mmap and go straight back to
+    // the system when freed, instead of fragmenting the heap (glibc's threshold otherwise rises
+    // to the largest block freed, up to 32 MiB).
+    _ = mallopt(M_MMAP_THRESHOLD, 64 * 1024)
   }
 
   /// Hands memory that is free but still held back to the system (glibc keeps it otherwise):

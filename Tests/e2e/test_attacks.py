@@ -199,6 +199,7 @@ def test_spoofed_interaction_signals_do_not_reach_the_user(broker, browser, inte
         wait_until(lambda: interactions._poke(lambda: len(interactions.infos) > 1, 0.2),
                    what="the correlation id on the bus")
         correlation_id = next(k for k in interactions.infos if k != "probe")
+        start = interactions.infos[correlation_id]["verification_uri"]  # the broker's, before the fakes
         for destination in (None, real["destination"]):
             fake = dbus.lowlevel.SignalMessage(OBJECT_PATH, IFACE, "InteractionPending")
             if destination:
@@ -213,7 +214,7 @@ def test_spoofed_interaction_signals_do_not_reach_the_user(broker, browser, inte
         # anything the broker sends from here on.
         attacker.conn.call_blocking("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
                                     "GetId", "", ())
-        run_browser(authorization_url(interactions.infos[correlation_id]["verification_uri"]))
+        run_browser(authorization_url(start))
         out, err = cli.communicate(timeout=60)
     finally:
         attacker.close()
