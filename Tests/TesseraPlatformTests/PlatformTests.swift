@@ -158,6 +158,35 @@ final class LoopbackListenerTests: XCTestCase {
     XCTAssertEqual(LoopbackPeer.uid(of: accepted), geteuid())
   }
 
+  /// Browsers reach `localhost` over [::1] first: the peer is found in /proc/net/tcp6 too.
+  func testTheRedirectArrivesOverIPv6Loopback() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "localhost")
+    defer { listener.close() }
+    let port = try Self.port(listener)
+    let fd = socket(AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in6()
+    address.sin6_family = sa_family_t(AF_INET6)
+    address.sin6_port = port.bigEndian
+    address.sin6_addr = in6addr_loopback
+    let connected = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
+      }
+    }
+    try XCTSkipIf(connected != 0, "no IPv6 loopback on this machine")
+    var limit = timeval(tv_sec: 10, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+    let waiting = Task { try await listener.waitForRedirect(state: "s6", timeoutSeconds: 10) }
+    let request = Array("GET /?code=c6&state=s6 HTTP/1.1\r\nHost: [::1]:\(port)\r\n\r\n".utf8)
+    _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+    XCTAssertTrue(String(decoding: buffer.prefix(max(n, 0)), as: UTF8.self).hasPrefix("HTTP/1.1 200"))
+    let received = try await waiting.value
+    XCTAssertEqual(received["code"], "c6")
+  }
+
   func testThePeerTableIsReadAsTheKernelWritesIt() {
     let table = """
         sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
