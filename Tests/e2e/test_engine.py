@@ -335,6 +335,8 @@ def test_caller_leaving_the_bus_stops_device_code_polling(daemon, broker, idp):
     assert broker.sign_in()["account"]["username"] == "alice"
 
 
+SignInPlacesPerApp = 4  # SignInRegistry.maxFlowsPerApp
+
 HOLDERS = {
     # Other programs the user runs, each an app of its own (places are counted by executable).
     "busctl": lambda: ["busctl", "--user", "call", "--timeout=120", BUS_NAME, OBJECT_PATH, IFACE, "AcquireToken",
@@ -508,7 +510,8 @@ def test_a_burst_of_sign_ins_from_one_caller_is_capped_too(daemon, browser, moni
     try:
         calls = [start_sign_in(a, f"burst-{i}", call_timeout=10) for i in range(8)]
         wait_until(lambda: len(pending_to(monitor, a)) >= 4, what="4 sign-ins")
-        time.sleep(0.5)
+        # The other four are refused at once; the broker logs each call's outcome.
+        wait_until(lambda: daemon.log().count("outcome=Busy") == 4, what="4 refusals")
         for i in range(8):
             try:
                 a.call("Cancel", "s", (f"burst-{i}",))
@@ -528,7 +531,8 @@ def test_a_burst_with_one_correlation_id_starts_one_sign_in(daemon, browser, mon
         first = start_sign_in(a, "dup", call_timeout=2)
         second = start_sign_in(a, "dup", call_timeout=2)
         wait_until(lambda: pending_to(monitor, a), what="a sign-in")
-        time.sleep(0.5)
+        wait_until(lambda: any("correlation_id=dup " in line and "outcome=InvalidArgument" in line
+                               for line in daemon.log().splitlines()), what="the second call refused")
         a.call("Cancel", "s", ("dup",))
         # Fixed: one is refused at once, the other cancelled. Now: both start, Cancel reaches the
         # one registered last, and the other can no longer be cancelled (its call gets NoReply).
@@ -541,7 +545,8 @@ def test_a_burst_with_one_correlation_id_starts_one_sign_in(daemon, browser, mon
 
 def test_callers_that_leave_at_once_hold_no_sign_in_places(daemon, browser, monitor):
     """16 callers start a sign-in and exit at once, while the fresh daemon still loads its store:
-    their sign-ins must not go on (holding all 16 places for the whole timeout)."""
+    their sign-ins (4: they are one app) must not go on, holding this app's places for the whole
+    timeout."""
     browser.set("ignore")
     leavers = [Broker() for _ in range(16)]
     for i, b in enumerate(leavers):
@@ -549,7 +554,7 @@ def test_callers_that_leave_at_once_hold_no_sign_in_places(daemon, browser, moni
     for b in leavers:
         b.close()
     deadline = time.monotonic() + 3
-    while len(monitor.signals("InteractionPending")) < 16 and time.monotonic() < deadline:
+    while len(monitor.signals("InteractionPending")) < SignInPlacesPerApp and time.monotonic() < deadline:
         time.sleep(0.1)
     browser.set("allow")
     b = Broker()
