@@ -400,6 +400,7 @@ def test_sign_in_places_are_shared_by_apps_not_connections(daemon, broker, brows
         callers[1].call("Cancel", "s", ("cap-1",))
         browser.set("ignore")
         start_sign_in(callers[4], "cap-again")
+        wait_until(lambda: pending_to(monitor, callers[4]), what="the sign-in in the freed place")
     finally:
         for c in callers:
             c.close()  # the broker cancels the sign-ins of callers that left
