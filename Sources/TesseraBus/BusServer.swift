@@ -74,22 +74,26 @@ public final class BusServer: @unchecked Sendable {
   }
 
   /// Connects, exports the objects, takes the well-known names, and runs the loop on its own
-  /// thread. Returns once the names are owned (or throws why not). `onExit` runs when the loop ends.
-  public func start(onExit: @escaping @Sendable (String?) -> Void) async throws {
+  /// thread. Returns once the names are owned (or throws why not), with the optional names that
+  /// another program owns (see `InterfaceDescription.nameIsOptional`). `onExit` runs when the
+  /// loop ends.
+  @discardableResult
+  public func start(onExit: @escaping @Sendable (String?) -> Void) async throws -> [String] {
     guard eventFD >= 0 else {
       throw StartError(description: "Could not create an eventfd: \(Errno(rawValue: eventFDError))")
     }
     // The bus thread reports whether it got going; the caller's task waits without blocking a thread.
-    try await withCheckedThrowingContinuation { (ready: CheckedContinuation<Void, any Error>) in
+    return try await withCheckedThrowingContinuation { (ready: CheckedContinuation<[String], any Error>) in
       do {
         try startThread(name: "tessera-bus") { [self] in
+          let unowned: [String]
           do {
-            try self.connect()
+            unowned = try self.connect()
           } catch {
             ready.resume(throwing: error)
             return
           }
-          ready.resume()
+          ready.resume(returning: unowned)
           let r = sd_event_loop(self.event)
           self.log(.info, "Bus loop ended (\(r))")
           onExit(r < 0 ? "the bus loop failed: \(Errno(rawValue: -r))" : nil)
@@ -125,7 +129,8 @@ public final class BusServer: @unchecked Sendable {
 
   // MARK: - Bus thread
 
-  private func connect() throws {
+  /// Returns the optional names another program owns.
+  private func connect() throws -> [String] {
     func check(_ r: Int32, _ what: String) throws {
       if r < 0 { throw StartError(description: "\(what): \(Errno(rawValue: -r))") }
     }
@@ -148,20 +153,27 @@ public final class BusServer: @unchecked Sendable {
       sd_bus_match_signal(
         bus, nil, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
         nameOwnerChangedHandler, me), "Could not watch callers leaving the bus")
-    for name in Set(objects.map(\.description.busName)) {
+    var unowned: [String] = []
+    for object in objects {
+      let name = object.description.busName
       let r = sd_bus_request_name(bus, name, 0)
       if r == -EEXIST || r == -EALREADY {
+        if object.description.nameIsOptional {
+          unowned.append(name)
+          continue
+        }
         throw StartError(description: "\(name) is already owned on this bus: another broker is running. Stop it first.")
       }
       try check(r, "Could not own \(name)")
     }
+    return unowned
   }
 
   fileprivate func handleMethodCall(_ message: OpaquePointer, object: ExportedObject) -> Int32 {
     let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
     let arguments: [BusValue]
     do {
-      arguments = try BusCodec.readAll(message, limits: .calls)
+      arguments = try BusCodec.readAll(message, limits: object.description.callLimits)
     } catch let over as BusCodec.OverLimit {
       let inputs = object.description.methods.first { $0.name == member }?.inputs ?? []
       var place = over.argument.flatMap { $0 < inputs.count ? "argument \(inputs[$0].name)" : nil } ?? "a value"
@@ -169,7 +181,7 @@ public final class BusServer: @unchecked Sendable {
       return replyError(
         message,
         .invalidArgument(
-          "The call to \(member) was refused before being read whole: \(place) holds \(over). Send fewer or shorter values (each option's limits are annotated in org.tessera.Broker1.xml)."
+          "The call to \(member) was refused before being read whole: \(place) holds \(over). Send fewer or shorter values (the limits are annotated in \(object.description.name).xml)."
         ))
     } catch {
       return replyError(
@@ -218,13 +230,28 @@ public final class BusServer: @unchecked Sendable {
     return 0
   }
 
+  /// Answers a call with an error: a D-Bus error of the table's name, or what the interface's
+  /// `refusal` makes of it (a protocol whose errors travel in its replies).
   @discardableResult
   private func replyError(_ message: OpaquePointer, _ failure: TesseraError) -> Int32 {
+    if let refusal = exportedObject(of: message)?.description.refusal {
+      let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
+      send(reply: .success(refusal(member, failure)), to: message)
+      return 1
+    }
     var error = sd_bus_error()
     sd_bus_error_set(&error, failure.code.dbusName, failure.message)
     let r = sd_bus_reply_method_error(message, &error)
     sd_bus_error_free(&error)
     return r < 0 ? r : 1
+  }
+
+  private func exportedObject(of message: OpaquePointer) -> ExportedObject? {
+    guard let path = sd_bus_message_get_path(message) else { return nil }
+    let interface = sd_bus_message_get_interface(message)
+    return objects.first { object in
+      strcmp(object.path, path) == 0 && (interface.map { strcmp($0, object.interfaceName) == 0 } ?? true)
+    }
   }
 
   private func callerInfo(_ message: OpaquePointer) -> CallerInfo {

@@ -146,6 +146,35 @@ public final class TesseraBroker {
     return owner
   }
 
+  /// Who answers Microsoft's broker protocol (com.microsoft.identity.broker1) on this bus.
+  public enum MicrosoftFront: Sendable, Equatable {
+    /// This broker (the process owning org.tessera.Broker1) serves it.
+    case served
+    /// Another program owns the name (Microsoft's own broker, say): MSAL apps use that one.
+    case otherBroker(pid: UInt32?, executable: String?)
+    /// Nobody: tesserad runs with microsoft_broker = false.
+    case off
+  }
+
+  /// Who serves com.microsoft.identity.broker1, as the bus daemon vouches for it.
+  public func microsoftFront() throws(TesseraClientError) -> MicrosoftFront {
+    do {
+      let tessera = try client.owner(of: BrokerInterface.busName)
+      guard let microsoft = try client.owner(of: MicrosoftBrokerInterface.busName) else { return .off }
+      if let tessera, tessera.uniqueName == microsoft.uniqueName { return .served }
+      return .otherBroker(pid: microsoft.pid, executable: microsoft.pid.flatMap(Self.executable(of:)))
+    } catch {
+      throw .bus(name: error.name, message: error.message)
+    }
+  }
+
+  private static func executable(of pid: UInt32) -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+  }
+
   /// tessera.service's main process under the user's service manager; nil when the service manager
   /// is not on this bus, or tessera.service is not running there (tesserad started by hand).
   private func serviceMainPID() -> UInt32? {

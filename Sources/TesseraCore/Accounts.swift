@@ -5,6 +5,11 @@ extension Broker {
   // MARK: - GetAccounts
 
   public func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
+    try await knownAccounts(matching: filter).map(\.info.busValue)
+  }
+
+  /// The signed-in accounts a filter selects, sorted by username, for any front.
+  public func knownAccounts(matching filter: AccountFilter) async throws -> [Account] {
     try await ensureLoaded()
     var accounts = Array(cache.accounts.values)
     if let authority = filter.authority {
@@ -20,7 +25,7 @@ extension Broker {
     if let username = filter.username?.lowercased() {
       accounts = accounts.filter { $0.username.lowercased() == username }
     }
-    return accounts.sorted { ($0.username, $0.id) < ($1.username, $1.id) }.map(\.info.busValue)
+    return accounts.sorted { ($0.username, $0.id) < ($1.username, $1.id) }
   }
 
   // MARK: - SignOut

@@ -13,6 +13,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var logLevel: String = "info"
   /// Client capabilities announced to Entra in every request's claims (e.g. "cp1" for CAE).
   public var clientCapabilities: [String] = []
+  /// Whether tesserad also serves Microsoft's broker protocol as com.microsoft.identity.broker1.
+  public var microsoftBroker = true
 
   public init() {}
 
@@ -20,6 +22,7 @@ public struct BrokerConfig: Sendable, Equatable {
     "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file",
     "ca_file_for_microsoft",
     "browser", "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
+    "microsoft_broker",
   ]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
@@ -101,6 +104,9 @@ public struct BrokerConfig: Sendable, Equatable {
       case "allow_insecure_loopback":
         guard let b = value.bool else { throw fail("must be true or false") }
         config.allowInsecureLoopback = b
+      case "microsoft_broker":
+        guard let b = value.bool else { throw fail("must be true or false") }
+        config.microsoftBroker = b
       case "log_level":
         guard let s = value.string, logLevels.contains(s) else {
           throw fail("must be one of \(logLevels.joined(separator: ", "))")

@@ -168,7 +168,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
       let wait =
         retryAfterSeconds(retryAfter).map { " The IdP asked to wait \($0) s before retrying." }
         ?? " Try again in a moment."
-      return .network("The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)")
+      return .init(
+        .network, "The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)",
+        detail: ErrorDetail(httpStatus: status))
     }
     guard let parsed = try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(body)) else {
       return .provider(
@@ -195,6 +197,10 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     }
     if let trace = parsed.trace_id { detail += " [trace id \(SafeText.clip(trace, limit: 64))]" }
     var mapped = classify(parsed.error, detail: detail)
+    mapped.detail = ErrorDetail(
+      oauthError: SafeText.clip(parsed.error, limit: 64),
+      suberror: parsed.suberror.map { SafeText.clip($0, limit: 64) },
+      providerCode: parsed.error_codes?.first, httpStatus: status)
     if let claims = parsed.claims, !claims.isEmpty, mapped.code == .interactionRequired {
       mapped.message += " Retry AcquireToken with the option claims set to: \(SafeText.clip(claims, limit: 2048))"
     }

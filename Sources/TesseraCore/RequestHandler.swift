@@ -23,7 +23,7 @@ public struct RequestHandler: Sendable {
     switch answer {
     case .reply(let template, let correlationID):
       if logger.logLevel <= .info {
-        var metadata = callerMetadata(method, caller)
+        var metadata = Self.callerMetadata(method, caller)
         metadata["correlation_id"] = "\(correlationID)"
         metadata["outcome"] = "ok"
         metadata["cache"] = "hit"
@@ -37,14 +37,14 @@ public struct RequestHandler: Sendable {
       }
       return .template(template, key: TokenInfo.correlationIDKey, value: .string(correlationID))
     case .refused(let error):
-      var metadata = callerMetadata(method, caller)
+      var metadata = Self.callerMetadata(method, caller)
       metadata["outcome"] = "\(error.code.rawValue)"
       logger.notice("\(method) failed: \(error.message)", metadata: metadata)
       return .reply(.failure(error))
     }
   }
 
-  private func callerMetadata(_ method: String, _ caller: CallerInfo) -> Logger.Metadata {
+  static func callerMetadata(_ method: String, _ caller: CallerInfo) -> Logger.Metadata {
     [
       "method": "\(method)", "caller_pid": "\(caller.pid.map(String.init) ?? "?")",
       "caller_exe": "\(caller.exe ?? "?")", "caller_bus_name": "\(caller.busName)",
@@ -55,7 +55,7 @@ public struct RequestHandler: Sendable {
     [BusValue], TesseraError
   > {
     let started = ContinuousClock.now
-    var metadata = callerMetadata(method, caller)
+    var metadata = Self.callerMetadata(method, caller)
     let result: Result<[BusValue], TesseraError>
     do {
       result = .success(try await dispatch(method, arguments, caller, &metadata))

@@ -26,6 +26,8 @@ public struct TokenRequest: Sendable, Equatable {
   /// Given by the caller, else generated.
   public var correlationID: String
   public var forceRefresh = false
+  /// An access token the caller found rejected: when it is the cached one, a new one is fetched.
+  public var accessTokenToRenew: String?
   /// Seconds an access token must still be valid to be served from the cache.
   public var minValidity: UInt32 = RequestOptions.defaultMinValidity
   /// Seconds an interactive flow may take.

@@ -4,6 +4,11 @@ extension Broker {
   // MARK: - AcquireToken (interactive)
 
   public func acquireTokenInteractive(_ request: TokenRequest, caller: CallerInfo) async throws -> [String: BusValue] {
+    try await signIn(request, caller: caller).busValue(correlationID: request.correlationID)
+  }
+
+  /// An interactive sign-in (browser or device code), for any front.
+  public func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -43,7 +48,7 @@ extension Broker {
     }
     signIns.register(correlationID: request.correlationID, caller: caller, task: task)
     do {
-      let result = try await task.value.busValue(correlationID: request.correlationID)
+      let result = try await task.value
       signIns.remove(correlationID: request.correlationID)
       return result
     } catch {
@@ -59,6 +64,15 @@ extension Broker {
   /// Cancel(correlation_id): ends the caller's own interactive sign-in with `Cancelled`.
   public func cancel(correlationID: String, caller: CallerInfo) throws {
     try signIns.cancel(correlationID: correlationID, caller: caller.busName)
+  }
+
+  /// Cancels the caller's interactive sign-ins: the one with `correlationID` when it has one by
+  /// that id, else all of them. Returns the correlation ids cancelled.
+  public func cancelSignIns(of caller: CallerInfo, correlationID: String?) -> [String] {
+    if let correlationID, (try? signIns.cancel(correlationID: correlationID, caller: caller.busName)) != nil {
+      return [correlationID]
+    }
+    return signIns.cancelAll(caller: caller.busName)
   }
 
   /// A caller left the bus: its interactive sign-ins are cancelled (nobody would get the result).

@@ -97,6 +97,17 @@ struct SignInRegistry {
     flow.task.cancel()
   }
 
+  /// Cancels every sign-in the caller started (Microsoft's cancelInteractiveFlow names none).
+  /// Returns the correlation ids cancelled.
+  func cancelAll(caller: String) -> [String] {
+    var cancelled: [String] = []
+    for (correlationID, flow) in flows where flow.caller == caller {
+      flow.task.cancel()
+      cancelled.append(correlationID)
+    }
+    return cancelled
+  }
+
   /// A caller left the bus: its sign-ins are cancelled (nobody would get the result). Returns the
   /// correlation ids cancelled.
   mutating func callerLeft(_ busName: String) -> [String] {
@@ -105,11 +116,6 @@ struct SignInRegistry {
       departedOrder.append(busName)
       if departedOrder.count > Self.departedMemory { departed.remove(departedOrder.removeFirst()) }
     }
-    var cancelled: [String] = []
-    for (correlationID, flow) in flows where flow.caller == busName {
-      flow.task.cancel()
-      cancelled.append(correlationID)
-    }
-    return cancelled
+    return cancelAll(caller: busName)
   }
 }

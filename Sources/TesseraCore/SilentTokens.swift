@@ -6,6 +6,19 @@ extension Broker {
   // MARK: - AcquireTokenSilent
 
   public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
+    try await silentToken(request) { result in result.busValue(correlationID: request.correlationID) }
+      .busValue(correlationID: request.correlationID)
+  }
+
+  /// A token without user interaction, for any front: from the cache, else by a refresh.
+  public func silentToken(_ request: TokenRequest) async throws -> TokenResult {
+    try await silentToken(request) { _ in nil }
+  }
+
+  /// `publishing` gives the reply the silent fast path may repeat for the same request (nil: none).
+  func silentToken(_ request: TokenRequest, publishing: (TokenResult) -> [String: BusValue]?) async throws
+    -> TokenResult
+  {
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -14,7 +27,9 @@ extension Broker {
     let realm = realm(for: authority, account: account)
     let target = SilentTarget(account: account, authority: authority, realm: realm, clientID: clientID, scopes: scopes)
     let now = deps.clock.now()
-    let usesCache = !request.forceRefresh && request.claims == nil
+    var usesCache = !request.forceRefresh && request.claims == nil
+    // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.
+    if let renewing = request.accessTokenToRenew, cachedToken(target)?.secret == renewing { usesCache = false }
 
     if usesCache, let cached = cachedToken(target) {
       let remaining = Double(cached.expiresOn) - now.timeIntervalSince1970
@@ -25,16 +40,15 @@ extension Broker {
         if let refreshOn = cached.refreshOn, now.timeIntervalSince1970 >= Double(refreshOn) {
           startBackgroundRefresh(target)
         }
-        let reply = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
-          .busValue(correlationID: request.correlationID)
-        fastPath.publish(request, target: target, token: cached, reply: reply)
-        return reply
+        let result = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
+        if let reply = publishing(result) { fastPath.publish(request, target: target, token: cached, reply: reply) }
+        return result
       }
     }
     do {
       let result = try await refresh(target, claims: request.claims, correlationID: request.correlationID)
       scheduler.noteUse(target, at: deps.clock.now())
-      return result.busValue(correlationID: request.correlationID)
+      return result
     } catch let error as TesseraError where error.code == .network && usesCache {
       // Entra's extended lifetime: while the IdP is unreachable, a token within ext_expires_in still serves.
       let nowSeconds = deps.clock.now().timeIntervalSince1970
@@ -43,7 +57,6 @@ extension Broker {
           "The identity provider is unreachable; serving a token within its extended lifetime",
           metadata: ["correlation_id": "\(request.correlationID)", "error": "\(error.message)"])
         return TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
-          .busValue(correlationID: request.correlationID)
       }
       throw error
     }

@@ -8,10 +8,14 @@ public struct TesseraError: Error, Sendable, Equatable, CustomStringConvertible 
   public var code: Code
   /// What happened and what to do next. Never contains a token, code or secret.
   public var message: String
+  /// What the identity provider or the network said, for fronts whose protocol carries it (the
+  /// Microsoft front's `errorCode`, `subError` and network statuses). Never a token.
+  public var detail: ErrorDetail?
 
-  public init(_ code: Code, _ message: String) {
+  public init(_ code: Code, _ message: String, detail: ErrorDetail? = nil) {
     self.code = code
     self.message = message
+    self.detail = detail
   }
 
   public var description: String { "\(code.rawValue): \(message)" }
@@ -42,6 +46,31 @@ public struct TesseraError: Error, Sendable, Equatable, CustomStringConvertible 
   }
 }
 
+/// The parts of a failure other protocols than Tessera's own carry as fields.
+public struct ErrorDetail: Sendable, Equatable {
+  /// The OAuth `error` (`invalid_grant`, `interaction_required`, …).
+  public var oauthError: String?
+  /// Entra's `suberror` (`basic_action`, `consent_required`, …).
+  public var suberror: String?
+  /// Entra's first `error_codes` entry (the AADSTS number).
+  public var providerCode: Int?
+  /// The HTTP status of the identity provider's answer, when there was one.
+  public var httpStatus: Int?
+  /// No connection could be made at all (name resolution, refused, no route).
+  public var unreachable: Bool
+
+  public init(
+    oauthError: String? = nil, suberror: String? = nil, providerCode: Int? = nil, httpStatus: Int? = nil,
+    unreachable: Bool = false
+  ) {
+    self.oauthError = oauthError
+    self.suberror = suberror
+    self.providerCode = providerCode
+    self.httpStatus = httpStatus
+    self.unreachable = unreachable
+  }
+}
+
 /// Every error a caller of the broker can get.
 public enum ErrorCode: String, CaseIterable, Sendable {
   case invalidArgument = "InvalidArgument"
@@ -65,27 +94,43 @@ public enum ErrorCode: String, CaseIterable, Sendable {
     public let exitStatus: Int32
     /// One line: when a caller gets it (used in `tessera --help` and checked against docs).
     public let summary: String
+    /// The `status` the Microsoft front (com.microsoft.identity.broker1) answers with.
+    public let microsoftStatus: MicrosoftBrokerStatus
   }
 
   /// The table. Exit statuses are stable: scripts depend on them.
   public var entry: Entry {
     switch self {
-    case .invalidArgument: Entry(exitStatus: 3, summary: "invalid argument or option")
-    case .interactionRequired: Entry(exitStatus: 4, summary: "interaction required: run `tessera login`")
-    case .noSuchAccount: Entry(exitStatus: 5, summary: "no such account")
-    case .untrustedAuthority: Entry(exitStatus: 6, summary: "untrusted authority")
-    case .cancelled: Entry(exitStatus: 7, summary: "cancelled")
-    case .timedOut: Entry(exitStatus: 8, summary: "timed out")
-    case .network: Entry(exitStatus: 9, summary: "network: the identity provider cannot be reached")
-    case .provider: Entry(exitStatus: 10, summary: "the identity provider answered with an error")
-    case .storeUnavailable: Entry(exitStatus: 11, summary: "keyring unavailable or locked")
-    case .accessDenied: Entry(exitStatus: 12, summary: "access denied")
-    case .internal: Entry(exitStatus: 13, summary: "a bug in the broker: report it")
+    case .invalidArgument:
+      Entry(exitStatus: 3, summary: "invalid argument or option", microsoftStatus: .apiContractViolation)
+    case .interactionRequired:
+      Entry(exitStatus: 4, summary: "interaction required: run `tessera login`", microsoftStatus: .interactionRequired)
+    case .noSuchAccount: Entry(exitStatus: 5, summary: "no such account", microsoftStatus: .interactionRequired)
+    case .untrustedAuthority: Entry(exitStatus: 6, summary: "untrusted authority", microsoftStatus: .authorityUntrusted)
+    case .cancelled: Entry(exitStatus: 7, summary: "cancelled", microsoftStatus: .applicationCanceled)
+    case .timedOut: Entry(exitStatus: 8, summary: "timed out", microsoftStatus: .userCanceled)
+    case .network:
+      Entry(
+        exitStatus: 9, summary: "network: the identity provider cannot be reached",
+        microsoftStatus: .networkTemporarilyUnavailable)
+    case .provider:
+      Entry(exitStatus: 10, summary: "the identity provider answered with an error", microsoftStatus: .unexpected)
+    case .storeUnavailable:
+      Entry(exitStatus: 11, summary: "keyring unavailable or locked", microsoftStatus: .transientError)
+    case .accessDenied: Entry(exitStatus: 12, summary: "access denied", microsoftStatus: .userCanceled)
+    case .internal: Entry(exitStatus: 13, summary: "a bug in the broker: report it", microsoftStatus: .unexpected)
     case .configuration:
-      Entry(exitStatus: 15, summary: "the broker's configuration cannot serve the request: fix config.toml")
+      Entry(
+        exitStatus: 15, summary: "the broker's configuration cannot serve the request: fix config.toml",
+        microsoftStatus: .incorrectConfiguration)
     case .environment:
-      Entry(exitStatus: 16, summary: "something the broker needs on this machine is missing or exhausted")
-    case .busy: Entry(exitStatus: 17, summary: "too many sign-ins are in progress: finish or cancel one")
+      Entry(
+        exitStatus: 16, summary: "something the broker needs on this machine is missing or exhausted",
+        microsoftStatus: .incorrectConfiguration)
+    case .busy:
+      Entry(
+        exitStatus: 17, summary: "too many sign-ins are in progress: finish or cancel one",
+        microsoftStatus: .transientError)
     }
   }
 

@@ -53,10 +53,21 @@ public struct InterfaceDescription: Sendable {
   public let methods: [Method]
   public let signals: [Signal]
   public let properties: [Property]
+  /// Limits applied while a call's values are decoded (see WireLimits).
+  public let callLimits: WireLimits
+  /// How a call the bus layer refuses before the handler sees it (wrong argument types, over the
+  /// limits) is answered: nil for a D-Bus error of the table's name; else the method's reply
+  /// values (a protocol whose errors travel inside its replies).
+  public let refusal: (@Sendable (_ method: String, _ error: TesseraError) -> [BusValue])?
+  /// Whether the server may run without this interface's well-known name (another program owns
+  /// it): it then serves its other names and reports the missing one.
+  public let nameIsOptional: Bool
 
   public init(
     busName: String, objectPath: String, name: String, methods: [Method], signals: [Signal] = [],
-    properties: [Property] = []
+    properties: [Property] = [], callLimits: WireLimits = .calls,
+    refusal: (@Sendable (_ method: String, _ error: TesseraError) -> [BusValue])? = nil,
+    nameIsOptional: Bool = false
   ) {
     self.busName = busName
     self.objectPath = objectPath
@@ -64,6 +75,9 @@ public struct InterfaceDescription: Sendable {
     self.methods = methods
     self.signals = signals
     self.properties = properties
+    self.callLimits = callLimits
+    self.refusal = refusal
+    self.nameIsOptional = nameIsOptional
   }
 
   public func method(named name: String) -> Method? { methods.first { $0.name == name } }

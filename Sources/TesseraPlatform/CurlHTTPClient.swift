@@ -176,9 +176,13 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     let host = host(url)
     switch code {
     case CURLE_COULDNT_RESOLVE_HOST:
-      return .network("Cannot resolve \(host) (\(detail)). Check your network connection and DNS.")
+      return .init(
+        .network, "Cannot resolve \(host) (\(detail)). Check your network connection and DNS.",
+        detail: ErrorDetail(unreachable: true))
     case CURLE_COULDNT_CONNECT:
-      return .network("Cannot connect to \(host) (\(detail)). Check your network connection, proxy or firewall.")
+      return .init(
+        .network, "Cannot connect to \(host) (\(detail)). Check your network connection, proxy or firewall.",
+        detail: ErrorDetail(unreachable: true))
     case CURLE_OPERATION_TIMEDOUT:
       return .network("\(host) did not answer in time (\(detail)). Try again; check your network if it persists.")
     case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CONNECT_ERROR:

@@ -157,7 +157,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
       while start < found.count {
         let batch = found[start..<min(start + Self.secretsPerBatch, found.count)]
         start = batch.endIndex
-        var paths: [UnsafePointer<gchar>?] = batch.map { UnsafePointer(strdup($0.path)) } + [nil]
+        let paths: [UnsafePointer<gchar>?] = batch.map { UnsafePointer(strdup($0.path)) } + [nil]
         defer { paths.forEach { free(UnsafeMutableRawPointer(mutating: $0)) } }
         var arguments = [
           paths.withUnsafeBufferPointer { g_variant_new_objv($0.baseAddress, gssize(batch.count)) },

@@ -238,17 +238,59 @@ extension Tessera {
       var running: Bool
       var version: String
       var accounts: [TesseraAccount]
+      /// The bus names this broker answers on.
+      var fronts: [String]
+      /// com.microsoft.identity.broker1: "served", "other_broker" or "off".
+      var microsoftBroker: String
+      var microsoftBrokerOwner: Owner?
+
+      struct Owner: Encodable {
+        var pid: UInt32?
+        var executable: String?
+      }
+
+      enum CodingKeys: String, CodingKey {
+        case running, version, accounts, fronts
+        case microsoftBroker = "microsoft_broker"
+        case microsoftBrokerOwner = "microsoft_broker_owner"
+      }
     }
 
     func run() throws {
       let report = try withBroker { broker throws(TesseraClientError) in
-        Report(running: true, version: try broker.version(), accounts: try broker.accounts())
+        let version = try broker.version()
+        let accounts = try broker.accounts()
+        var report = Report(
+          running: true, version: version, accounts: accounts, fronts: [BrokerInterface.busName], microsoftBroker: "off"
+        )
+        switch try broker.microsoftFront() {
+        case .served:
+          report.fronts.append(MicrosoftBrokerInterface.busName)
+          report.microsoftBroker = "served"
+        case .otherBroker(let pid, let executable):
+          report.microsoftBroker = "other_broker"
+          report.microsoftBrokerOwner = .init(pid: pid, executable: executable)
+        case .off: break
+        }
+        return report
       }
       if output.json {
         printJSON(report)
-      } else {
-        print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
-        for a in report.accounts { print("  \(a.username) (\(a.environment))") }
+        return
+      }
+      print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
+      for a in report.accounts { print("  \(a.username) (\(a.environment))") }
+      switch report.microsoftBroker {
+      case "served":
+        print("Microsoft broker protocol: served (MSAL apps, Edge and Teams get their tokens from Tessera).")
+      case "other_broker":
+        let owner = report.microsoftBrokerOwner
+        let who = [owner?.executable, owner?.pid.map { "pid \($0)" }].compactMap { $0 }.joined(separator: ", ")
+        print(
+          "Microsoft broker protocol: not served: com.microsoft.identity.broker1 is owned by another broker (\(who.isEmpty ? "unknown process" : who)). Stop it and restart tesserad to serve MSAL apps from Tessera."
+        )
+      default:
+        print("Microsoft broker protocol: off (microsoft_broker = false in config.toml).")
       }
     }
   }

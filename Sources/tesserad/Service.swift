@@ -5,27 +5,42 @@ import TesseraBus
 import TesseraCore
 import TesseraPlatform
 
-/// The org.tessera.Broker1 front: hands each bus call to the request handler as its own task, and its
-/// result back to the bus.
+/// The fronts: hands each bus call to its front's handler (org.tessera.Broker1's RequestHandler or
+/// com.microsoft.identity.broker1's MicrosoftFront, both over the one engine) as its own task, and
+/// the result back to the bus.
 final class RequestRouter: Sendable {
-  private let target = Mutex<(BusServer, RequestHandler)?>(nil)
+  private struct Fronts {
+    let server: BusServer
+    let native: RequestHandler
+    let microsoft: MicrosoftFront
+  }
+  private let target = Mutex<Fronts?>(nil)
 
-  func install(server: BusServer, handler: RequestHandler) { target.withLock { $0 = (server, handler) } }
+  func install(server: BusServer, handler: RequestHandler, microsoft: MicrosoftFront) {
+    target.withLock { $0 = Fronts(server: server, native: handler, microsoft: microsoft) }
+  }
 
   func answerAtOnce(_ call: BusServer.Call) -> FastAnswer? {
-    target.withLock { $0 }?.1.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller)
+    guard call.interface.name == BrokerInterface.interfaceName else { return nil }
+    return target.withLock { $0 }?.native.answerAtOnce(
+      method: call.member, arguments: call.arguments, caller: call.caller)
   }
 
   func callerGone(_ busName: String) {
-    guard let (_, handler) = target.withLock({ $0 }) else { return }
-    Task { await handler.broker.callerLeft(busName) }
+    guard let fronts = target.withLock({ $0 }) else { return }
+    Task { await fronts.native.broker.callerLeft(busName) }
   }
 
   func dispatch(_ call: BusServer.Call, _ token: BusServer.ReplyToken) {
-    guard let (server, handler) = target.withLock({ $0 }) else { return }
+    guard let fronts = target.withLock({ $0 }) else { return }
     Task {
-      let result = await handler.handle(method: call.member, arguments: call.arguments, caller: call.caller)
-      server.reply(token, result)
+      if call.interface.name == MicrosoftBrokerInterface.interfaceName {
+        let answer = await fronts.microsoft.handle(method: call.member, arguments: call.arguments, caller: call.caller)
+        fronts.server.reply(token, .success([.string(answer)]))
+      } else {
+        let result = await fronts.native.handle(method: call.member, arguments: call.arguments, caller: call.caller)
+        fronts.server.reply(token, result)
+      }
     }
   }
 }
@@ -36,18 +51,22 @@ final class BusService: Service, Sendable {
   let server: BusServer
   let logger: Logger
   let configPath: String
+  /// The optional names the server asks for (com.microsoft.identity.broker1 when that front is on).
+  let microsoftNames: [String]
   let failure = Mutex<String?>(nil)
 
-  init(server: BusServer, logger: Logger, configPath: String) {
+  init(server: BusServer, logger: Logger, configPath: String, microsoftNames: [String]) {
     self.server = server
     self.logger = logger
     self.configPath = configPath
+    self.microsoftNames = microsoftNames
   }
 
   func run() async throws {
     let (ended, continuation) = AsyncStream<String?>.makeStream()
+    let unowned: [String]
     do {
-      try await server.start { reason in
+      unowned = try await server.start { reason in
         continuation.yield(reason)
         continuation.finish()
       }
@@ -55,9 +74,15 @@ final class BusService: Service, Sendable {
       failure.withLock { $0 = "\(error)" }
       throw error
     }
+    let served = [BrokerInterface.busName] + microsoftNames.filter { !unowned.contains($0) }
     logger.info(
-      "tesserad \(BrokerInterface.version) is serving \(BrokerInterface.busName)", metadata: ["config": "\(configPath)"]
-    )
+      "tesserad \(BrokerInterface.version) is serving \(served.joined(separator: " and "))",
+      metadata: ["config": "\(configPath)"])
+    for name in unowned {
+      logger.notice(
+        "\(name) is already owned by another program (another broker, such as Microsoft's identity broker), so MSAL apps keep using it; tesserad serves \(BrokerInterface.busName) only. To serve MSAL apps from Tessera, stop or uninstall the other broker and restart tesserad; to silence this, set microsoft_broker = false in config.toml."
+      )
+    }
     await withGracefulShutdownHandler {
       for await reason in ended {
         if let reason { failure.withLock { $0 = reason } }

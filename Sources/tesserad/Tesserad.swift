@@ -92,8 +92,10 @@ struct Tesserad: AsyncParsableCommand {
     }
     let requests = RequestRouter()
     let busLogger = logger
+    // Microsoft's broker protocol is one more front of the same engine, unless config.toml turns it off.
+    let fronts = [BrokerInterface.description] + (brokerConfig.microsoftBroker ? [MicrosoftBrokerInterface.served] : [])
     let server = BusServer(
-      interfaces: [BrokerInterface.description],
+      interfaces: fronts,
       log: { level, message in
         switch level {
         case .info: busLogger.info("\(message)")
@@ -112,12 +114,15 @@ struct Tesserad: AsyncParsableCommand {
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server), clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() }),
       logger: logger)
-    requests.install(server: server, handler: RequestHandler(broker: broker, logger: logger))
+    requests.install(
+      server: server, handler: RequestHandler(broker: broker, logger: logger),
+      microsoft: MicrosoftFront(broker: broker, logger: logger))
 
     // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
     let maintenance = Task { await broker.runMaintenance(afterEachPass: { ProcessMemory.releaseFreed() }) }
     defer { maintenance.cancel() }
-    let service = BusService(server: server, logger: logger, configPath: path)
+    let service = BusService(
+      server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName))
     let group = ServiceGroup(
       configuration: .init(
         services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
