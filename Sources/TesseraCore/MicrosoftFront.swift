@@ -286,7 +286,11 @@ struct MicrosoftRequest {
         throw TesseraError.invalidArgument("'\(path(key))' has \(values.count) entries; the limit is \(maxCount).")
       }
       return try values.map {
-        guard case .string(let s) = $0 else { throw wrongType(key, "an array of strings") }
+        guard case .string(let s) = $0 else {
+          throw TesseraError.invalidArgument(
+            "'\(path(key))' must be an array of strings; it holds \(MicrosoftRequest.kind(of: $0)). Fix the request's JSON."
+          )
+        }
         return s
       }
     }

@@ -129,6 +129,52 @@ final class ContractTests: XCTestCase {
     XCTAssertEqual(plain, Set(ClientExitStatus.allCases.map(\.rawValue)))
   }
 
+  /// docs/errors.md's Microsoft column starts with the table's status for each error.
+  func testErrorsDocumentHasTheMicrosoftStatuses() throws {
+    var documented: [String: String] = [:]
+    for line in try read("docs/errors.md").split(separator: "\n") where line.hasPrefix("| `" + ErrorCode.dbusPrefix) {
+      let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+      documented[cells[0].trimmingCharacters(in: CharacterSet(charactersIn: "`"))] = cells[2]
+    }
+    for code in ErrorCode.allCases {
+      let status = code.entry.microsoftStatus
+      XCTAssertTrue(
+        documented[code.dbusName]?.hasPrefix("\(status.rawValue) \(status.name)") == true,
+        "\(code.rawValue): the doc says \(documented[code.dbusName] ?? "nothing"), the table \(status.rawValue) \(status.name)"
+      )
+    }
+  }
+
+  /// dbus/com.microsoft.identity.broker1.xml declares exactly the methods the daemon serves, each (sss) -> s.
+  func testMicrosoftContractFileMatchesTheServedInterface() throws {
+    let xml = try read("dbus/com.microsoft.identity.broker1.xml")
+    XCTAssertTrue(xml.contains("<interface name=\"\(MicrosoftBrokerInterface.interfaceName)\">"))
+    var declared: [String: [String]] = [:]
+    for block in xml.split(separator: "<method name=\"").dropFirst() {
+      let name = String(block.prefix { $0 != "\"" })
+      let body = block[..<(block.range(of: "</method>")?.lowerBound ?? block.endIndex)]
+      declared[name] = body.split(separator: "<arg ").dropFirst().map { arg in
+        let type = arg.range(of: "type=\"").map { arg[$0.upperBound...].prefix { $0 != "\"" } } ?? ""
+        let direction = arg.contains("direction=\"out\"") ? "out" : "in"
+        return "\(direction):\(type)"
+      }
+    }
+    let served = MicrosoftBrokerInterface.served
+    XCTAssertEqual(Set(declared.keys), Set(served.methods.map(\.name)))
+    for method in served.methods {
+      XCTAssertEqual(declared[method.name], ["in:s", "in:s", "in:s", "out:s"], method.name)
+      XCTAssertEqual(method.inputSignature, "sss")
+      XCTAssertEqual(method.outputSignature, "s")
+    }
+    XCTAssertTrue(served.nameIsOptional, "another broker owning the name must not stop tesserad")
+    XCTAssertEqual(served.callLimits.stringBytes, MicrosoftBrokerInterface.maxRequestBytes)
+    // A refused call still gets the protocol's JSON error.
+    let refused = served.refusal?("getAccounts", .invalidArgument("too long"))
+    XCTAssertEqual(
+      refused,
+      [.string(#"{"error":{"context":"too long","diagnostics":null,"errorCode":0,"status":6,"subStatus":0,"tag":0}}"#)])
+  }
+
   /// tessera(1) is generated from `tessera --help`, whose EXIT STATUS section comes from the table.
   func testManPageListsEveryExitStatus() throws {
     let page = try read("docs/man/tessera.1")

@@ -43,3 +43,24 @@ def test_error_names_in_contract_match_the_daemon():
         sent = set(re.findall(r'^\s*case\s+`?\w+`?\s*=\s*"(\w+)"', f.read(), re.M))
     assert len(sent) >= 10, f"could not parse the error codes of {ERRORS_SWIFT}: {sent}"
     assert documented == sent, f"only in the XML: {documented - sent}; only in the daemon: {sent - documented}"
+
+
+MS_XML_PATH = os.path.join(REPO, "dbus", "com.microsoft.identity.broker1.xml")
+
+
+def test_microsoft_front_introspection_matches_its_contract_file(broker):
+    """The same daemon owns com.microsoft.identity.broker1 and serves exactly its XML."""
+    from conftest import bus_daemon
+    conn, bus = bus_daemon()
+    try:
+        assert int(bus.GetConnectionUnixProcessID("com.microsoft.identity.broker1")) == int(
+            bus.GetConnectionUnixProcessID("org.tessera.Broker1"))
+        served = str(conn.call_blocking(
+            "com.microsoft.identity.broker1", "/com/microsoft/identity/broker1",
+            "org.freedesktop.DBus.Introspectable", "Introspect", "", (), timeout=10))
+    finally:
+        conn.close()
+    with open(MS_XML_PATH) as f:
+        contract = interface_shape(f.read(), "com.microsoft.identity.Broker1")
+    assert len(contract["methods"]) == 8
+    assert interface_shape(served, "com.microsoft.identity.Broker1") == contract
