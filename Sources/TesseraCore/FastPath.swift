@@ -97,7 +97,61 @@ public final class SilentFastPath: Sendable {
     }
   }
 
-  func clear() { entries.withLock { $0.removeAll() } }
+  // MARK: Microsoft's protocol
+
+  /// A Microsoft-front answer: the whole JSON (it carries no correlation id), for one exact
+  /// requestJson text. The same text parses to the same request, and any change to accounts or
+  /// tokens clears the table, so the text is the key; the bus thread checks only the protocol
+  /// version, the correlation id and the token's freshness.
+  final class MicrosoftEntry: Sendable {
+    let answer: String
+    let expiresOn: Double
+    let refreshOn: Double
+    let target: SilentTarget
+    let targetKey: SilentTarget.Key
+    let lastUse = Atomic<Int64>(0)
+    /// For the log.
+    let clientID: String
+    let scopes: String
+
+    init(answer: String, token: AccessTokenRecord, target: SilentTarget, scopes: [String]) {
+      self.answer = answer
+      expiresOn = Double(token.expiresOn)
+      refreshOn = Double(token.refreshOn ?? token.expiresOn)
+      self.target = target
+      targetKey = target.key
+      clientID = target.clientID
+      self.scopes = scopes.joined(separator: " ")
+    }
+  }
+
+  private let microsoft = Mutex<[String: MicrosoftEntry]>([:])
+
+  /// The published answer to this acquireTokenSilently requestJson, or nil when the full path
+  /// must answer (nothing published, the token past its refresh time or within the default
+  /// min_validity of expiry).
+  func microsoftAnswer(_ requestJSON: String, now: Double) -> MicrosoftEntry? {
+    guard let entry = microsoft.withLock({ $0[requestJSON] }),
+      entry.expiresOn - now >= Double(RequestOptions.defaultMinValidity), now < entry.refreshOn
+    else { return nil }
+    let second = Int64(now)
+    if entry.lastUse.exchange(second, ordering: .relaxed) != second {
+      uses.withLock { $0[entry.targetKey] = (entry.target, now) }
+    }
+    return entry
+  }
+
+  func publishMicrosoft(_ requestJSON: String, entry: MicrosoftEntry) {
+    microsoft.withLock {
+      if $0.count >= Self.maxEntries { $0.removeAll() }
+      $0[requestJSON] = entry
+    }
+  }
+
+  func clear() {
+    entries.withLock { $0.removeAll() }
+    microsoft.withLock { $0.removeAll() }
+  }
 
   func takeUses() -> [(SilentTarget, Double)] {
     uses.withLock { uses in

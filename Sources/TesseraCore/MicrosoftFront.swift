@@ -20,6 +20,29 @@ public struct MicrosoftFront: Sendable {
 
   typealias Method = MicrosoftBrokerInterface.MethodName
 
+  /// Answers a repeated acquireTokenSilently on the calling (bus) thread from what the token
+  /// actor published (see SilentFastPath); nil when the full path must answer. Logged like any
+  /// other call.
+  public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> String? {
+    guard method == Method.acquireTokenSilently.rawValue, arguments.count == 3,
+      case .string(let version) = arguments[0], case .string(let correlation) = arguments[1],
+      case .string(let requestText) = arguments[2],
+      (try? Self.checkProtocolVersion(version)) != nil, let correlationID = try? Self.correlationID(correlation),
+      let entry = broker.fastPath.microsoftAnswer(requestText, now: clock.now().timeIntervalSince1970)
+    else { return nil }
+    if logger.logLevel <= .info {
+      var metadata = RequestHandler.callerMetadata(method, caller)
+      metadata["front"] = "microsoft"
+      metadata["correlation_id"] = "\(correlationID)"
+      metadata["client_id"] = "\(entry.clientID)"
+      metadata["scopes"] = "\(entry.scopes)"
+      metadata["outcome"] = "ok"
+      metadata["cache"] = "hit"
+      logger.info("\(method) succeeded", metadata: metadata)
+    }
+    return entry.answer
+  }
+
   /// A failure whose status is not the error table's: what only this protocol can say.
   struct WithStatus: Error {
     let status: MicrosoftBrokerStatus
@@ -193,9 +216,19 @@ public struct MicrosoftFront: Sendable {
     let silentAllowed = token.prompt == nil || token.prompt == Prompt.none
     if account != nil && silentAllowed {
       do {
-        let result = try await broker.silentToken(token)
+        // A silent call served from a fresh cached token is published for the bus thread to
+        // repeat (the same requestJson gets the same answer while the token stays fresh).
+        let publish = !interactive && token.claims == nil
+        let (result, answer) = try await broker.silentAnswer(token) { result, target in
+          let answer = MicrosoftToken.json(result, requestedScopes: scopes)
+          if publish {
+            broker.fastPath.publishMicrosoft(
+              request.text, entry: .init(answer: answer, token: result.accessToken, target: target, scopes: scopes))
+          }
+          return answer
+        }
         metadata["served"] = "silent"
-        return MicrosoftToken.json(result, requestedScopes: scopes, clock: clock)
+        return answer ?? MicrosoftToken.json(result, requestedScopes: scopes)
       } catch let error as TesseraError
         where interactive && token.prompt == nil
         && (error.code == .interactionRequired || error.code == .noSuchAccount)
@@ -211,7 +244,7 @@ public struct MicrosoftFront: Sendable {
     }
     metadata["served"] = "sign-in"
     let result = try await broker.signIn(token, caller: caller)
-    return MicrosoftToken.json(result, requestedScopes: scopes, clock: clock)
+    return MicrosoftToken.json(result, requestedScopes: scopes)
   }
 
   // MARK: - Arguments
@@ -314,6 +347,8 @@ struct MicrosoftRequest {
   }
 
   let root: Object
+  /// The requestJson as sent (the silent fast path's key).
+  var text = ""
 
   static func parse(_ text: String, allowEmpty: Bool) throws -> MicrosoftRequest {
     if allowEmpty && text.allSatisfy({ $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }) {
@@ -334,7 +369,7 @@ struct MicrosoftRequest {
     guard case .object(let fields) = value else {
       throw TesseraError.invalidArgument("requestJson must be a JSON object, not \(kind(of: value)).")
     }
-    return MicrosoftRequest(root: Object(fields: fields, prefix: ""))
+    return MicrosoftRequest(root: Object(fields: fields, prefix: ""), text: text)
   }
 
   func clientID(at object: Object, required: Bool) throws -> String {
@@ -480,7 +515,7 @@ enum MicrosoftToken {
   /// A token answer: `expiresOn` and `extendedExpiresOn` in epoch milliseconds, `grantedScopes` one
   /// string holding every scope asked for (msalruntime refuses an answer that seems to decline
   /// one; the token covers them, or it would not be served) and what the IdP granted besides.
-  static func json(_ result: Broker.TokenResult, requestedScopes: [String], clock: any BrokerClock) -> String {
+  static func json(_ result: Broker.TokenResult, requestedScopes: [String]) -> String {
     let token = result.accessToken
     var scopes = requestedScopes
     var seen = Set(requestedScopes.map { $0.lowercased() })

@@ -6,17 +6,31 @@ extension Broker {
   // MARK: - AcquireTokenSilent
 
   public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
-    try await silentToken(request) { result in result.busValue(correlationID: request.correlationID) }
-      .busValue(correlationID: request.correlationID)
+    try await silentToken(request) { result, target in
+      fastPath.publish(
+        request, target: target, token: result.accessToken, reply: result.busValue(correlationID: request.correlationID)
+      )
+    }
+    .busValue(correlationID: request.correlationID)
+  }
+
+  /// A silent token and, when a fresh cached token answered, what `onCacheHit` made of it.
+  func silentAnswer<Answer: Sendable>(
+    _ request: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Answer
+  ) async throws -> (TokenResult, Answer?) {
+    var answer: Answer?
+    let result = try await silentToken(request) { result, target in answer = onCacheHit(result, target) }
+    return (result, answer)
   }
 
   /// A token without user interaction, for any front: from the cache, else by a refresh.
   public func silentToken(_ request: TokenRequest) async throws -> TokenResult {
-    try await silentToken(request) { _ in nil }
+    try await silentToken(request) { _, _ in }
   }
 
-  /// `publishing` gives the reply the silent fast path may repeat for the same request (nil: none).
-  func silentToken(_ request: TokenRequest, publishing: (TokenResult) -> [String: BusValue]?) async throws
+  /// `onCacheHit` runs when a fresh cached token answers: a front publishes its reply to the
+  /// silent fast path there, for the bus thread to repeat while the token stays fresh.
+  func silentToken(_ request: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void) async throws
     -> TokenResult
   {
     let clientID = try resolveClientID(request.clientID)
@@ -41,7 +55,7 @@ extension Broker {
           startBackgroundRefresh(target)
         }
         let result = TokenResult(accessToken: cached, grantedScopes: cached.scopes, account: account)
-        if let reply = publishing(result) { fastPath.publish(request, target: target, token: cached, reply: reply) }
+        onCacheHit(result, target)
         return result
       }
     }

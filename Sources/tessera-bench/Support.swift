@@ -177,6 +177,38 @@ struct BrokerCall: Sendable {
   /// transfers), but tesserad does no work for it.
   static let ping = BrokerCall(interface: "org.freedesktop.DBus.Peer", member: "Ping", arguments: [])
 
+  /// Microsoft's protocol: acquireTokenSilently as MSAL sends it, for the signed-in account.
+  static func microsoftSilent(_ client: BusClient, clientID: String) throws -> BrokerCall {
+    func call(_ member: String, _ request: Any) throws -> [String: Any] {
+      let text = String(decoding: try JSONSerialization.data(withJSONObject: request), as: UTF8.self)
+      let reply = try client.call(
+        destination: MicrosoftBrokerInterface.busName, path: MicrosoftBrokerInterface.objectPath,
+        interface: MicrosoftBrokerInterface.interfaceName, member: member,
+        arguments: [.string("0.0"), .string(""), .string(text)])
+      guard let answer = reply.first?.stringValue,
+        let object = try JSONSerialization.jsonObject(with: Data(answer.utf8)) as? [String: Any]
+      else { throw BenchError("\(member) gave no JSON object") }
+      return object
+    }
+    guard let account = (try call("getAccounts", ["clientId": clientID])["accounts"] as? [[String: Any]])?.first
+    else { throw BenchError("the Microsoft front lists no account for \(clientID)") }
+    let request: [String: Any] = [
+      "authParameters": [
+        "account": account, "authority": NSNull(), "authorizationType": 1, "clientId": clientID,
+        "requestedScopes": ["read"], "redirectUri": "http://localhost", "decodedClaims": "", "popParams": NSNull(),
+      ]
+    ]
+    let text = String(decoding: try JSONSerialization.data(withJSONObject: request), as: UTF8.self)
+    let check = try call("acquireTokenSilently", request)
+    guard (check["brokerTokenResponse"] as? [String: Any])?["accessToken"] != nil else {
+      throw BenchError("acquireTokenSilently through the Microsoft front failed: \(check)")
+    }
+    return BrokerCall(
+      destination: MicrosoftBrokerInterface.busName, path: MicrosoftBrokerInterface.objectPath,
+      interface: MicrosoftBrokerInterface.interfaceName, member: "acquireTokenSilently",
+      arguments: [.string("0.0"), .string(""), .string(text)])
+  }
+
   static func silent(clientID: String, minValidity: UInt32? = nil, forceRefresh: Bool = false) -> BrokerCall {
     var options: [String: BusValue] = [:]
     if let minValidity { options["min_validity"] = .uint32(minValidity) }

@@ -21,9 +21,13 @@ final class RequestRouter: Sendable {
   }
 
   func answerAtOnce(_ call: BusServer.Call) -> FastAnswer? {
-    guard call.interface.name == BrokerInterface.interfaceName else { return nil }
-    return target.withLock { $0 }?.native.answerAtOnce(
-      method: call.member, arguments: call.arguments, caller: call.caller)
+    guard let fronts = target.withLock({ $0 }) else { return nil }
+    if call.interface.name == MicrosoftBrokerInterface.interfaceName {
+      return fronts.microsoft.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller).map {
+        .reply(.success([.string($0)]))
+      }
+    }
+    return fronts.native.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller)
   }
 
   func callerGone(_ busName: String) {

@@ -285,6 +285,31 @@ final class MicrosoftFrontTests: XCTestCase {
     XCTAssertEqual(version["linuxBrokerVersion"] as? String, BrokerInterface.version)
   }
 
+  func testARepeatedSilentCallIsAnsweredOnTheBusThreadUntilAnythingChanges() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    let front = front(h)
+    let account = try await accounts(front)[0]
+    let request = json(["authParameters": ["account": account, "clientId": "app1", "requestedScopes": ["read"]]])
+    func atOnce(_ text: String, version: String = "0.0") -> String? {
+      front.answerAtOnce(
+        method: "acquireTokenSilently", arguments: [.string(version), .string(""), .string(text)],
+        caller: CallerInfo(busName: ":1.9"))
+    }
+    XCTAssertNil(atOnce(request), "nothing published yet")
+    let full = await front.handle(
+      method: "acquireTokenSilently", arguments: [.string("0.0"), .string(""), .string(request)],
+      caller: CallerInfo(busName: ":1.9"))
+    XCTAssertEqual(atOnce(request), full, "the same answer, without the actor")
+    XCTAssertNil(atOnce(request, version: "9.0"), "a bad version takes the full path (which refuses it)")
+    XCTAssertNil(atOnce(request.replacingOccurrences(of: "read", with: "write")), "another request")
+    h.clock.advance(3600)
+    XCTAssertNil(atOnce(request), "an expired token is not served from here")
+    h.clock.advance(-3600)
+    _ = try await call(front, "removeAccount", json(["clientId": "app1", "account": account]))
+    XCTAssertNil(atOnce(request), "a sign-out clears what was published")
+  }
+
   func testRealmIsAUUIDStableForTheAccount() {
     let account = Account(
       id: "sub.abc", username: "u", name: "Given Family Name", authority: "https://idp/t", environment: "idp",
