@@ -8,6 +8,9 @@ TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
 # To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
 TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin libglib2.0-bin python3-dbus python3-venv
     openssl systemd)
+# For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
+# unshare + ip for the private network namespace the test runs in (scripts/msal-session).
+TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
 
 # tessera_install_packages NAME...: installs those of NAME... that are missing (apt-get, as root or
 # through sudo). Prints what it does; returns non-zero when it could not.

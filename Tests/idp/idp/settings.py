@@ -6,6 +6,7 @@ Everything instance-specific comes from the environment (written by scripts/idp 
   TESSERA_IDP_TENANT     tenant GUID (first path segment), default below
   TESSERA_IDP_OIDC_KEY   PEM file with the RS256 signing key (default DIR/oidc-key.pem)
   TESSERA_IDP_LOG        request log (JSON lines), optional
+  TESSERA_IDP_HOSTNAMES  DNS names the IdP also answers to (space-separated; scripts/msal-session)
   TESSERA_IDP_DEVICE_INTERVAL  device-flow polling interval in seconds (default 1)
 """
 import os
@@ -23,7 +24,7 @@ OIDC_KEY = _key_file.read_text() if _key_file.exists() else ""
 
 SECRET_KEY = "tessera-test-idp-not-secret"
 DEBUG = False
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", *os.environ.get("TESSERA_IDP_HOSTNAMES", "").split()]
 USE_TZ = True
 TIME_ZONE = "UTC"
 

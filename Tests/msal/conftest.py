@@ -1,0 +1,487 @@
+"""Fixtures for the tests of tesserad's Microsoft front with the REAL MSAL Python and its broker
+runtime (msal[broker] = pymsalruntime), headless.
+
+Run inside scripts/msal-session (private network + mount namespace where
+https://login.microsoftonline.com is the test IdP on 127.0.0.1:443; inside it scripts/test-session's
+private bus, unlocked keyring and config.toml):
+
+    scripts/msal setup
+    scripts/msal-session "$PWD/.build-idp/venv/bin/python" -m pytest -q Tests/msal
+
+The pytest process uses the IdP venv (dbus-python, requests); each MSAL operation runs in its own
+process with the MSAL venv's python (Tests/msal/msal_client.py), as separate apps would.
+
+Env: TESSERA_BIN_DIR (default .build/debug), TESSERA_MSAL_PYTHON (default
+.build-msal/venv/bin/python), TESSERA_MSAL_BROKER_CMD (a command to run instead of tesserad, e.g. a
+stub broker, to check the harness itself).
+
+What MSAL's broker runtime (pymsalruntime 0.20.7) does, measured with a stub broker:
+- acquire_token_interactive: getAccounts, then acquireTokenSilently (account null when there is
+  none; else the first account), then acquireTokenInteractively unless the silent answer's
+  username equals login_hint.
+- it caches accounts and tokens itself in the keyring (xdg:schema com.microsoft.identity.secret):
+  acquire_token_silent is served from there without any D-Bus call, even with force_refresh. Items
+  with a `clientid` attribute are tokens, items without are accounts. With the token items deleted
+  acquire_token_silent asks the broker (acquireTokenSilently); with the account items deleted too it
+  gives up (None) without asking.
+- remove_account signs out locally only: no removeAccount call reaches the broker.
+- a broker answer with status 2 gives MSAL's {"error": "broker_error", "error_description":
+  "... Status: Response_Status.Status_InteractionRequired ..."}.
+"""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+
+import dbus
+import dbus.bus
+import pytest
+
+if os.environ.get("TESSERA_MSAL_SESSION") != "1":
+    pytest.exit(
+        "Tessera's MSAL tests must run inside the MSAL session:\n"
+        '  scripts/msal-session "$PWD/.build-idp/venv/bin/python" -m pytest Tests/msal',
+        returncode=2,
+    )
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.environ.get("TESSERA_REPO") or os.path.dirname(os.path.dirname(HERE))
+BIN_DIR = os.environ.get("TESSERA_BIN_DIR") or os.path.join(REPO, ".build", "debug")
+TESSERAD = os.path.join(BIN_DIR, "tesserad")
+TESSERA = os.path.join(BIN_DIR, "tessera")
+MSAL_PYTHON = os.environ.get("TESSERA_MSAL_PYTHON") or os.path.join(REPO, ".build-msal", "venv", "bin", "python")
+MSAL_CLIENT = os.path.join(HERE, "msal_client.py")
+BROKER_CMD = os.environ.get("TESSERA_MSAL_BROKER_CMD", "")
+SESSION_CONFIG = os.path.join(os.environ["XDG_CONFIG_HOME"], "tessera", "config.toml")
+
+MS_NAME = "com.microsoft.identity.broker1"
+MS_PATH = "/com/microsoft/identity/broker1"
+MS_IFACE = "com.microsoft.identity.Broker1"
+
+AUTHORITY = os.environ["TESSERA_IDP_AUTHORITY"]
+IDP_DIR = os.environ["TESSERA_IDP_DIR"]
+TENANT = AUTHORITY.rstrip("/").rsplit("/", 1)[1]
+MSAL_TIMEOUT = 120
+
+SECRETS = "org.freedesktop.secrets"
+MSALRUNTIME_SCHEMA = "com.microsoft.identity.secret"
+
+
+def new_connection():
+    return dbus.bus.BusConnection(os.environ["DBUS_SESSION_BUS_ADDRESS"])
+
+
+def tail(path, limit=4000):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return f"({path} missing)"
+    return text[-limit:] if len(text) > limit else text
+
+
+# ----------------------------------------------------------------------------------------------
+# Diagnostics: sections added to a failing test's report
+
+
+class Diagnostics:
+    def __init__(self):
+        self.sections = []  # (title, callable -> text)
+
+    def add(self, title, fn):
+        self.sections.append((title, fn))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    diag = getattr(item, "_msal_diag", None)
+    if diag is None or report.passed or report.when == "collect":
+        return
+    for title, fn in diag.sections:
+        try:
+            text = fn()
+        except Exception as e:  # noqa: BLE001
+            text = f"(could not collect: {e})"
+        if text:
+            report.sections.append((title, text))
+
+
+@pytest.fixture(autouse=True)
+def diag(request):
+    d = Diagnostics()
+    request.node._msal_diag = d
+    return d
+
+
+# ----------------------------------------------------------------------------------------------
+# The broker under test: tesserad (or TESSERA_MSAL_BROKER_CMD)
+
+
+class Broker:
+    def __init__(self, log_path, env):
+        self.log_path = log_path
+        self.env = env
+        self.proc = None
+        self._conn = new_connection()
+        self._dbus = dbus.Interface(self._conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"),
+                                    "org.freedesktop.DBus")
+
+    def owned(self):
+        return bool(self._dbus.NameHasOwner(MS_NAME))
+
+    def start(self, timeout=10.0):
+        if BROKER_CMD:
+            cmd = shlex.split(BROKER_CMD)
+        else:
+            assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
+            cmd = [TESSERAD, "--config", SESSION_CONFIG]
+        assert not self.owned(), f"{MS_NAME} is already owned before the test starts its broker"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"{cmd[0]} exited with {self.proc.returncode} at start:\n{tail(self.log_path, 3000)}")
+            # pymsalruntime refuses to start ("Broker cannot be initialized") unless the name is
+            # owned or activatable, so the MSAL apps only run once it is.
+            if self.owned():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        pytest.fail(f"{cmd[0]} did not own {MS_NAME} within {timeout} s (is the Microsoft front built in?):\n"
+                    f"{tail(self.log_path, 3000)}")
+
+    def stop(self):
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        rc = self.proc.returncode
+        self.proc = None
+        deadline = time.monotonic() + 5
+        while self.owned() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rc
+
+    def close(self):
+        self.stop()
+        self._conn.close()
+
+
+class BrowserMode:
+    """The file browser.py reads its mode from (allow / deny / ignore)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.set("allow")
+
+    def set(self, mode):
+        with open(self.path, "w") as f:
+            f.write(mode + "\n")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    return BrowserMode(str(tmp_path / "browser-mode"))
+
+
+@pytest.fixture
+def env(browser):
+    e = dict(os.environ, TESSERA_TEST_BROWSER_FILE=browser.path)
+    e.pop("TESSERA_CONFIG", None)
+    return e
+
+
+@pytest.fixture
+def broker(tmp_path, env, diag, calls):
+    b = Broker(str(tmp_path / "broker.log"), env)
+    diag.add("broker log (tail)", lambda: tail(b.log_path))
+    b.start()
+    yield b
+    crashed = b.proc is not None and b.proc.poll() is not None
+    rc = b.stop()
+    b.close()
+    if crashed:
+        pytest.fail(f"the broker exited by itself with status {rc}:\n{tail(b.log_path, 3000)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The Microsoft front's method calls, as a bus monitor sees them
+
+
+class CallRecorder:
+    """dbus-monitor of method calls to com.microsoft.identity.broker1 (member names, in order)."""
+
+    def __init__(self):
+        self.members = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            ["dbus-monitor", "--session", "--profile", f"type='method_call',interface='{MS_IFACE}'",
+             "type='method_call',member='MonitorProbe'"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+        conn = new_connection()
+        try:  # synchronise: once our probe shows up, the monitor sees everything
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                msg = dbus.lowlevel.MethodCallMessage("org.freedesktop.DBus", "/", "org.tessera.Probe", "MonitorProbe")
+                msg.set_no_reply(True)
+                conn.send_message(msg)
+                conn.flush()
+                with self._cond:
+                    if self._cond.wait_for(lambda: "MonitorProbe" in self.members, 0.5):
+                        break
+            else:
+                raise AssertionError("dbus-monitor did not start")
+        finally:
+            conn.close()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] == "mc" and len(parts) >= 8:
+                with self._cond:
+                    self.members.append(parts[7])
+                    self._cond.notify_all()
+
+    def mark(self):
+        with self._cond:
+            return len(self.members)
+
+    def since(self, mark=0):
+        time.sleep(0.2)  # the monitor trails the bus a little
+        with self._cond:
+            return [m for m in self.members[mark:] if m != "MonitorProbe"]
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+import dbus.lowlevel  # noqa: E402
+
+
+@pytest.fixture
+def calls(diag):
+    r = CallRecorder()
+    diag.add("calls to the Microsoft front (dbus-monitor)", lambda: " ".join(r.since()))
+    yield r
+    r.close()
+
+
+def ms_call(method, request, correlation_id="", protocol="0.0", timeout=120):
+    """Calls the Microsoft front directly: (s protocolVersion, s correlationId, s requestJson) -> s."""
+    conn = new_connection()
+    try:
+        reply = conn.call_blocking(MS_NAME, MS_PATH, MS_IFACE, method, "sss",
+                                   (protocol, correlation_id, json.dumps(request)), timeout=timeout)
+        return json.loads(str(reply))
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Keyring: msalruntime's own cache, and Tessera's items
+
+
+class Keyring:
+    def __init__(self):
+        self.conn = new_connection()
+        self.service = dbus.Interface(self.conn.get_object(SECRETS, "/org/freedesktop/secrets"),
+                                      "org.freedesktop.Secret.Service")
+
+    def items(self, attributes):
+        unlocked, locked = self.service.SearchItems(dbus.Dictionary(attributes, signature="ss"))
+        out = []
+        for path in list(unlocked) + list(locked):
+            props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
+            attrs = {str(k): str(v) for k, v in props.Get("org.freedesktop.Secret.Item", "Attributes").items()}
+            out.append((str(path), attrs))
+        return out
+
+    def delete(self, items):
+        for path, _ in items:
+            prompt = str(dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.Secret.Item").Delete())
+            assert prompt == "/", f"deleting {path} wants a prompt"
+        return len(items)
+
+    def msalruntime_items(self):
+        return self.items({"xdg:schema": MSALRUNTIME_SCHEMA})
+
+    def clear_msalruntime_tokens(self):
+        """Deletes msalruntime's cached tokens (items with a clientid) and keeps its accounts: MSAL's
+        acquire_token_silent then has to ask the broker."""
+        return self.delete([i for i in self.msalruntime_items() if "clientid" in i[1]])
+
+    def clear_msalruntime(self):
+        """Deletes all of msalruntime's cache: as an app that never ran on this machine."""
+        return self.delete(self.msalruntime_items())
+
+    def clear_tessera(self):
+        return self.delete(self.items({"tessera_schema": "1"}))
+
+
+@pytest.fixture(scope="session")
+def keyring_session():
+    k = Keyring()
+    yield k
+    k.conn.close()
+
+
+@pytest.fixture(autouse=True)
+def keyring(keyring_session):
+    """Every test starts without msalruntime's or Tessera's items."""
+    keyring_session.clear_msalruntime()
+    keyring_session.clear_tessera()
+    return keyring_session
+
+
+# ----------------------------------------------------------------------------------------------
+# Test identity provider
+
+
+class IdP:
+    log_path = os.environ["TESSERA_IDP_LOG"]
+    token_path = f"/{TENANT}/o/token/"
+    authorize_path = f"/{TENANT}/o/authorize/"
+
+    def _lines(self):
+        try:
+            with open(self.log_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def mark(self):
+        return len(self._lines())
+
+    def requests(self, since=0):
+        return self._lines()[since:]
+
+    def token_posts(self, since=0, grant_type=None, status=None):
+        return [r for r in self.requests(since)
+                if r["method"] == "POST" and r["path"] == self.token_path
+                and (grant_type is None or r["grant_type"] == grant_type)
+                and (status is None or r["status"] == status)]
+
+    def sign_in_traffic(self, since=0):
+        """Requests that sign in or redeem grants: everything but discovery and signing keys (each
+        MSAL process reads the discovery document itself, in PublicClientApplication())."""
+        return [r for r in self.requests(since)
+                if not (r["method"] == "GET" and ("/.well-known/" in r["path"]))]
+
+    def authorizations(self, since=0):
+        return [r for r in self.requests(since) if r["path"] == self.authorize_path]
+
+    def manage(self, *args):
+        out = subprocess.run([os.path.join(REPO, "scripts", "idp"), "manage", IDP_DIR, *args],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return out.stdout
+
+    def revoke_user(self, name):
+        return self.manage("idp_revoke_user", name)
+
+
+@pytest.fixture(scope="session")
+def idp_session():
+    return IdP()
+
+
+@pytest.fixture
+def idp(idp_session, diag):
+    start = idp_session.mark()
+    diag.add("IdP requests during the test", lambda: "\n".join(
+        f"{r['method']} {r['path']} -> {r['status']} grant={r['grant_type']} client={r['client_id']}"
+        for r in idp_session.requests(start)))
+    return idp_session
+
+
+# ----------------------------------------------------------------------------------------------
+# MSAL apps: one process per operation
+
+
+class MsalError(AssertionError):
+    pass
+
+
+@pytest.fixture
+def msal(tmp_path, diag):
+    """msal(op, **command) -> the JSON msal_client.py printed (see its docstring)."""
+    assert os.access(MSAL_PYTHON, os.X_OK), f"{MSAL_PYTHON} is missing: run scripts/msal setup"
+    runs = []
+
+    def show():
+        out = []
+        for i, (cmd, proc_out, log) in enumerate(runs):
+            out.append(f"--- MSAL run {i}: {json.dumps({k: v for k, v in cmd.items() if k != 'account'})}\n"
+                       f"{proc_out}\n--- its MSAL/msalruntime log (tail):\n{tail(log, 2500)}")
+        return "\n".join(out)
+
+    diag.add("MSAL runs", show)
+
+    def run(op, **command):
+        command = dict(command, op=op)
+        log = str(tmp_path / f"msal-{len(runs)}.log")
+        env = dict(os.environ, TESSERA_MSAL_LOG=log, PYTHONDONTWRITEBYTECODE="1")
+        try:
+            proc = subprocess.run([MSAL_PYTHON, MSAL_CLIENT, json.dumps(command)], capture_output=True, text=True,
+                                  timeout=MSAL_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            runs.append((command, f"TIMED OUT after {MSAL_TIMEOUT} s\nstderr: {e.stderr}", log))
+            raise MsalError(f"MSAL {op} did not finish within {MSAL_TIMEOUT} s")
+        runs.append((command, f"exit {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}",
+                     log))
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise MsalError(f"MSAL {op} printed no result (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        return json.loads(lines[-1])
+
+    return run
+
+
+def assert_token(result, user):
+    assert result.get("ok"), f"MSAL failed: {result.get('error')}: {(result.get('result') or {}).get('error_description')}"
+    r = result["result"]
+    assert r.get("access_token"), r
+    assert r.get("token_source") == "broker", f"token did not come through the broker: {r.get('token_source')}"
+    assert result.get("username") == user, f"signed in as {result.get('username')}, not {user}"
+    return r
+
+
+def account_of(result, user):
+    for acc in result.get("accounts", []):
+        if acc.get("username") == user:
+            return acc
+    raise AssertionError(f"MSAL has no account {user}: {result.get('accounts')}")
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+@pytest.fixture
+def cli(env, diag):
+    runs = []
+    diag.add("tessera CLI runs", lambda: "\n".join(runs))
+
+    def run(*args, timeout=120):
+        proc = subprocess.run([TESSERA, *args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=env)
+        runs.append(f"$ tessera {' '.join(args)}  -> exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        return proc
+
+    return run
