@@ -178,14 +178,15 @@ public final class BusServer: @unchecked Sendable {
       let inputs = object.description.methods.first { $0.name == member }?.inputs ?? []
       var place = over.argument.flatMap { $0 < inputs.count ? "argument \(inputs[$0].name)" : nil } ?? "a value"
       if let key = over.key { place += ", key '\(RequestOptions.clip(key))'" }
-      return replyError(
-        message,
+      return refuse(
+        message, member,
         .invalidArgument(
           "The call to \(member) was refused before being read whole: \(place) holds \(over). Send fewer or shorter values (the limits are annotated in \(object.description.name).xml)."
         ))
     } catch {
-      return replyError(
-        message, .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
+      return refuse(
+        message, member,
+        .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
     }
     let call = Call(interface: object.description, member: member, arguments: arguments, caller: callerInfo(message))
     switch answerAtOnce?(call) {
@@ -221,13 +222,23 @@ public final class BusServer: @unchecked Sendable {
       guard sd_bus_message_has_signature(message, object.inputSignatures[index]) == 0 else { return 0 }
       let given = sd_bus_message_get_signature(message, 1).map { String(cString: $0) } ?? ""
       let names = method.inputs.map { "\($0.name): \($0.signature)" }.joined(separator: ", ")
-      return replyError(
-        message,
+      return refuse(
+        message, method.name,
         .invalidArgument(
           "\(method.name) takes (\(names)), but was called with arguments of type '\(given)'. Fix the argument types of the call."
         ))
     }
     return 0
+  }
+
+  /// Refuses a call the handler never sees, and logs it (as the fronts log the calls they answer).
+  private func refuse(_ message: OpaquePointer, _ member: String, _ failure: TesseraError) -> Int32 {
+    let caller = callerInfo(message)
+    log(
+      .notice,
+      "\(member) refused before the request was read: \(failure.message) [caller \(caller.busName), pid \(caller.pid.map(String.init) ?? "?"), \(caller.exe ?? "?")]"
+    )
+    return replyError(message, failure)
   }
 
   /// Answers a call with an error: a D-Bus error of the table's name, or what the interface's

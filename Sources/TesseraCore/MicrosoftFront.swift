@@ -201,10 +201,18 @@ public struct MicrosoftFront: Sendable {
     let accounts = try await broker.knownAccounts(matching: AccountFilter())
     let wanted = try params.object("account")
     var account = try wanted.flatMap { try MicrosoftAccount.match($0, in: accounts) }
-    if account == nil, interactive, let hint = token.loginHint?.lowercased() {
-      // An app that passes only a login hint: a signed-in account of that name needs no browser.
-      let named = accounts.filter { $0.username.lowercased() == hint }
-      if named.count == 1 { account = named[0] }
+    if account == nil, interactive, wanted == nil {
+      if let hint = token.loginHint?.lowercased() {
+        // An app that passes only a login hint: a signed-in account of that name needs no browser.
+        let named = accounts.filter { $0.username.lowercased() == hint }
+        if named.count == 1 { account = named[0] }
+      } else {
+        // An app that names no account at all (the OneDrive client): when exactly one account can
+        // serve this client id silently, that one answers without a browser, as on every later
+        // start of the app.
+        let usable = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID))
+        if usable.count == 1 { account = usable[0] }
+      }
     }
     if let account {
       token.accountID = account.id

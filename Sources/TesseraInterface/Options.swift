@@ -184,14 +184,15 @@ public enum RequestOptions {
     }
   }
 
-  /// Checks a caller-supplied text: bounded length, no control characters (nor spaces, when not allowed).
+  /// Checks a caller-supplied text: bounded length, no control characters (C0, DEL, C1, line
+  /// separators, bidirectional overrides: what `SafeText` would neutralise), nor spaces when not
+  /// allowed.
   public static func checkText(_ value: String, name: String, max: Int, allowSpaces: Bool = true) throws(TesseraError) {
     guard value.utf8.count <= max else {
       throw .invalidArgument(
         "'\(name)' is \(value.utf8.count) bytes long; the limit is \(max). Pass the real value, not a document.")
     }
-    for scalar in value.unicodeScalars
-    where scalar.value < 0x20 || scalar.value == 0x7f || (!allowSpaces && scalar == " ") {
+    for scalar in value.unicodeScalars where SafeText.isUnsafe(scalar) || (!allowSpaces && scalar == " ") {
       throw .invalidArgument(
         "'\(name)' contains a control character\(allowSpaces ? "" : " or a space") "
           + "(U+\(String(scalar.value, radix: 16, uppercase: true))). Remove it.")
