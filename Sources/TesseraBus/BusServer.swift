@@ -13,7 +13,8 @@ import TesseraInterface
 /// and wakes the loop through an eventfd, and the bus thread sends the reply. No caller ever waits
 /// behind another's slow sign-in.
 public final class BusServer: @unchecked Sendable {
-  // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache` and the
+  // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache`, the
+  // refusal counters and the
   // exported objects' sd-bus state are used only on the bus thread; `mailbox` is a Mutex; `eventFD`
   // is written from any thread (write(2) is safe).
   private var bus: OpaquePointer?
@@ -231,15 +232,37 @@ public final class BusServer: @unchecked Sendable {
     return 0
   }
 
-  /// Refuses a call the handler never sees, and logs it (as the fronts log the calls they answer).
+  /// Refuses a call the handler never sees, and logs it (as the fronts log the calls they answer):
+  /// at most `refusalsLoggedPerSecond` lines a second, then one line counting the rest, so a flood
+  /// of bad calls can neither flood the journal nor churn the bus thread's memory.
   private func refuse(_ message: OpaquePointer, _ member: String, _ failure: TesseraError) -> Int32 {
-    let caller = callerInfo(message)
-    log(
-      .notice,
-      "\(member) refused before the request was read: \(failure.message) [caller \(caller.busName), pid \(caller.pid.map(String.init) ?? "?"), \(caller.exe ?? "?")]"
-    )
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    if now.tv_sec != refusalSecond {
+      if refusalsSuppressed > 0 {
+        log(.notice, "\(refusalsSuppressed) more calls were refused before being read (not logged one by one)")
+      }
+      refusalSecond = now.tv_sec
+      refusalsLogged = 0
+      refusalsSuppressed = 0
+    }
+    if refusalsLogged < Self.refusalsLoggedPerSecond {
+      refusalsLogged += 1
+      let caller = callerInfo(message)
+      log(
+        .notice,
+        "\(member) refused before the request was read: \(failure.message) [caller \(caller.busName), pid \(caller.pid.map(String.init) ?? "?"), \(caller.exe ?? "?")]"
+      )
+    } else {
+      refusalsSuppressed += 1
+    }
     return replyError(message, failure)
   }
+  static let refusalsLoggedPerSecond = 10
+  // Bus thread only (see the class's invariant).
+  private var refusalSecond = 0
+  private var refusalsLogged = 0
+  private var refusalsSuppressed = 0
 
   /// Answers a call with an error: a D-Bus error of the table's name, or what the interface's
   /// `refusal` makes of it (a protocol whose errors travel in its replies).

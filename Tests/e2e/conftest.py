@@ -26,6 +26,10 @@ import dbus.bus
 import dbus.lowlevel
 import pytest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from tessera_session import BrowserMode, BusPeer, bus_address, bus_daemon, new_connection  # noqa: E402
+from tessera_session import Daemon as SessionDaemon  # noqa: E402
+
 if os.environ.get("TESSERA_TEST_SESSION") != "1":
     pytest.exit(
         "Tessera's e2e tests must run inside the test session:\n"
@@ -53,15 +57,6 @@ ENVIRONMENT = IDP_URL.split("://", 1)[1]  # 127.0.0.1:PORT
 # Interactive calls: the broker answers when the sign-in is over; never use D-Bus's 25 s default.
 INTERACTIVE_TIMEOUT = 120.0
 SILENT_TIMEOUT = 30.0
-
-
-def bus_address():
-    return os.environ["DBUS_SESSION_BUS_ADDRESS"]
-
-
-def new_connection():
-    """A private connection of its own (own unique name; safe to use from one thread)."""
-    return dbus.bus.BusConnection(bus_address())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -149,18 +144,8 @@ def jwt_claims(token):
 # Broker client
 
 
-class Broker:
+class Broker(BusPeer):
     """org.tessera.Broker1 over dbus-python with explicit types. One connection per instance."""
-
-    def __init__(self, connection=None):
-        self.conn = connection or new_connection()
-        self.unique_name = str(self.conn.get_unique_name())
-
-    def close(self):
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def call(self, method, signature, args, timeout=SILENT_TIMEOUT, interface=IFACE):
         return self.conn.call_blocking(BUS_NAME, OBJECT_PATH, interface, method, signature, args, timeout=timeout)
@@ -215,78 +200,21 @@ def expect_error(name, fn, *args, **kwargs):
 # Daemon
 
 
-def bus_daemon():
-    conn = new_connection()
-    return conn, dbus.Interface(conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"), "org.freedesktop.DBus")
-
-
-class Daemon:
-    """A tesserad process started by a test; stderr (its log) goes to a file."""
+class Daemon(SessionDaemon):
+    """A tesserad process started by a test, reading `config` (which a test may change before a
+    restart); its log goes to a file."""
 
     def __init__(self, config, log_path, env, log_level=None):
+        super().__init__(log_path, env, BUS_NAME)
         self.config = config
-        self.log_path = log_path
-        self.env = env
         self.log_level = log_level
-        self.proc = None
-        self._conn, self._dbus = bus_daemon()
 
-    def has_owner(self):
-        return bool(self._dbus.NameHasOwner(BUS_NAME))
-
-    def start(self, timeout=10.0):
+    def command(self):
         assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
-        assert not self.has_owner(), f"{BUS_NAME} is already owned before starting tesserad"
         cmd = [TESSERAD, "--config", self.config]
         if self.log_level:
             cmd += ["--log-level", self.log_level]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"tesserad exited with {self.proc.returncode} at start:\n{self.log()[-3000:]}")
-            if self.has_owner():
-                pid = int(self._dbus.GetConnectionUnixProcessID(BUS_NAME))
-                assert pid == self.proc.pid, f"{BUS_NAME} is owned by pid {pid}, not by our tesserad"
-                return self
-            time.sleep(0.02)
-        self.stop()
-        pytest.fail(f"tesserad did not own {BUS_NAME} within {timeout} s:\n{self.log()[-3000:]}")
-
-    def stop(self, timeout=10.0):
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                pytest.fail("tesserad did not stop within 10 s of SIGTERM")
-        rc = self.proc.returncode
-        self.proc = None
-        deadline = time.monotonic() + 5
-        while self.has_owner() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return rc
-
-    def restart(self):
-        self.stop()
-        return self.start()
-
-    @property
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def close(self):
-        self.stop()
-        self._conn.close()
+        return cmd
 
 
 def toml_value(v):
@@ -320,19 +248,6 @@ def write_config(tmp_path):
         return str(path)
 
     return write
-
-
-class BrowserMode:
-    """The file browser.py reads its mode from (allow / deny / ignore); the daemon's environment
-    points TESSERA_TEST_BROWSER_FILE at it, so tests switch modes while the daemon runs."""
-
-    def __init__(self, path):
-        self.path = path
-        self.set("allow")
-
-    def set(self, mode):
-        with open(self.path, "w") as f:
-            f.write(mode + "\n")
 
 
 @pytest.fixture

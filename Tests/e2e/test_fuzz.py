@@ -218,9 +218,10 @@ def test_fuzzing_the_bus_interface(start_daemon, write_config, browser):
     daemon.config = write_config(browser="/bin/true", log_level="info")
     daemon.start()
     fuzzer = Fuzzer(random.Random(SEED))
-    # Warm-up: caches (callers, discovery, cached replies) reach their steady size, and a
+    # Warm-up, as long as the measured run: caches (callers, discovery, cached replies), malloc
+    # arenas and glibc's cache of thread stacks reach their steady size, and a
     # maintenance pass (every 30 s) hands freed memory back.
-    run_batch(fuzzer, 4000)
+    run_batch(fuzzer, CALLS)
     time.sleep(MAINTENANCE_INTERVAL + 2)
     before = rss_kib(daemon.proc.pid)
 

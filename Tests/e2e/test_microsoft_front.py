@@ -30,7 +30,7 @@ import dbus.lowlevel
 import pytest
 
 from conftest import (AUTHORITY, BUS_NAME, ENVIRONMENT, IDP_URL, INTERACTIVE_TIMEOUT, SILENT_TIMEOUT, TENANT,
-                      Broker, bus_daemon, expect_error, jwt_claims, new_connection, run_cli, wait_until)
+                      Broker, BusPeer, bus_daemon, expect_error, jwt_claims, new_connection, run_cli, wait_until)
 
 MS_NAME = "com.microsoft.identity.broker1"
 MS_PATH = "/com/microsoft/identity/broker1"
@@ -196,18 +196,8 @@ def assert_fresh_expiry(btr, lifetime=LIFETIME):
 # Client
 
 
-class MsBroker:
+class MsBroker(BusPeer):
     """com.microsoft.identity.broker1 over dbus-python. One connection per instance."""
-
-    def __init__(self, connection=None):
-        self.conn = connection or new_connection()
-        self.unique_name = str(self.conn.get_unique_name())
-
-    def close(self):
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def raw(self, method, request="{}", protocol="0.0", correlation_id=None, timeout=SILENT_TIMEOUT,
             signature="sss", args=None):

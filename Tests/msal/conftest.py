@@ -33,6 +33,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -70,17 +71,8 @@ SECRETS = "org.freedesktop.secrets"
 MSALRUNTIME_SCHEMA = "com.microsoft.identity.secret"
 
 
-def new_connection():
-    return dbus.bus.BusConnection(os.environ["DBUS_SESSION_BUS_ADDRESS"])
-
-
-def tail(path, limit=4000):
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return f"({path} missing)"
-    return text[-limit:] if len(text) > limit else text
+sys.path.insert(0, os.path.join(REPO, "Tests", "lib"))
+from tessera_session import BrowserMode, Daemon, new_connection, tail  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,72 +114,22 @@ def diag(request):
 # The broker under test: tesserad (or TESSERA_MSAL_BROKER_CMD)
 
 
-class Broker:
+class Broker(Daemon):
+    """tesserad (or TESSERA_MSAL_BROKER_CMD), started once it owns com.microsoft.identity.broker1:
+    pymsalruntime refuses to start ("Broker cannot be initialized") unless that name is owned or
+    activatable, so the MSAL apps only run once it is."""
+
     def __init__(self, log_path, env):
-        self.log_path = log_path
-        self.env = env
-        self.proc = None
-        self._conn = new_connection()
-        self._dbus = dbus.Interface(self._conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"),
-                                    "org.freedesktop.DBus")
+        super().__init__(log_path, env, MS_NAME)
+
+    def command(self):
+        if BROKER_CMD:
+            return shlex.split(BROKER_CMD)
+        assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
+        return [TESSERAD, "--config", SESSION_CONFIG]
 
     def owned(self):
-        return bool(self._dbus.NameHasOwner(MS_NAME))
-
-    def start(self, timeout=10.0):
-        if BROKER_CMD:
-            cmd = shlex.split(BROKER_CMD)
-        else:
-            assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
-            cmd = [TESSERAD, "--config", SESSION_CONFIG]
-        assert not self.owned(), f"{MS_NAME} is already owned before the test starts its broker"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{cmd[0]} exited with {self.proc.returncode} at start:\n{tail(self.log_path, 3000)}")
-            # pymsalruntime refuses to start ("Broker cannot be initialized") unless the name is
-            # owned or activatable, so the MSAL apps only run once it is.
-            if self.owned():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        pytest.fail(f"{cmd[0]} did not own {MS_NAME} within {timeout} s (is the Microsoft front built in?):\n"
-                    f"{tail(self.log_path, 3000)}")
-
-    def stop(self):
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        rc = self.proc.returncode
-        self.proc = None
-        deadline = time.monotonic() + 5
-        while self.owned() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return rc
-
-    def close(self):
-        self.stop()
-        self._conn.close()
-
-
-class BrowserMode:
-    """The file browser.py reads its mode from (allow / deny / ignore)."""
-
-    def __init__(self, path):
-        self.path = path
-        self.set("allow")
-
-    def set(self, mode):
-        with open(self.path, "w") as f:
-            f.write(mode + "\n")
+        return self.has_owner()
 
 
 @pytest.fixture
