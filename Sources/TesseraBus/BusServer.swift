@@ -14,8 +14,7 @@ import TesseraInterface
 /// behind another's slow sign-in.
 public final class BusServer: @unchecked Sendable {
   // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache`, the
-  // refusal counters and the
-  // exported objects' sd-bus state are used only on the bus thread; `mailbox` is a Mutex; `eventFD`
+  // refusal counters, `unownedNames` and the exported objects' sd-bus state are used only on the bus thread; `mailbox` is a Mutex; `eventFD`
   // is written from any thread (write(2) is safe).
   private var bus: OpaquePointer?
   private var event: OpaquePointer?
@@ -167,6 +166,7 @@ public final class BusServer: @unchecked Sendable {
       }
       try check(r, "Could not own \(name)")
     }
+    unownedNames = Set(unowned)
     return unowned
   }
 
@@ -259,6 +259,8 @@ public final class BusServer: @unchecked Sendable {
     return replyError(message, failure)
   }
   static let refusalsLoggedPerSecond = 10
+  /// Optional names another program owned at start; asked for again when that program lets go.
+  private var unownedNames: Set<String> = []
   // Bus thread only (see the class's invariant).
   private var refusalSecond = 0
   private var refusalsLogged = 0
@@ -312,8 +314,20 @@ public final class BusServer: @unchecked Sendable {
   fileprivate func nameOwnerChanged(_ message: OpaquePointer) {
     guard let values = try? BusCodec.readAll(message, limits: .replies), values.count == 3,
       case .string(let name) = values[0],
-      case .string(let newOwner) = values[2], name.hasPrefix(":"), newOwner.isEmpty
+      case .string(let newOwner) = values[2], newOwner.isEmpty
     else { return }
+    if unownedNames.contains(name) {
+      // The other owner of an optional name (another broker) let go of it: serve it now.
+      let r = sd_bus_request_name(bus, name, 0)
+      if r >= 0 {
+        unownedNames.remove(name)
+        log(.notice, "\(name) was released by its other owner; tesserad serves it now")
+      } else {
+        log(.notice, "\(name) was released by its other owner, but could not be taken: \(Errno(rawValue: -r))")
+      }
+      return
+    }
+    guard name.hasPrefix(":") else { return }
     callerCache[name] = nil
     onCallerGone(name)
   }

@@ -286,7 +286,14 @@ public actor Broker {
         replacing: redeemed)
     }
     // Family membership is remembered only where families exist (Entra answers `foci`).
-    if response.foci != nil || cache.appMetadata(environment: authority.environment, clientID: clientID) != nil {
+    // A token for this account from this client signs it back in to this client.
+    if let known = cache.appMetadata(environment: authority.environment, clientID: clientID) {
+      let signedOut = known.signedOutAccounts?.filter { $0 != account.id }
+      operations += cache.upsert(
+        appMetadata: AppMetadataRecord(
+          environment: authority.environment, clientID: clientID, familyID: response.foci,
+          signedOutAccounts: signedOut?.isEmpty == true ? nil : signedOut))
+    } else if response.foci != nil {
       operations += cache.upsert(
         appMetadata: AppMetadataRecord(environment: authority.environment, clientID: clientID, familyID: response.foci))
     }

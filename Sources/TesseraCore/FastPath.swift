@@ -125,13 +125,16 @@ public final class SilentFastPath: Sendable {
     }
   }
 
-  private let microsoft = Mutex<[String: MicrosoftEntry]>([:])
+  /// Entries and the bytes their keys and answers hold: requestJson texts are the caller's (up to
+  /// 64 KiB each), so the table is bounded by bytes, not only by count.
+  private let microsoft = Mutex<(entries: [String: MicrosoftEntry], bytes: Int)>(([:], 0))
+  static let maxMicrosoftBytes = 4 << 20
 
   /// The published answer to this acquireTokenSilently requestJson, or nil when the full path
   /// must answer (nothing published, the token past its refresh time or within the default
   /// min_validity of expiry).
   func microsoftAnswer(_ requestJSON: String, now: Double) -> MicrosoftEntry? {
-    guard let entry = microsoft.withLock({ $0[requestJSON] }),
+    guard let entry = microsoft.withLock({ $0.entries[requestJSON] }),
       entry.expiresOn - now >= Double(RequestOptions.defaultMinValidity), now < entry.refreshOn
     else { return nil }
     let second = Int64(now)
@@ -142,15 +145,24 @@ public final class SilentFastPath: Sendable {
   }
 
   func publishMicrosoft(_ requestJSON: String, entry: MicrosoftEntry) {
-    microsoft.withLock {
-      if $0.count >= Self.maxEntries { $0.removeAll() }
-      $0[requestJSON] = entry
+    let size = requestJSON.utf8.count + entry.answer.utf8.count
+    microsoft.withLock { table in
+      if table.entries.count >= Self.maxEntries || table.bytes + size > Self.maxMicrosoftBytes {
+        table = ([:], 0)
+      }
+      if let old = table.entries.updateValue(entry, forKey: requestJSON) {
+        table.bytes -= requestJSON.utf8.count + old.answer.utf8.count
+      }
+      table.bytes += size
     }
   }
 
+  /// Bytes held by the Microsoft table (for tests).
+  var microsoftBytes: Int { microsoft.withLock { $0.bytes } }
+
   func clear() {
     entries.withLock { $0.removeAll() }
-    microsoft.withLock { $0.removeAll() }
+    microsoft.withLock { $0 = ([:], 0) }
   }
 
   func takeUses() -> [(SilentTarget, Double)] {

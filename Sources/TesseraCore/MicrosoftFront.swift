@@ -206,10 +206,10 @@ public struct MicrosoftFront: Sendable {
         // An app that passes only a login hint: a signed-in account of that name needs no browser.
         let named = accounts.filter { $0.username.lowercased() == hint }
         if named.count == 1 { account = named[0] }
-      } else {
-        // An app that names no account at all (the OneDrive client): when exactly one account can
-        // serve this client id silently, that one answers without a browser, as on every later
-        // start of the app.
+      } else if params.fields["isSignIn"] != .bool(true) {
+        // An app that names no account at all and does not ask to add one (MSAL marks that
+        // `isSignIn`; the OneDrive client sends neither): when exactly one account can serve this
+        // client id silently, that one answers without a browser, as on every later start of the app.
         let usable = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID))
         if usable.count == 1 { account = usable[0] }
       }
@@ -455,13 +455,14 @@ enum MicrosoftAccount {
     ])
   }
 
-  /// The account a client echoes back: matched on homeAccountId, then localAccountId, then
-  /// username (case-insensitive); other keys are ignored. Nil when none is signed in.
+  /// The account a client echoes back: matched on homeAccountId (exactly, and only on it when it
+  /// is given), else localAccountId, else username (case-insensitive); other keys are ignored.
+  /// Nil when none is signed in.
   static func match(_ wanted: MicrosoftRequest.Object, in accounts: [Account]) throws -> Account? {
-    if let home = try wanted.string("homeAccountId"), !home.isEmpty,
-      let found = accounts.first(where: { $0.id.lowercased() == home.lowercased() })
-    {
-      return found
+    // A home account id names one account exactly (another IdP's `sub` is case-sensitive); one
+    // that is no longer signed in names none, never another account of the same name.
+    if let home = try wanted.string("homeAccountId"), !home.isEmpty {
+      return accounts.first { $0.id == home }
     }
     if let local = try wanted.string("localAccountId"), !local.isEmpty {
       let found = accounts.filter { $0.localAccountID.lowercased() == local.lowercased() }
@@ -521,12 +522,18 @@ enum MicrosoftAccount {
 
 enum MicrosoftToken {
   /// A token answer: `expiresOn` and `extendedExpiresOn` in epoch milliseconds, `grantedScopes` one
-  /// string holding every scope asked for (msalruntime refuses an answer that seems to decline
-  /// one; the token covers them, or it would not be served) and what the IdP granted besides.
+  /// string: the requested scopes the grant covers, as the caller spelled them (msalruntime
+  /// compares them with what it asked), then what the IdP granted besides. A requested scope the
+  /// IdP did not grant is left out, so the app sees it declined.
   static func json(_ result: Broker.TokenResult, requestedScopes: [String]) -> String {
     let token = result.accessToken
-    var scopes = requestedScopes
-    var seen = Set(requestedScopes.map { $0.lowercased() })
+    let granted = Set(result.grantedScopes.map { $0.lowercased() })
+    var scopes = requestedScopes.filter {
+      let scope = $0.lowercased()
+      return granted.contains(scope) || ScopeSet.oidcScopes.contains(scope) || scope.hasSuffix("/.default")
+        || scope == ".default"
+    }
+    var seen = Set(scopes.map { $0.lowercased() })
     for scope in result.grantedScopes where seen.insert(scope.lowercased()).inserted { scopes.append(scope) }
     var fields: [(String, JSONOut)] = [
       ("accessToken", .string(token.secret)),

@@ -81,6 +81,10 @@ public struct AppMetadataRecord: Codable, Sendable, Equatable {
   public var clientID: String
   /// The family it belongs to; nil when it is known not to be in one.
   public var familyID: String?
+  /// Accounts signed out of this client (SignOut with its client id, Microsoft's removeAccount)
+  /// while the family's refresh token still serves the family's other apps: this client does not
+  /// use that token for them until it signs them in again.
+  public var signedOutAccounts: [String]? = nil
 }
 
 /// A cached access token.

@@ -130,7 +130,11 @@ extension Broker {
       // characters, bounded) before it reaches the caller, a terminal or the log.
       let code = SafeText.clip(error, limit: 64)
       let description = parameters["error_description"].map { ": " + SafeText.clip($0, limit: 300) } ?? ""
-      throw OAuthErrorResponse.classify(error, detail: "\(code)\(description)")
+      var failure = OAuthErrorResponse.classify(error, detail: "\(code)\(description)")
+      failure.detail = ErrorDetail(
+        oauthError: code, suberror: parameters["suberror"].map { SafeText.clip($0, limit: 64) },
+        providerCode: parameters["error_codes"].flatMap { Int($0.split(separator: ",").first ?? "") })
+      throw failure
     }
     guard let code = parameters["code"], !code.isEmpty else {
       throw TesseraError.provider("The sign-in redirect carried neither a code nor an error. Try again.")

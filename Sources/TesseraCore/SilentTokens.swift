@@ -179,7 +179,9 @@ extension Broker {
     -> TokenResponse
   {
     if let wait = scheduler.throttleRemaining(endpoint, now: deps.clock.now()) {
-      throw TesseraError.network("The identity provider asked for a pause; retry in \(Int(wait.rounded(.up))) s.")
+      throw TesseraError(
+        .network, "The identity provider asked for a pause; retry in \(Int(wait.rounded(.up))) s.",
+        detail: ErrorDetail(providerAskedToWait: true))
     }
     // No cancellation check after this: a refresh token the IdP has rotated must be stored.
     let response = try await deps.http.send(

@@ -43,6 +43,7 @@ public struct TokenCache: Sendable {
     if let broadest = own.max(by: { ($0.scopes?.count ?? 0) < ($1.scopes?.count ?? 0) }) { return broadest }
     let metadata = appMetadata(environment: environment, clientID: clientID)
     if let metadata, metadata.familyID == nil { return nil }
+    if metadata?.signedOutAccounts?.contains(accountID) == true { return nil }
     return refreshTokens.first {
       $0.accountID == accountID && $0.environment == environment && $0.familyID != nil
         && (metadata == nil || $0.familyID == metadata?.familyID)
@@ -150,13 +151,32 @@ public struct TokenCache: Sendable {
     var match = [Self.base: Self.schemaVersion, "account_id": accountID]
     if let clientID {
       match["client_id"] = clientID
-      return [
+      var operations: [StoreOperation] = [
         .delete(match.merging(["kind": Kind.refreshToken.rawValue]) { $1 }),
         .delete(match.merging(["kind": Kind.accessToken.rawValue]) { $1 }),
       ]
+      // The family's token still serves the other apps: this one is told not to use it.
+      if let environment = accounts[accountID]?.environment,
+        let family = refreshToken(accountID: accountID, environment: environment, clientID: clientID)
+      {
+        var record =
+          appMetadata(environment: environment, clientID: clientID)
+          ?? AppMetadataRecord(environment: environment, clientID: clientID, familyID: family.familyID)
+        record.signedOutAccounts = (record.signedOutAccounts ?? []) + [accountID]
+        operations += upsert(appMetadata: record)
+      }
+      return operations
+    }
+    // Signed out everywhere: no client keeps a note about the account.
+    var operations: [StoreOperation] = []
+    for (key, var record) in appMetadata where record.signedOutAccounts?.contains(accountID) == true {
+      record.signedOutAccounts = record.signedOutAccounts?.filter { $0 != accountID }
+      if record.signedOutAccounts?.isEmpty == true { record.signedOutAccounts = nil }
+      appMetadata[key] = record
+      operations.append(.save(Self.item(record)))
     }
     accounts[accountID] = nil
-    guard accounts.isEmpty, !appMetadata.isEmpty else { return [.delete(match)] }
+    guard accounts.isEmpty, !appMetadata.isEmpty else { return operations + [.delete(match)] }
     // The last account is gone: what was learned about clients goes too, leaving no Tessera item.
     appMetadata.removeAll()
     return [.delete(match), .delete([Self.base: Self.schemaVersion, "kind": Kind.appMetadata.rawValue])]
@@ -171,7 +191,8 @@ public struct TokenCache: Sendable {
     for token in before.accessTokens where token.accountID == accountID && !accessTokens.contains(token) {
       accessTokens.append(token)
     }
-    appMetadata.merge(before.appMetadata) { current, _ in current }
+    // What the sign-out noted about clients goes back to what it was.
+    appMetadata.merge(before.appMetadata) { _, old in old }
   }
 
   // MARK: Secret Service items

@@ -58,16 +58,19 @@ public struct ErrorDetail: Sendable, Equatable {
   public var httpStatus: Int?
   /// No connection could be made at all (name resolution, refused, no route).
   public var unreachable: Bool
+  /// The identity provider asked for a pause (Retry-After) that has not passed yet.
+  public var providerAskedToWait: Bool
 
   public init(
     oauthError: String? = nil, suberror: String? = nil, providerCode: Int? = nil, httpStatus: Int? = nil,
-    unreachable: Bool = false
+    unreachable: Bool = false, providerAskedToWait: Bool = false
   ) {
     self.oauthError = oauthError
     self.suberror = suberror
     self.providerCode = providerCode
     self.httpStatus = httpStatus
     self.unreachable = unreachable
+    self.providerAskedToWait = providerAskedToWait
   }
 }
 
@@ -117,7 +120,7 @@ public enum ErrorCode: String, CaseIterable, Sendable {
       Entry(exitStatus: 10, summary: "the identity provider answered with an error", microsoftStatus: .unexpected)
     case .storeUnavailable:
       Entry(exitStatus: 11, summary: "keyring unavailable or locked", microsoftStatus: .transientError)
-    case .accessDenied: Entry(exitStatus: 12, summary: "access denied", microsoftStatus: .userCanceled)
+    case .accessDenied: Entry(exitStatus: 12, summary: "access denied", microsoftStatus: .unexpected)
     case .internal: Entry(exitStatus: 13, summary: "a bug in the broker: report it", microsoftStatus: .unexpected)
     case .configuration:
       Entry(

@@ -99,13 +99,16 @@ public enum MicrosoftBrokerStatus: Int, CaseIterable, Sendable {
   /// The status for an engine error: the error table's (ErrorCode.entry.microsoftStatus), told
   /// apart for network failures by what the detail says: no connection at all is NoNetwork, an
   /// identity provider that answered 5xx or 429 (or `temporarily_unavailable`) is
-  /// ServerTemporarilyUnavailable; and a client id or scope the provider refused is
-  /// IncorrectConfiguration rather than a broken call.
+  /// ServerTemporarilyUnavailable, as is its asking for a pause; a client id or scope the
+  /// provider refused is IncorrectConfiguration rather than a broken call; and a refusal is
+  /// UserCanceled only when the user declined at the provider (not for a forged or stale
+  /// redirect, which stays Unexpected).
   public static func of(_ error: TesseraError) -> MicrosoftBrokerStatus {
     let status = error.code.entry.microsoftStatus
     switch error.code {
     case .network:
       if error.detail?.unreachable == true { return .noNetwork }
+      if error.detail?.providerAskedToWait == true { return .serverTemporarilyUnavailable }
       if let http = error.detail?.httpStatus, http >= 500 || http == 429 { return .serverTemporarilyUnavailable }
       if let oauth = error.detail?.oauthError, oauth == "temporarily_unavailable" || oauth == "server_error" {
         return .serverTemporarilyUnavailable
@@ -113,6 +116,9 @@ public enum MicrosoftBrokerStatus: Int, CaseIterable, Sendable {
       return status
     case .invalidArgument where error.detail?.oauthError != nil:
       return .incorrectConfiguration
+    case .accessDenied:
+      let declined: Set<String> = ["access_denied", "authorization_declined"]
+      return error.detail?.oauthError.map(declined.contains) == true ? .userCanceled : status
     default:
       return status
     }

@@ -287,7 +287,7 @@ extension Tessera {
         let owner = report.microsoftBrokerOwner
         let who = [owner?.executable, owner?.pid.map { "pid \($0)" }].compactMap { $0 }.joined(separator: ", ")
         print(
-          "Microsoft broker protocol: not served: com.microsoft.identity.broker1 is owned by another broker (\(who.isEmpty ? "unknown process" : who)). Stop it and restart tesserad to serve MSAL apps from Tessera."
+          "Microsoft broker protocol: not served: com.microsoft.identity.broker1 is owned by another broker (\(who.isEmpty ? "unknown process" : who)). Stop it to serve MSAL apps from Tessera: tesserad then takes the name."
         )
       default:
         print("Microsoft broker protocol: off (microsoft_broker = false in config.toml).")

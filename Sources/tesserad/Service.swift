@@ -84,7 +84,7 @@ final class BusService: Service, Sendable {
       metadata: ["config": "\(configPath)"])
     for name in unowned {
       logger.notice(
-        "\(name) is already owned by another program (another broker, such as Microsoft's identity broker), so MSAL apps keep using it; tesserad serves \(BrokerInterface.busName) only. To serve MSAL apps from Tessera, stop or uninstall the other broker and restart tesserad; to silence this, set microsoft_broker = false in config.toml."
+        "\(name) is already owned by another program (another broker, such as Microsoft's identity broker), so MSAL apps keep using it; tesserad serves \(BrokerInterface.busName) and takes \(name) when that program lets go of it. To serve MSAL apps from Tessera, stop or uninstall the other broker; to silence this, set microsoft_broker = false in config.toml."
       )
     }
     await withGracefulShutdownHandler {

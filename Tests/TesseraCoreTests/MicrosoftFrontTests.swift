@@ -191,7 +191,14 @@ final class MicrosoftFrontTests: XCTestCase {
     XCTAssertEqual(MicrosoftBrokerStatus.of(.noSuchAccount("x")), .interactionRequired)
     XCTAssertEqual(MicrosoftBrokerStatus.of(.untrustedAuthority("x")), .authorityUntrusted)
     XCTAssertEqual(MicrosoftBrokerStatus.of(.cancelled("x")), .applicationCanceled)
-    XCTAssertEqual(MicrosoftBrokerStatus.of(.accessDenied("x")), .userCanceled)
+    XCTAssertEqual(
+      MicrosoftBrokerStatus.of(.accessDenied("x")), .unexpected, "a forged redirect is not the user's choice")
+    XCTAssertEqual(
+      MicrosoftBrokerStatus.of(TesseraError(.accessDenied, "x", detail: ErrorDetail(oauthError: "access_denied"))),
+      .userCanceled)
+    XCTAssertEqual(
+      MicrosoftBrokerStatus.of(TesseraError(.network, "x", detail: ErrorDetail(providerAskedToWait: true))),
+      .serverTemporarilyUnavailable)
     XCTAssertEqual(MicrosoftBrokerStatus.of(.network("x")), .networkTemporarilyUnavailable)
     XCTAssertEqual(
       MicrosoftBrokerStatus.of(TesseraError(.network, "x", detail: ErrorDetail(unreachable: true))), .noNetwork)
@@ -308,6 +315,110 @@ final class MicrosoftFrontTests: XCTestCase {
     h.clock.advance(-3600)
     _ = try await call(front, "removeAccount", json(["clientId": "app1", "account": account]))
     XCTAssertNil(atOnce(request), "a sign-out clears what was published")
+  }
+
+  func testRemovingAnAccountFromAFamilyAppSticksAndLeavesTheOtherFamilyApps() async throws {
+    let h = await Harness()
+    h.idp.extraTokenFields.withLock { $0 = #","foci":"1""# }
+    try await h.signIn()  // app1, a family member: the family token serves app2 too
+    let front = front(h)
+    let account = try await accounts(front, clientID: "app2")[0]
+    let silent = json(["authParameters": ["account": account, "clientId": "app2", "requestedScopes": ["read"]]])
+    let before = try await call(front, "acquireTokenSilently", silent)
+    XCTAssertNotNil((before["brokerTokenResponse"] as? [String: Any])?["accessToken"], "\(before)")
+
+    let removed = try await call(front, "removeAccount", json(["clientId": "app2", "account": account]))
+    XCTAssertTrue(removed.isEmpty)
+    let listed = try await accounts(front, clientID: "app2")
+    XCTAssertEqual(listed.count, 0, "app2 no longer sees the account")
+    let after = try await call(front, "acquireTokenSilently", silent)
+    XCTAssertEqual(error(after)?["status"] as? Int, 2, "and gets no token for it: \(after)")
+    let family = try await accounts(front, clientID: "app1")
+    XCTAssertEqual(family.count, 1, "the family's other apps keep it")
+
+    // Across a restart (the note is in the store) ...
+    let config = await h.broker.config
+    let reloaded = Broker(
+      config: config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: RecordingBrowser(listeners: h.listeners, idp: h.idp),
+        listeners: h.listeners, events: h.events, clock: h.clock),
+      logger: Logger(label: "test"))
+    let reloadedFront = MicrosoftFront(broker: reloaded, logger: Logger(label: "test"), clock: h.clock)
+    let stillGone = try await accounts(reloadedFront, clientID: "app2")
+    XCTAssertEqual(stillGone.count, 0)
+    // ... until app2 signs the account in again.
+    _ = try await reloaded.signIn(
+      try h.request(clientID: "app2"), caller: CallerInfo(busName: ":1.5"))
+    let back = try await accounts(reloadedFront, clientID: "app2")
+    XCTAssertEqual(back.count, 1)
+  }
+
+  func testAStaleHomeAccountIdNamesNoAccountEvenWhenTheUsernameMatchesOne() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    let front = front(h)
+    let account = try await accounts(front)[0]
+    for home in ["gone.account", (account["homeAccountId"] as! String).uppercased()] {
+      let answer = try await call(
+        front, "acquireTokenSilently",
+        json([
+          "authParameters": [
+            "account": ["homeAccountId": home, "username": account["username"]!], "clientId": "app1",
+            "requestedScopes": ["read"],
+          ]
+        ]))
+      XCTAssertEqual(error(answer)?["status"] as? Int, 2, "\(home): \(answer)")
+      let removed = try await call(
+        front, "removeAccount",
+        json(["clientId": "app1", "account": ["homeAccountId": home, "username": account["username"]!]]))
+      XCTAssertTrue(removed.isEmpty)
+    }
+    let kept = try await accounts(front)
+    XCTAssertEqual(kept.count, 1, "nothing was removed through a stale id")
+  }
+
+  func testAScopeTheProviderDidNotGrantIsReportedDeclined() async throws {
+    let h = await Harness()  // the fake provider grants "read" whatever is asked
+    let front = front(h)
+    let answer = try await call(
+      front, "acquireTokenInteractively",
+      json(["authParameters": ["clientId": "app1", "requestedScopes": ["Read", "write", "openid"], "isSignIn": true]]))
+    let token = try XCTUnwrap(answer["brokerTokenResponse"] as? [String: Any], "\(answer)")
+    XCTAssertEqual(
+      token["grantedScopes"] as? String, "Read openid", "write was not granted; Read as the app spelled it")
+  }
+
+  func testAnInteractiveSignInThatAsksToAddAnAccountOpensTheBrowser() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    let front = front(h)
+    h.listeners.lastAuthorizationURL.withLock { $0 = nil }
+    _ = try await call(
+      front, "acquireTokenInteractively",
+      json(["authParameters": ["account": NSNull(), "clientId": "app1", "requestedScopes": ["read"], "isSignIn": true]])
+    )
+    XCTAssertNotNil(h.listeners.lastAuthorizationURL.withLock { $0 }, "MSAL's sign-in without a hint shows the browser")
+  }
+
+  func testTheBusThreadTableIsBoundedByBytes() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    let front = front(h)
+    let account = try await accounts(front)[0]
+    for i in 0..<200 {  // 200 distinct padded requests of ~40 KiB each: 8 MB of keys if unbounded
+      let request = json([
+        "authParameters": [
+          "account": account, "clientId": "app1", "requestedScopes": ["read"],
+          "padding\(i)": String(repeating: "x", count: 40_000),
+        ]
+      ])
+      _ = await front.handle(
+        method: "acquireTokenSilently", arguments: [.string("0.0"), .string(""), .string(request)],
+        caller: CallerInfo(busName: ":1.9"))
+      XCTAssertLessThanOrEqual(h.broker.fastPath.microsoftBytes, SilentFastPath.maxMicrosoftBytes)
+    }
+    XCTAssertGreaterThan(h.broker.fastPath.microsoftBytes, 0, "it still publishes")
   }
 
   func testRealmIsAUUIDStableForTheAccount() {

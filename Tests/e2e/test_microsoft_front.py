@@ -1234,7 +1234,16 @@ def test_a_name_owned_by_another_program_is_left_to_it(start_daemon):
             assert str(bus.GetNameOwner(MS_NAME)) == holder_name
             status = run_cli("status", check_rc=0)
             assert "com.microsoft.identity.broker1" in status.stdout + status.stderr, status.stdout
+            assert "not served" in status.stdout, status.stdout
             assert daemon.running
+            # When the other broker lets go, tesserad takes the name and serves MSAL apps.
+            holder.release_name(MS_NAME)
+            wait_until(lambda: bool(bus.NameHasOwner(MS_NAME)) and
+                       int(bus.GetConnectionUnixProcessID(MS_NAME)) == daemon.proc.pid,
+                       timeout=10, what="tesserad to take the released name")
+            assert MsBroker().call("getLinuxBrokerVersion", {}).get("linuxBrokerVersion")
+            status = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+            assert status["microsoft_broker"] == "served" and MS_NAME in status["fronts"], status
         finally:
             b.close()
     finally:
