@@ -45,3 +45,5 @@ void tessera_vtable_end(sd_bus_vtable *v) {
 }
 
 uint64_t tessera_vtable_property_const(void) { return SD_BUS_VTABLE_PROPERTY_CONST; }
+
+uint64_t tessera_vtable_property_emits_change(void) { return SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE; }

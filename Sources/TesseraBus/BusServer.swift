@@ -26,6 +26,73 @@ public final class BusServer: @unchecked Sendable {
   private let eventFDError: Int32
   private let log: BusLog
   private var objects: [ExportedObject] = []
+  /// Current values of the properties that change (by interface, then name).
+  private let propertyValues = Mutex<[String: [String: BusValue]]>([:])
+  /// The system bus, opened on the bus thread at the first call or watch that needs it.
+  private var systemBus: OpaquePointer?
+  private var systemBusFailed = false
+  /// Signal watches and calls under way; kept alive here while sd-bus holds their pointers.
+  private var watches: [SignalWatch] = []
+  private var outgoingCalls: [ObjectIdentifier: Outgoing] = [:]
+
+  /// Which bus an outgoing call or a signal watch is on.
+  public enum Bus: Sendable {
+    case session
+    /// The system bus ($DBUS_SYSTEM_BUS_ADDRESS, else the default socket): logind, NetworkManager.
+    case system
+  }
+
+  /// A method call the daemon makes (to the notification server, say), answered on the bus thread.
+  final class Outgoing: @unchecked Sendable {
+    let bus: Bus
+    let destination: String
+    let path: String
+    let interface: String
+    let member: String
+    let arguments: [BusValue]
+    let timeout: Double
+    let autoStart: Bool
+    let completion: @Sendable (Result<(sender: String, values: [BusValue]), BusCallError>) -> Void
+    var slot: OpaquePointer?
+    weak var server: BusServer?
+    init(
+      bus: Bus, destination: String, path: String, interface: String, member: String, arguments: [BusValue],
+      timeout: Double, autoStart: Bool,
+      completion: @escaping @Sendable (Result<(sender: String, values: [BusValue]), BusCallError>) -> Void
+    ) {
+      self.bus = bus
+      self.destination = destination
+      self.path = path
+      self.interface = interface
+      self.member = member
+      self.arguments = arguments
+      self.timeout = timeout
+      self.autoStart = autoStart
+      self.completion = completion
+    }
+  }
+
+  /// A subscription to a signal; `handler` runs on the bus thread with the sender's unique name.
+  final class SignalWatch: @unchecked Sendable {
+    let bus: Bus
+    let sender: String?
+    let path: String?
+    let interface: String
+    let member: String
+    let handler: @Sendable (_ sender: String, _ arguments: [BusValue]) -> Void
+    var slot: OpaquePointer?
+    init(
+      bus: Bus, sender: String?, path: String?, interface: String, member: String,
+      handler: @escaping @Sendable (String, [BusValue]) -> Void
+    ) {
+      self.bus = bus
+      self.sender = sender
+      self.path = path
+      self.interface = interface
+      self.member = member
+      self.handler = handler
+    }
+  }
 
   /// A method call, as read off the bus.
   public struct Call: Sendable {
@@ -49,6 +116,9 @@ public final class BusServer: @unchecked Sendable {
 
   enum Mail {
     case reply(UInt64, Result<[BusValue], TesseraError>)
+    case property(path: String, interface: String, name: String)
+    case call(Outgoing)
+    case watch(SignalWatch)
     case signal(path: String, interface: String, destination: String?, member: String, arguments: [BusValue])
     case exit
   }
@@ -118,6 +188,48 @@ public final class BusServer: @unchecked Sendable {
       .signal(
         path: interface.objectPath, interface: interface.name, destination: destination, member: member,
         arguments: arguments))
+  }
+
+  /// Sets a changing property (see `InterfaceDescription.Property.emitsChange`) and emits
+  /// PropertiesChanged when the value is new. Thread-safe.
+  public func setProperty(_ interface: InterfaceDescription, _ name: String, _ value: BusValue) {
+    let changed = propertyValues.withLock { values -> Bool in
+      guard values[interface.name]?[name] != value else { return false }
+      values[interface.name, default: [:]][name] = value
+      return true
+    }
+    if changed { post(.property(path: interface.objectPath, interface: interface.name, name: name)) }
+  }
+
+  /// The current value of a changing property (its initial value until set).
+  func propertyValue(_ interface: InterfaceDescription, _ name: String) -> BusValue? {
+    propertyValues.withLock { $0[interface.name]?[name] }
+      ?? interface.properties.first { $0.name == name }?.value
+  }
+
+  /// Calls a method of another program, without waiting: `completion` gets the reply (with the
+  /// replier's unique name) or the error, on the bus thread. `autoStart` false never starts a
+  /// service through D-Bus activation. Thread-safe.
+  public func call(
+    on bus: Bus = .session, destination: String, path: String, interface: String, member: String,
+    arguments: [BusValue], timeoutSeconds: Double = 25, autoStart: Bool = true,
+    completion: @escaping @Sendable (Result<(sender: String, values: [BusValue]), BusCallError>) -> Void
+  ) {
+    post(
+      .call(
+        Outgoing(
+          bus: bus, destination: destination, path: path, interface: interface, member: member, arguments: arguments,
+          timeout: timeoutSeconds, autoStart: autoStart, completion: completion)))
+  }
+
+  /// Subscribes to a signal. `sender` (a well-known or unique name) is matched by the bus daemon;
+  /// the handler gets the sender's unique name to check it further. Thread-safe.
+  public func watchSignal(
+    on bus: Bus = .session, sender: String?, path: String?, interface: String, member: String,
+    handler: @escaping @Sendable (_ sender: String, _ arguments: [BusValue]) -> Void
+  ) {
+    post(
+      .watch(SignalWatch(bus: bus, sender: sender, path: path, interface: interface, member: member, handler: handler)))
   }
 
   private func post(_ mail: Mail) {
@@ -347,6 +459,16 @@ public final class BusServer: @unchecked Sendable {
         sd_bus_message_unref(message)
       case .signal(let path, let interface, let destination, let member, let arguments):
         sendSignal(path: path, interface: interface, member: member, arguments: arguments, to: destination)
+      case .property(let path, let interface, let name):
+        let r = name.withCString { pointer -> Int32 in
+          var names: [UnsafeMutablePointer<CChar>?] = [UnsafeMutablePointer(mutating: pointer), nil]
+          return sd_bus_emit_properties_changed_strv(bus, path, interface, &names)
+        }
+        if r < 0 { log(.notice, "Could not emit PropertiesChanged for \(name): \(Errno(rawValue: -r))") }
+      case .call(let outgoing):
+        startCall(outgoing)
+      case .watch(let watch):
+        startWatch(watch)
       case .exit:
         // Callers still waiting (an interactive sign-in, say) get an answer, not a NoReply.
         for (_, message) in pending {
@@ -358,6 +480,91 @@ public final class BusServer: @unchecked Sendable {
         sd_event_exit(event, 0)
       }
     }
+  }
+
+  /// The connection for `bus`; the system bus is opened on first use and attached to this loop.
+  private func connection(_ which: Bus) -> OpaquePointer? {
+    switch which {
+    case .session: return bus
+    case .system:
+      if let systemBus { return systemBus }
+      if systemBusFailed { return nil }
+      var opened: OpaquePointer?
+      var r = sd_bus_open_system(&opened)
+      if r >= 0 { r = sd_bus_attach_event(opened, event, 0) }
+      guard r >= 0 else {
+        systemBusFailed = true
+        sd_bus_flush_close_unref(opened)
+        log(.notice, "No system bus (\(Errno(rawValue: -r))): suspend and network events are not watched")
+        return nil
+      }
+      systemBus = opened
+      return opened
+    }
+  }
+
+  private func startCall(_ outgoing: Outgoing) {
+    func fail(_ what: String, _ r: Int32) {
+      outgoing.completion(
+        .failure(
+          BusCallError(name: "org.freedesktop.DBus.Error.Failed", message: "\(what): \(Errno(rawValue: -r))")))
+    }
+    guard let connection = connection(outgoing.bus) else {
+      return outgoing.completion(
+        .failure(BusCallError(name: "org.freedesktop.DBus.Error.NoServer", message: "The system bus is not available")))
+    }
+    var message: OpaquePointer?
+    var r = sd_bus_message_new_method_call(
+      connection, &message, outgoing.destination, outgoing.path, outgoing.interface, outgoing.member)
+    guard r >= 0, let message else { return fail("create the call", r) }
+    defer { sd_bus_message_unref(message) }
+    if !outgoing.autoStart { _ = sd_bus_message_set_auto_start(message, 0) }
+    do {
+      for argument in outgoing.arguments { try BusCodec.append(message, argument) }
+    } catch {
+      return outgoing.completion(
+        .failure(BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Cannot encode: \(error)")))
+    }
+    let id = ObjectIdentifier(outgoing)
+    outgoing.server = self
+    r = sd_bus_call_async(
+      connection, &outgoing.slot, message, outgoingReplied, Unmanaged.passUnretained(outgoing).toOpaque(),
+      UInt64(outgoing.timeout * 1_000_000))
+    guard r >= 0 else { return fail("send the call", r) }
+    outgoingCalls[id] = outgoing
+  }
+
+  fileprivate func finishCall(_ outgoing: Outgoing, _ message: OpaquePointer) {
+    outgoingCalls[ObjectIdentifier(outgoing)] = nil
+    if let error = sd_bus_message_get_error(message), error.pointee.name != nil {
+      outgoing.completion(
+        .failure(
+          BusCallError(
+            name: String(cString: error.pointee.name), message: error.pointee.message.map { String(cString: $0) } ?? "")
+        ))
+    } else {
+      let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+      do {
+        outgoing.completion(.success((sender, try BusCodec.readAll(message, limits: .replies))))
+      } catch {
+        outgoing.completion(
+          .failure(BusCallError(name: "org.freedesktop.DBus.Error.InvalidArgs", message: "Unreadable reply: \(error)")))
+      }
+    }
+    sd_bus_slot_unref(outgoing.slot)
+    outgoing.slot = nil
+  }
+
+  private func startWatch(_ watch: SignalWatch) {
+    guard let connection = connection(watch.bus) else { return }
+    let r = sd_bus_match_signal(
+      connection, &watch.slot, watch.sender, watch.path, watch.interface, watch.member, signalArrived,
+      Unmanaged.passUnretained(watch).toOpaque())
+    guard r >= 0 else {
+      log(.notice, "Could not watch \(watch.interface).\(watch.member): \(Errno(rawValue: -r))")
+      return
+    }
+    watches.append(watch)
   }
 
   private func send(reply result: Result<[BusValue], TesseraError>, to call: OpaquePointer) {
@@ -455,7 +662,8 @@ private final class ExportedObject: @unchecked Sendable {
     }
     for property in description.properties {
       tessera_vtable_property(
-        table + i, keep(property.name), keep(property.signature), propertyGetter, tessera_vtable_property_const())
+        table + i, keep(property.name), keep(property.signature), propertyGetter,
+        property.emitsChange ? tessera_vtable_property_emits_change() : tessera_vtable_property_const())
       i += 1
     }
     for signal in description.signals {
@@ -493,9 +701,8 @@ private let signatureFilter: sd_bus_message_handler_t = { message, userdata, _ i
 private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, userdata, _ in
   guard let reply, let property else { return -EINVAL }
   let name = String(cString: property)
-  guard let value = object(userdata).description.properties.first(where: { $0.name == name })?.value else {
-    return -EINVAL
-  }
+  let exported = object(userdata)
+  guard let value = exported.server.propertyValue(exported.description, name) else { return -EINVAL }
   do {
     try BusCodec.append(reply, value)
     return 1
@@ -509,6 +716,21 @@ private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, 
 private let nameOwnerChangedHandler: sd_bus_message_handler_t = { message, userdata, _ in
   guard let message else { return 0 }
   server(userdata).nameOwnerChanged(message)
+  return 0
+}
+
+private let outgoingReplied: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  let outgoing = Unmanaged<BusServer.Outgoing>.fromOpaque(userdata!).takeUnretainedValue()
+  outgoing.server?.finishCall(outgoing, message)
+  return 1
+}
+
+private let signalArrived: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  let watch = Unmanaged<BusServer.SignalWatch>.fromOpaque(userdata!).takeUnretainedValue()
+  let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+  if let values = try? BusCodec.readAll(message, limits: .replies) { watch.handler(sender, values) }
   return 0
 }
 

@@ -23,6 +23,8 @@ public struct TesseraTokenOptions: Sendable {
   public var forceRefresh = false
   public var minValidity: UInt32?
   public var timeout: UInt32?
+  /// A token a resource refused: when it is the broker's cached one, a new one is fetched.
+  public var rejectedToken: String?
 
   public init() {}
 
@@ -40,6 +42,7 @@ public struct TesseraTokenOptions: Sendable {
     if forceRefresh { d[O.forceRefresh.key] = .bool(true) }
     if let minValidity { d[O.minValidity.key] = .uint32(minValidity) }
     if let timeout { d[O.timeout.key] = .uint32(timeout) }
+    if let rejectedToken { d[O.rejectedToken.key] = .string(rejectedToken) }
     try RequestOptions.validate(d, for: method)
     return d
   }
@@ -251,6 +254,20 @@ public final class TesseraBroker {
   /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).
   public func cancel(correlationID: String) throws(TesseraClientError) {
     _ = try call("Cancel", [.string(correlationID)])
+  }
+
+  /// The broker's health report (GetStatus): the accounts needing a sign-in, and each account's
+  /// state, last error, next refresh and cached tokens (never their values).
+  public func status() throws(TesseraClientError) -> (attentionNeeded: [String], accounts: [StatusReport.AccountStatus])
+  {
+    guard case .dict(let report)? = try call("GetStatus", []).first else { return ([], []) }
+    var attention: [String] = []
+    if case .strings(let ids)? = report[StatusReport.attentionKey] { attention = ids }
+    var accounts: [StatusReport.AccountStatus] = []
+    if case .dicts(let list)? = report[StatusReport.accountsKey] {
+      accounts = list.map(StatusReport.AccountStatus.init(busValue:))
+    }
+    return (attention, accounts)
   }
 
   /// The broker's Version property.

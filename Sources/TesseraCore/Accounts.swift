@@ -49,7 +49,13 @@ extension Broker {
       cache.restore(from: before, accountID: account.id)
       throw error
     }
-    if request.clientID == nil { deps.events.accountsChanged() }
+    if request.clientID == nil {
+      deps.events.accountsChanged()
+      if health.forget(account.id) {
+        deps.events.signInNoLongerNeeded(accountID: account.id)
+        deps.events.attentionChanged(health.attentionNeeded)
+      }
+    }
     if request.revoke {
       for record in targets { await revoke(record, correlationID: request.correlationID) }
     }

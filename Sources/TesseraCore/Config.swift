@@ -15,6 +15,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var clientCapabilities: [String] = []
   /// Whether tesserad also serves Microsoft's broker protocol as com.microsoft.identity.broker1.
   public var microsoftBroker = true
+  /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
+  public var gitRules: [GitCredentialRule] = []
 
   public init() {}
 
@@ -24,6 +26,7 @@ public struct BrokerConfig: Sendable, Equatable {
     "browser", "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
     "microsoft_broker",
   ]
+  public static let tableNames = ["git"]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
   public struct ParseError: Error, CustomStringConvertible, Equatable {
@@ -40,8 +43,7 @@ public struct BrokerConfig: Sendable, Equatable {
 
   /// The default location, honouring XDG_CONFIG_HOME.
   public static func defaultPath(environment: [String: String]) -> String {
-    if let xdg = environment["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return xdg + "/tessera/config.toml" }
-    return (environment["HOME"] ?? "") + "/.config/tessera/config.toml"
+    ConfigLocation.defaultPath(environment: environment)
   }
 
   /// Parses a config file's text. Errors name the line and the key.
@@ -115,6 +117,18 @@ public struct BrokerConfig: Sendable, Equatable {
       default:
         throw fail("unknown key; known keys are \(keys.joined(separator: ", "))")
       }
+    }
+    // The [[git]] tables are the git credential helper's (tessera git-credential reads them); the
+    // daemon checks them too, so a mistake shows at start, with its line, not at the first push.
+    for table in file.tables where !tableNames.contains(table.name) {
+      throw ParseError(
+        path: path, line: table.line, key: nil,
+        reason:
+          "unknown table [[\(table.name)]]; the only tables are \(tableNames.map { "[[\($0)]]" }.joined(separator: ", "))"
+      )
+    }
+    do { config.gitRules = try GitCredentialRule.rules(in: file) } catch {
+      throw ParseError(path: path, line: error.line, key: error.key, reason: "[[git]]: " + error.reason)
     }
     return config
   }

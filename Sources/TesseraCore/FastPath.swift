@@ -73,7 +73,7 @@ public final class SilentFastPath: Sendable {
     } catch {
       return .refused(TesseraError.wrap(error))
     }
-    guard !request.forceRefresh, request.claims == nil,
+    guard !request.forceRefresh, request.claims == nil, request.accessTokenToRenew == nil,
       let entry = entries.withLock({ $0[Key(request)] }),
       entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
     else { return nil }

@@ -152,4 +152,16 @@ public protocol BrokerEvents: Sendable {
   /// Sent only to `destination`, the unique bus name of the caller that started the flow.
   func interactionPending(destination: String, correlationID: String, info: InteractionInfo)
   func accountsChanged()
+  /// The accounts that need a sign-in changed (the AttentionNeeded property).
+  func attentionChanged(_ accountIDs: [String])
+  /// An account just started needing a sign-in: tell the user (a desktop notification).
+  func signInNeeded(_ need: SignInNeed)
+  /// The account no longer needs a sign-in (withdraw what `signInNeeded` showed).
+  func signInNoLongerNeeded(accountID: String)
+}
+
+extension BrokerEvents {
+  public func attentionChanged(_ accountIDs: [String]) {}
+  public func signInNeeded(_ need: SignInNeed) {}
+  public func signInNoLongerNeeded(accountID: String) {}
 }

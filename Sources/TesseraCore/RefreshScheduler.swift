@@ -113,6 +113,9 @@ struct RefreshScheduler {
     return delay
   }
 
+  /// Forgets every backoff (the machine woke up or the network came back: old failures say nothing).
+  mutating func clearBackoff() { backoff.removeAll() }
+
   /// The targets used within the recent-use window whose account still exists; forgets the others.
   mutating func recentTargets(now: Date, accountExists: (String) -> Bool) -> [SilentTarget] {
     var targets: [SilentTarget] = []

@@ -115,6 +115,8 @@ public struct RequestHandler: Sendable {
       if let clientID = request.clientID { metadata["client_id"] = "\(clientID)" }
       try await broker.signOut(request)
       return []
+    case "GetStatus":
+      return [.dict(try await broker.status())]
     case "Cancel":
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)
@@ -130,6 +132,8 @@ public struct RequestHandler: Sendable {
     metadata["scopes"] = "\(request.scopes.isEmpty ? "(default)" : request.scopes.joined(separator: " "))"
     if !request.accountID.isEmpty { metadata["account_id"] = "\(request.accountID)" }
     if request.forceRefresh { metadata["force_refresh"] = "true" }
+    // Whether a rejected token came, never the token.
+    if request.accessTokenToRenew != nil { metadata["rejected_token"] = "given" }
     if request.flow == .deviceCode { metadata["flow"] = "device_code" }
   }
 }

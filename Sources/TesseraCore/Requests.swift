@@ -126,6 +126,7 @@ public enum RequestParser {
     if case .bool(let force)? = options[RequestOptions.forceRefresh.key] { request.forceRefresh = force }
     if case .uint32(let minValidity)? = options[RequestOptions.minValidity.key] { request.minValidity = minValidity }
     if case .uint32(let timeout)? = options[RequestOptions.timeout.key] { request.timeout = timeout }
+    request.accessTokenToRenew = string(options, RequestOptions.rejectedToken)
     return request
   }
 

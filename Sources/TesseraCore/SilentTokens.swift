@@ -96,7 +96,12 @@ extension Broker {
       }
     }
     defer { scheduler.finish(key, lane: target.lane, flight) }
-    return try await flight.task.value
+    do {
+      return try await flight.task.value
+    } catch {
+      noteFailure(target, TesseraError.wrap(error))
+      throw error
+    }
   }
 
   /// One refresh-token request, with the refresh token as it is now (after any rotation).
@@ -237,6 +242,29 @@ extension Broker {
       else { continue }
       startBackgroundRefresh(target)
     }
+    await waitForBackgroundRefreshes()
+  }
+
+  /// The machine woke from suspend, or the network came back: every token in recent use is
+  /// refreshed now (its expiry may have passed while asleep, and the IdP may have revoked it),
+  /// instead of at the next maintenance pass. At most once a minute, however often it is asked.
+  public func machineResumed(reason: String) async {
+    let now = deps.clock.now()
+    if let last = lastResumeRefresh, now.timeIntervalSince(last) < 60, now >= last {
+      logger.debug(
+        "Ignoring a machine event: tokens were refreshed less than a minute ago", metadata: ["event": "\(reason)"])
+      return
+    }
+    lastResumeRefresh = now
+    for (target, time) in fastPath.takeUses() {
+      scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
+    }
+    scheduler.clearBackoff()
+    let targets = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
+    logger.info(
+      "Refreshing the tokens in recent use after a machine event",
+      metadata: ["event": "\(reason)", "tokens": "\(targets.count)"])
+    for target in targets { startBackgroundRefresh(target) }
     await waitForBackgroundRefreshes()
   }
 

@@ -161,6 +161,10 @@ public enum ClientExitStatus: Int32, CaseIterable, Sendable {
   case brokerNotRunning = 14
   /// Unknown option or subcommand, missing or malformed argument (swift-argument-parser's own).
   case usage = 64
+  /// `tessera exec`: the command was found but could not be run (as a shell says).
+  case commandNotExecutable = 126
+  /// `tessera exec`: no such command (as a shell says).
+  case commandNotFound = 127
 
   public var summary: String {
     switch self {
@@ -168,6 +172,8 @@ public enum ClientExitStatus: Int32, CaseIterable, Sendable {
     case .failure: "unexpected failure"
     case .brokerNotRunning: "the broker is not running and cannot be started"
     case .usage: "usage error"
+    case .commandNotExecutable: "tessera exec: the command cannot be run"
+    case .commandNotFound: "tessera exec: the command was not found"
     }
   }
 

@@ -36,14 +36,17 @@ public struct InterfaceDescription: Sendable {
     }
   }
 
-  /// A read-only property whose value never changes while the daemon runs.
+  /// A read-only property: constant while the daemon runs, or, with `emitsChange`, a value the
+  /// daemon updates (with PropertiesChanged); `value` is then its initial value.
   public struct Property: Sendable {
     public let name: String
     public let value: BusValue
+    public let emitsChange: Bool
     public var signature: String { value.signature }
-    public init(_ name: String, _ value: BusValue) {
+    public init(_ name: String, _ value: BusValue, emitsChange: Bool = false) {
       self.name = name
       self.value = value
+      self.emitsChange = emitsChange
     }
   }
 
@@ -107,12 +110,16 @@ public enum BrokerInterface {
       Method("GetAccounts", inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")]),
       Method("SignOut", inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: []),
       Method("Cancel", inputs: [Arg("correlation_id", "s")], outputs: []),
+      Method("GetStatus", inputs: [], outputs: [Arg("status", "a{sv}")]),
     ],
     signals: [
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
       .init("AccountsChanged", []),
     ],
-    properties: [.init("Version", .string(version))])
+    properties: [.init("Version", .string(version)), .init(attentionNeeded, .strings([]), emitsChange: true)])
+
+  /// The accounts (ids) that need the user to sign in again; PropertiesChanged tells when it changes.
+  public static let attentionNeeded = "AttentionNeeded"
 
   public static var methods: [Method] { description.methods }
   public static func method(named name: String) -> Method? { description.method(named: name) }

@@ -133,6 +133,10 @@ public enum RequestOptions {
     "min_validity", .uint32, tokenMethods, range: 0...86_400, default: "300")
   public static let timeout = RequestOption(
     "timeout", .uint32, tokenMethods, range: 1...3600, default: "300 (browser), 900 (device_code)")
+  /// The access token a resource refused (git's `erase`, an HTTP 401): when it is the cached one, the
+  /// call fetches a new one instead of returning it again.
+  public static let rejectedToken = RequestOption(
+    "rejected_token", .string, [.acquireTokenSilent], maxBytes: 16 * 1024, spaces: false, default: "none")
   public static let clientID = RequestOption(
     "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
   public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")
@@ -141,7 +145,7 @@ public enum RequestOptions {
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, clientID, username, revoke,
+    minValidity, timeout, rejectedToken, clientID, username, revoke,
   ]
 
   /// The default of `min_validity`, in seconds.

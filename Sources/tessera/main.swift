@@ -27,7 +27,10 @@ struct Tessera: ParsableCommand {
       \(exitStatusHelp)
       """,
     version: BrokerInterface.version,
-    subcommands: [Login.self, Token.self, Accounts.self, Logout.self, Status.self])
+    subcommands: [
+      Login.self, Token.self, Accounts.self, Logout.self, Status.self, GitCredential.self, KubeCredential.self,
+      Sasl.self, Exec.self,
+    ])
 }
 
 /// The EXIT STATUS section of --help, from the one error table.
@@ -234,10 +237,14 @@ extension Tessera {
     static let configuration = CommandConfiguration(abstract: "Show whether the broker runs, its version and accounts.")
     @OptionGroup var output: Output
 
+    /// `tessera status --json`: schema StatusReport.schema (keys are only ever added within one).
     struct Report: Encodable {
+      var schema = StatusReport.schema
       var running: Bool
       var version: String
-      var accounts: [TesseraAccount]
+      var accounts: [AccountReport]
+      /// Ids of the accounts that need a sign-in.
+      var attentionNeeded: [String] = []
       /// The bus names this broker answers on.
       var fronts: [String]
       /// com.microsoft.identity.broker1: "served", "other_broker" or "off".
@@ -250,9 +257,34 @@ extension Tessera {
       }
 
       enum CodingKeys: String, CodingKey {
-        case running, version, accounts, fronts
+        case schema, running, version, accounts, fronts
+        case attentionNeeded = "attention_needed"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
+      }
+    }
+
+    /// An account as GetAccounts shows it, with its health from GetStatus.
+    struct AccountReport: Encodable {
+      var account: TesseraAccount
+      var health: StatusReport.AccountStatus?
+
+      func encode(to encoder: any Encoder) throws {
+        try account.encode(to: encoder)
+        guard let health else { return }
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(health.state, forKey: .state)
+        try c.encodeIfPresent(health.lastError, forKey: .lastError)
+        try c.encodeIfPresent(health.nextRefresh, forKey: .nextRefresh)
+        try c.encode(health.tokens, forKey: .tokens)
+        try c.encode(health.refreshTokenClients, forKey: .refreshTokenClients)
+      }
+
+      enum Keys: String, CodingKey {
+        case state, tokens
+        case lastError = "last_error"
+        case nextRefresh = "next_refresh"
+        case refreshTokenClients = "refresh_token_clients"
       }
     }
 
@@ -260,9 +292,11 @@ extension Tessera {
       let report = try withBroker { broker throws(TesseraClientError) in
         let version = try broker.version()
         let accounts = try broker.accounts()
+        let health = try broker.status()
         var report = Report(
-          running: true, version: version, accounts: accounts, fronts: [BrokerInterface.busName], microsoftBroker: "off"
-        )
+          running: true, version: version,
+          accounts: accounts.map { a in AccountReport(account: a, health: health.accounts.first { $0.id == a.id }) },
+          attentionNeeded: health.attentionNeeded, fronts: [BrokerInterface.busName], microsoftBroker: "off")
         switch try broker.microsoftFront() {
         case .served:
           report.fronts.append(MicrosoftBrokerInterface.busName)
@@ -279,7 +313,22 @@ extension Tessera {
         return
       }
       print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
-      for a in report.accounts { print("  \(a.username) (\(a.environment))") }
+      for a in report.accounts {
+        var line = "  \(a.account.username) (\(a.account.environment))"
+        if let h = a.health {
+          switch h.state {
+          case "needs_sign_in": line += ": needs a sign-in: run `tessera login --account \(a.account.username)`"
+          case "store_locked": line += ": the keyring is locked: unlock it"
+          case "idp_unreachable": line += ": the identity provider cannot be reached"
+          default: line += ": ok"
+          }
+          line += "; \(h.tokens.count) token(s) cached"
+          if let error = h.lastError {
+            line += "\n    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))"
+          }
+        }
+        print(line)
+      }
       switch report.microsoftBroker {
       case "served":
         print("Microsoft broker protocol: served (MSAL apps, Edge and Teams get their tokens from Tessera).")
@@ -296,4 +345,10 @@ extension Tessera {
   }
 }
 
-Tessera.main()
+// Installed as git-credential-tessera too, so `git config credential.helper tessera` finds it:
+// git runs it as `git-credential-tessera [ARGS] get|store|erase`.
+if CommandLine.arguments.first.map({ $0.split(separator: "/").last == "git-credential-tessera" }) == true {
+  Tessera.GitCredential.main(Array(CommandLine.arguments.dropFirst()))
+} else {
+  Tessera.main()
+}

@@ -106,18 +106,34 @@ struct Tesserad: AsyncParsableCommand {
       onCall: { call, token in requests.dispatch(call, token) },
       onCallerGone: { busName in requests.callerGone(busName) },
       answerAtOnce: { call in requests.answerAtOnce(call) })
+    let notifier = DesktopNotifier(server: server, logger: logger)
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(
         http: http, store: SecretServiceStore(),
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
-        listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server), clock: SystemClock(),
+        listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
+        clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() }),
       logger: logger)
     requests.install(
       server: server, handler: RequestHandler(broker: broker, logger: logger),
       microsoft: MicrosoftFront(broker: broker, logger: logger))
 
+    // A notification's "Sign in" starts the interactive sign-in it asks for.
+    notifier.start { accountID in
+      Task {
+        do { _ = try await broker.signInForNotification(accountID: accountID) } catch {
+          logger.notice(
+            "The sign-in started from the notification did not finish",
+            metadata: ["account_id": "\(accountID)", "error": "\(TesseraError.wrap(error))"])
+        }
+      }
+    }
+    // Resume from suspend and the network coming back refresh the tokens in use at once.
+    MachineEvents.watch(server: server, logger: logger) { reason in
+      Task { await broker.machineResumed(reason: reason) }
+    }
     // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
     let maintenance = Task { await broker.runMaintenance(afterEachPass: { ProcessMemory.releaseFreed() }) }
     defer { maintenance.cancel() }

@@ -25,5 +25,7 @@ void tessera_vtable_signal(sd_bus_vtable *v, const char *member, const char *sig
 void tessera_vtable_end(sd_bus_vtable *v);
 /// Reason: SD_BUS_VTABLE_PROPERTY_CONST is a macro.
 uint64_t tessera_vtable_property_const(void);
+/// SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE: a macro (an enum bit shifted), so not visible to Swift.
+uint64_t tessera_vtable_property_emits_change(void);
 
 #endif

@@ -1,49 +1,75 @@
-/// Reads config.toml: the part of TOML 1.0 that a file of top-level settings uses.
+/// Reads config.toml: the part of TOML 1.0 that a file of settings uses.
 ///
 /// Why not TOMLKit: it links full Foundation, ICU and libstdc++ into the daemon for this one read
 /// at start-up, about 8 MiB of resident memory, a third of the daemon's idle budget. Tessera's
-/// settings are all top-level keys whose values are strings, integers, booleans or arrays of them,
-/// so this reader takes exactly that part of TOML, to the letter, and refuses everything else
-/// with the line and a sentence saying what to write instead; it never guesses.
+/// settings are top-level keys whose values are strings, integers, booleans or arrays of them, plus
+/// arrays of tables (`[[git]]`) holding the same kind of keys, so this reader takes exactly that
+/// part of TOML, to the letter, and refuses everything else with the line and a sentence saying
+/// what to write instead; it never guesses.
 ///
 /// Supported: comments; bare and quoted keys; basic strings with every TOML escape; literal
 /// strings; decimal, hexadecimal, octal and binary integers with underscores; `true`/`false`;
-/// arrays of these over several lines, with comments and a trailing comma. Refused with a
-/// message: tables, dotted keys, inline tables, multi-line strings, floats, dates, duplicate keys.
-struct ConfigFile {
-  enum Value: Equatable {
+/// arrays of these over several lines, with comments and a trailing comma; `[[name]]` headers
+/// (arrays of tables). Refused with a message: `[name]` tables, dotted keys, inline tables,
+/// multi-line strings, floats, dates, duplicate keys.
+///
+/// It lives here, beside the interface, because the command-line helpers read their own tables
+/// (`[[git]]`) from the same file without the engine.
+public struct ConfigFile: Sendable {
+  public enum Value: Equatable, Sendable {
     case string(String)
     case integer(Int64)
     case bool(Bool)
     case array([Value])
 
-    var string: String? { if case .string(let s) = self { s } else { nil } }
-    var integer: Int64? { if case .integer(let n) = self { n } else { nil } }
-    var bool: Bool? { if case .bool(let b) = self { b } else { nil } }
-    var array: [Value]? { if case .array(let a) = self { a } else { nil } }
+    public var string: String? { if case .string(let s) = self { s } else { nil } }
+    public var integer: Int64? { if case .integer(let n) = self { n } else { nil } }
+    public var bool: Bool? { if case .bool(let b) = self { b } else { nil } }
+    public var array: [Value]? { if case .array(let a) = self { a } else { nil } }
+
+    /// An array whose elements are all strings; nil for anything else.
+    public var strings: [String]? {
+      guard let array else { return nil }
+      var out: [String] = []
+      for element in array {
+        guard let s = element.string else { return nil }
+        out.append(s)
+      }
+      return out
+    }
   }
 
-  struct Entry: Equatable {
-    var key: String
-    var value: Value
-    var line: Int
+  public struct Entry: Equatable, Sendable {
+    public var key: String
+    public var value: Value
+    public var line: Int
   }
 
-  struct SyntaxError: Error, Equatable {
-    var line: Int
-    var reason: String
+  /// One `[[name]]` table: its entries, in the order written.
+  public struct Table: Equatable, Sendable {
+    public var name: String
+    /// The line of its `[[name]]` header.
+    public var line: Int
+    public var entries: [Entry]
   }
 
-  /// The file's settings in the order written.
-  private(set) var entries: [Entry] = []
+  public struct SyntaxError: Error, Equatable, Sendable {
+    public var line: Int
+    public var reason: String
+  }
 
-  init(parsing text: String) throws(SyntaxError) {
+  /// The file's top-level settings in the order written.
+  public private(set) var entries: [Entry] = []
+  /// The file's `[[name]]` tables in the order written.
+  public private(set) var tables: [Table] = []
+
+  public init(parsing text: String) throws(SyntaxError) {
     try self.init(parsing: Array(text.utf8))
   }
 
   /// Parses the file's bytes. They must be UTF-8, as TOML requires: a file saved in another encoding
   /// is refused with the line of its first bad byte, never read with replacement characters.
-  init(parsing bytes: [UInt8]) throws(SyntaxError) {
+  public init(parsing bytes: [UInt8]) throws(SyntaxError) {
     if String(validating: bytes, as: UTF8.self) == nil {
       var line = 1
       for text in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
@@ -56,14 +82,34 @@ struct ConfigFile {
     // TOML keys are equal when their bytes are; Swift's String equality would also join
     // canonically equivalent spellings (precomposed and combining accents).
     var seen: Set<[UInt8]> = []
+    var topLevelNames: Set<[UInt8]> = []
     while true {
       try scanner.skipBlankLinesAndComments()
       guard let byte = scanner.peek() else { break }
       let line = scanner.line
       if byte == UInt8(ascii: "[") {
-        throw SyntaxError(
-          line: line,
-          reason: "tables are not used in config.toml: every Tessera setting is a top-level key (key = value)")
+        guard scanner.peek(1) == UInt8(ascii: "[") else {
+          throw SyntaxError(
+            line: line,
+            reason:
+              "[name] tables are not used in config.toml: settings are top-level keys (key = value), and the only sections are [[git]] entries"
+          )
+        }
+        scanner.index += 2
+        scanner.skipSpaces()
+        let name = try scanner.key()
+        scanner.skipSpaces()
+        guard scanner.take(UInt8(ascii: "]")), scanner.take(UInt8(ascii: "]")) else {
+          throw SyntaxError(line: line, reason: "expected ']]' after '[[\(name)'; dotted table names are not used")
+        }
+        try scanner.endOfLine()
+        guard !topLevelNames.contains(Array(name.utf8)) else {
+          throw SyntaxError(
+            line: line, reason: "'\(name)' is already a setting above; it cannot also be a [[\(name)]] table")
+        }
+        tables.append(Table(name: name, line: line, entries: []))
+        seen = []
+        continue
       }
       let key = try scanner.key()
       scanner.skipSpaces()
@@ -79,8 +125,32 @@ struct ConfigFile {
       guard seen.insert(Array(key.utf8)).inserted else {
         throw SyntaxError(line: line, reason: "the key '\(key)' is set twice; keep one")
       }
-      entries.append(Entry(key: key, value: value, line: line))
+      let entry = Entry(key: key, value: value, line: line)
+      if tables.isEmpty {
+        topLevelNames.insert(Array(key.utf8))
+        entries.append(entry)
+      } else {
+        tables[tables.count - 1].entries.append(entry)
+      }
     }
+  }
+
+  /// The tables named `name`, in the order written.
+  public func tables(named name: String) -> [Table] { tables.filter { $0.name == name } }
+}
+
+/// Where config.toml is: --config, else $TESSERA_CONFIG, else $XDG_CONFIG_HOME/tessera/config.toml
+/// (~/.config when XDG_CONFIG_HOME is unset or relative).
+public enum ConfigLocation {
+  public static func defaultPath(environment: [String: String]) -> String {
+    if let xdg = environment["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return xdg + "/tessera/config.toml" }
+    return (environment["HOME"] ?? "") + "/.config/tessera/config.toml"
+  }
+
+  public static func path(option: String?, environment: [String: String]) -> String {
+    if let option, !option.isEmpty { return option }
+    if let path = environment["TESSERA_CONFIG"], !path.isEmpty { return path }
+    return defaultPath(environment: environment)
   }
 }
 

@@ -1,0 +1,110 @@
+/// Account health (AccountHealth) as the broker records it, and the status report
+/// (org.tessera.Broker1.GetStatus, `tessera status --json`).
+extension Broker {
+  func noteSuccess(accountID: String, clientID: String) {
+    guard health.succeeded(accountID: accountID, clientID: clientID) else { return }
+    logger.notice("The account no longer needs a sign-in", metadata: ["account_id": "\(accountID)"])
+    deps.events.signInNoLongerNeeded(accountID: accountID)
+    deps.events.attentionChanged(health.attentionNeeded)
+  }
+
+  func noteFailure(_ target: SilentTarget, _ error: TesseraError) {
+    // A refresh that raced a sign-out: nothing to track.
+    guard cache.accounts[target.account.id] != nil else { return }
+    let need = SignInNeed(
+      accountID: target.account.id, username: target.account.username, clientID: target.clientID,
+      scopes: target.scopes, authority: target.authority.url)
+    let change = health.failed(need, error: error, now: deps.clock.now())
+    if change.attentionChanged {
+      logger.notice(
+        "The account needs a sign-in",
+        metadata: [
+          "account_id": "\(need.accountID)", "client_id": "\(need.clientID)", "error": "\(error.code.rawValue)",
+        ])
+      deps.events.attentionChanged(health.attentionNeeded)
+    }
+    if let notify = change.notify { deps.events.signInNeeded(notify) }
+  }
+
+  /// The accounts that need a sign-in (the AttentionNeeded property), sorted.
+  public var attentionNeeded: [String] { health.attentionNeeded }
+
+  /// The app that last found `accountID` needing a sign-in, for the notification's action.
+  public func signInNeed(for accountID: String) -> SignInNeed? { health.need(for: accountID) }
+
+  /// Starts the sign-in a notification's action asks for: interactive, for that app and account,
+  /// with the account's username as the login hint. The result goes to the cache, as any sign-in's.
+  public func signInForNotification(accountID: String) async throws -> TokenResult {
+    try await ensureLoaded()
+    guard let need = health.need(for: accountID) else {
+      throw TesseraError.noSuchAccount("The account \(accountID) does not need a sign-in any more.")
+    }
+    var request = TokenRequest(
+      clientID: need.clientID, scopes: need.scopes, accountID: need.accountID, correlationID: CorrelationID.new())
+    request.authority = need.authority
+    request.loginHint = need.username
+    // No bus caller: nobody gets InteractionPending; the browser opens (or the user follows the log).
+    let caller = CallerInfo(busName: "")
+    logger.info(
+      "Starting a sign-in from the notification",
+      metadata: [
+        "account_id": "\(accountID)", "client_id": "\(need.clientID)", "correlation_id": "\(request.correlationID)",
+      ])
+    return try await signIn(request, caller: caller)
+  }
+
+  /// The report `tessera status --json` prints: per account its state, last error, next refresh and
+  /// the tokens cached per client (their expiry, never their values). Schema: StatusReport.
+  public func status() async throws -> [String: BusValue] {
+    try await ensureLoaded()
+    let now = deps.clock.now()
+    let recent = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
+    var accounts: [[String: BusValue]] = []
+    for account in cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }) {
+      let entry = health.entry(account.id)
+      var item: [String: BusValue] = [
+        StatusReport.Account.id: .string(account.id),
+        StatusReport.Account.username: .string(account.username),
+        StatusReport.Account.authority: .string(account.authority),
+        StatusReport.Account.state: .string(entry.state.rawValue),
+      ]
+      if let error = entry.lastError, let at = entry.lastErrorAt {
+        item[StatusReport.Account.lastError] = .dict([
+          StatusReport.LastError.code: .string(error.code.rawValue),
+          StatusReport.LastError.message: .string(SafeText.clip(error.message, limit: 1000)),
+          StatusReport.LastError.at: .int64(Int64(at.timeIntervalSince1970)),
+        ])
+      }
+      let tokens = cache.accessTokens.filter { $0.accountID == account.id }
+      // The next refresh the daemon will make by itself: of the tokens in recent use, the earliest
+      // refresh time (refresh-ahead), or expiry less the margin.
+      let due = recent.filter { $0.account.id == account.id }.compactMap { target -> Int64? in
+        guard let token = cachedToken(target) else { return nil }
+        return token.refreshOn ?? (token.expiresOn - Int64(RequestOptions.defaultMinValidity))
+      }
+      if let next = due.min() { item[StatusReport.Account.nextRefresh] = .int64(next) }
+      item[StatusReport.Account.tokens] = .dicts(
+        tokens.sorted {
+          ($0.clientID, $0.scopes.joined(separator: " ")) < ($1.clientID, $1.scopes.joined(separator: " "))
+        }
+        .map { token in
+          var t: [String: BusValue] = [
+            StatusReport.Token.clientID: .string(token.clientID),
+            StatusReport.Token.scopes: .strings(token.scopes),
+            StatusReport.Token.expiresOn: .int64(token.expiresOn),
+          ]
+          if let refreshOn = token.refreshOn { t[StatusReport.Token.refreshOn] = .int64(refreshOn) }
+          return t
+        })
+      item[StatusReport.Account.refreshTokenClients] = .strings(
+        Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID))).sorted())
+      accounts.append(item)
+    }
+    return [
+      StatusReport.schemaKey: .uint32(StatusReport.schema),
+      StatusReport.versionKey: .string(BrokerInterface.version),
+      StatusReport.accountsKey: .dicts(accounts),
+      StatusReport.attentionKey: .strings(health.attentionNeeded),
+    ]
+  }
+}

@@ -1,0 +1,241 @@
+/// git's credential helper protocol (git-credential(1)) and the `[[git]]` tables of config.toml that
+/// say which hosts get a token from which app registration. Pure: the CLI reads the file and the
+/// broker's answer; this turns them into git's lines.
+
+/// One `[[git]]` entry of config.toml.
+///
+///     [[git]]
+///     url = "https://git.example.com/team/"   # or a bare host, "git.example.com"
+///     client_id = "…"                          # default: default_client_id
+///     authority = "https://…"                  # default: default_authority
+///     scopes = ["…"]                           # default: default_scopes
+///     username = "oauth2"                      # what git sends as the user; default: the account's
+///     account = "alice@contoso.com"            # which signed-in account; default: the only one
+public struct GitCredentialRule: Sendable, Equatable {
+  public var host: String
+  /// The path prefix ("team/repo"), without slashes at either end; empty for the whole host.
+  public var pathPrefix: String
+  public var clientID: String
+  public var authority: String?
+  public var scopes: [String]
+  public var username: String?
+  public var account: String?
+  public var line: Int
+
+  public static let keys = ["url", "client_id", "authority", "scopes", "username", "account"]
+
+  public init(
+    host: String, pathPrefix: String = "", clientID: String = "", authority: String? = nil, scopes: [String] = [],
+    username: String? = nil, account: String? = nil, line: Int = 0
+  ) {
+    self.host = host.lowercased()
+    self.pathPrefix = pathPrefix
+    self.clientID = clientID
+    self.authority = authority
+    self.scopes = scopes
+    self.username = username
+    self.account = account
+    self.line = line
+  }
+
+  public struct ParseError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var line: Int
+    public var key: String?
+    public var reason: String
+    public var description: String { "line \(line): [[git]] " + (key.map { "key '\($0)': " } ?? "") + reason }
+  }
+
+  /// The `[[git]]` tables of a parsed config.toml, each checked.
+  public static func rules(in file: ConfigFile) throws(ParseError) -> [GitCredentialRule] {
+    var rules: [GitCredentialRule] = []
+    for table in file.tables(named: "git") { rules.append(try GitCredentialRule(table: table)) }
+    return rules
+  }
+
+  init(table: ConfigFile.Table) throws(ParseError) {
+    var url: String?
+    var rule = GitCredentialRule(host: "", line: table.line)
+    for entry in table.entries {
+      func fail(_ reason: String) -> ParseError { ParseError(line: entry.line, key: entry.key, reason: reason) }
+      func text(_ limit: Int) throws(ParseError) -> String {
+        guard let s = entry.value.string, !s.isEmpty, s.utf8.count <= limit, SafeText.isClean(s) else {
+          throw fail("must be a non-empty string of printable characters (at most \(limit) bytes)")
+        }
+        return s
+      }
+      switch entry.key {
+      case "url": url = try text(2048)
+      case "client_id": rule.clientID = try text(ArgumentLimits.clientIDBytes)
+      case "authority": rule.authority = try text(2048)
+      case "username": rule.username = try text(512)
+      case "account": rule.account = try text(ArgumentLimits.accountIDBytes)
+      case "scopes":
+        guard let scopes = entry.value.strings, scopes.allSatisfy({ !$0.isEmpty && !$0.contains(" ") }) else {
+          throw fail("must be an array of scope strings without spaces")
+        }
+        rule.scopes = scopes
+      default: throw fail("unknown key; a [[git]] entry takes \(Self.keys.joined(separator: ", "))")
+      }
+    }
+    guard let url else {
+      throw ParseError(
+        line: table.line, key: nil,
+        reason: "has no url; write the host or URL prefix it is for, e.g. url = \"https://git.example.com/\"")
+    }
+    guard let (host, path) = Self.split(url) else {
+      throw ParseError(
+        line: table.line, key: "url",
+        reason:
+          "'\(url)' is not an https URL or a host name; write e.g. \"https://git.example.com/team/\" or \"git.example.com\""
+      )
+    }
+    rule.host = host
+    rule.pathPrefix = path
+    self = rule
+  }
+
+  /// "https://Host:443/a/b/" → ("host:443", "a/b"); "host" → ("host", ""). Only https: a token
+  /// never goes to a plain-HTTP remote.
+  static func split(_ url: String) -> (String, String)? {
+    var rest = Substring(url)
+    if let (scheme, after) = schemeSplit(rest) {
+      guard scheme.lowercased() == "https" else { return nil }
+      rest = after
+    }
+    let host = rest.prefix { $0 != "/" }
+    guard !host.isEmpty, !host.contains("@"), !host.contains("?"), !host.contains("#"),
+      host.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-.:[]_".contains($0)) })
+    else { return nil }
+    let path = rest.dropFirst(host.count).split(separator: "/").joined(separator: "/")
+    return (host.lowercased(), path)
+  }
+
+  /// Whether this rule covers git's request: https, the same host (and port), and, when the rule
+  /// has a path prefix, a path git sent (credential.useHttpPath) under it, segment by segment.
+  public func matches(_ request: GitCredentialRequest) -> Bool {
+    guard request.protocol == "https", request.host.lowercased() == host else { return false }
+    guard !pathPrefix.isEmpty else { return true }
+    guard let path = request.path else { return false }
+    let given = path.split(separator: "/")
+    let prefix = pathPrefix.split(separator: "/")
+    guard given.count >= prefix.count else { return false }
+    // A ".git" suffix is the same repository to git's hosts.
+    return zip(prefix, given).enumerated().allSatisfy { index, pair in
+      pair.0 == pair.1 || (index == prefix.count - 1 && pair.0 + ".git" == pair.1)
+    }
+  }
+
+  /// The rule for a request: the one with the longest matching path prefix, the first written on a tie.
+  public static func best(for request: GitCredentialRequest, in rules: [GitCredentialRule]) -> GitCredentialRule? {
+    var best: GitCredentialRule?
+    for rule in rules where rule.matches(request) {
+      if best == nil || rule.pathPrefix.split(separator: "/").count > best!.pathPrefix.split(separator: "/").count {
+        best = rule
+      }
+    }
+    return best
+  }
+}
+
+/// What git writes to a credential helper: `key=value` lines up to a blank line or the end.
+public struct GitCredentialRequest: Sendable, Equatable {
+  public var `protocol`: String = ""
+  public var host: String = ""
+  public var path: String?
+  public var username: String?
+  public var password: String?
+  /// git 2.46+: `credential=` with `authtype`.
+  public var credential: String?
+  public var authtype: String?
+  /// `capability[]=…` lines: `authtype` means git takes `authtype` / `credential` answers.
+  public var capabilities: Set<String> = []
+
+  public init() {}
+
+  /// At most this much is read from git (its own lines are short; a password is a token).
+  public static let maxBytes = 256 * 1024
+
+  public struct ParseError: Error, Equatable, Sendable {
+    public var reason: String
+  }
+
+  public init(parsing text: String) throws(ParseError) {
+    for raw in text.split(separator: "\n", omittingEmptySubsequences: false) {
+      let line = raw.hasSuffix("\r") ? raw.dropLast() : raw
+      if line.isEmpty { break }
+      guard let equals = line.firstIndex(of: "=") else {
+        throw ParseError(reason: "a line without '=' (git-credential(1) sends key=value lines)")
+      }
+      let key = String(line[..<equals])
+      let value = String(line[line.index(after: equals)...])
+      guard !value.contains("\0") else { throw ParseError(reason: "the value of '\(key)' holds a NUL byte") }
+      switch key {
+      case "protocol": self.protocol = value
+      case "host": host = value
+      case "path": path = value
+      case "username": username = value
+      case "password": password = value
+      case "credential": credential = value
+      case "authtype": authtype = value
+      case "capability[]": capabilities.insert(value)
+      case "url":
+        // git sends url= only from `git credential fill` input; split it as git would.
+        if let (scheme, rest) = schemeSplit(Substring(value)) {
+          self.protocol = String(scheme)
+          let authority = rest.prefix { $0 != "/" }
+          host = String(authority.split(separator: "@").last ?? "")
+          let p = rest.dropFirst(authority.count).drop { $0 == "/" }
+          if !p.isEmpty { path = String(p) }
+        }
+      default: break  // wwwauth[], password_expiry_utc, oauth_refresh_token, state[]…: not ours
+      }
+    }
+  }
+
+  /// The token git holds for this remote: `credential` (authtype) or `password`.
+  public var heldToken: String? { credential ?? password }
+}
+
+/// The answer to `get`. Never a refresh token: git would store it (git-credential-oauth stores
+/// oauth_refresh_token; Tessera keeps its own and gives git only access tokens).
+public struct GitCredentialAnswer: Sendable, Equatable {
+  public var username: String
+  public var accessToken: String
+  /// Unix seconds: git (2.41+) drops the credential then and asks again.
+  public var expiresOn: Int64
+
+  public init(username: String, accessToken: String, expiresOn: Int64) {
+    self.username = username
+    self.accessToken = accessToken
+    self.expiresOn = expiresOn
+  }
+
+  /// git-credential(1)'s lines. When git announced `capability[]=authtype` (2.46+), a Bearer
+  /// credential git sends as is and must not store (`ephemeral`); else a username and password
+  /// (servers such as Azure DevOps, GitHub and Gitea take a token as the password).
+  /// nil when a value would break the protocol (a newline or NUL from the IdP: it could add lines
+  /// of its own choosing, such as a url= or a second password=).
+  public func lines(for request: GitCredentialRequest) -> String? {
+    guard [username, accessToken].allSatisfy({ SafeText.isClean($0) && !$0.isEmpty }) else { return nil }
+    var out = ""
+    if request.capabilities.contains("authtype") {
+      out += "capability[]=authtype\n"
+      out += "authtype=Bearer\n"
+      out += "credential=\(accessToken)\n"
+      out += "ephemeral=true\n"
+    } else {
+      out += "username=\(username)\n"
+      out += "password=\(accessToken)\n"
+    }
+    out += "password_expiry_utc=\(expiresOn)\n"
+    return out
+  }
+}
+
+/// "scheme://rest" → ("scheme", "rest"); nil without "://".
+func schemeSplit(_ text: Substring) -> (Substring, Substring)? {
+  guard let colon = text.firstIndex(of: ":") else { return nil }
+  let after = text[text.index(after: colon)...]
+  guard after.hasPrefix("//") else { return nil }
+  return (text[..<colon], after.dropFirst(2))
+}

@@ -1,0 +1,115 @@
+/// GetStatus's reply (and `tessera status --json`): a versioned schema. Keys are added, never
+/// renamed or removed, within one `schema` number; a change of meaning gets a new number.
+public enum StatusReport {
+  /// The schema of this report. `tessera status --json` prints it as `schema`.
+  public static let schema: UInt32 = 1
+
+  public static let schemaKey = "schema"
+  public static let versionKey = "version"
+  public static let accountsKey = "accounts"
+  public static let attentionKey = "attention_needed"
+
+  public enum Account {
+    public static let id = "id"
+    public static let username = "username"
+    public static let authority = "authority"
+    /// ok, needs_sign_in, store_locked or idp_unreachable.
+    public static let state = "state"
+    /// {code, message, at}: the last failure for this account since the daemon started.
+    public static let lastError = "last_error"
+    /// Unix seconds of the next refresh the daemon makes by itself (tokens in recent use); absent
+    /// when none is planned.
+    public static let nextRefresh = "next_refresh"
+    /// The cached access tokens: {client_id, scopes, expires_on, refresh_on}; never their values.
+    public static let tokens = "tokens"
+    /// The client ids holding a refresh token for the account (never the token).
+    public static let refreshTokenClients = "refresh_token_clients"
+  }
+
+  public enum LastError {
+    public static let code = "code"
+    public static let message = "message"
+    public static let at = "at"
+  }
+
+  public enum Token {
+    public static let clientID = "client_id"
+    public static let scopes = "scopes"
+    public static let expiresOn = "expires_on"
+    public static let refreshOn = "refresh_on"
+  }
+
+  /// The states an account can be in, as the report spells them.
+  public static let states = ["ok", "needs_sign_in", "store_locked", "idp_unreachable"]
+
+  /// One account's health as the client reads it from GetStatus.
+  public struct AccountStatus: Sendable, Equatable, Encodable {
+    public var id: String
+    public var username: String
+    public var authority: String
+    public var state: String
+    public var lastError: LastErrorInfo?
+    public var nextRefresh: Int64?
+    public var tokens: [TokenStatus]
+    public var refreshTokenClients: [String]
+
+    public struct LastErrorInfo: Sendable, Equatable, Encodable {
+      public var code: String
+      public var message: String
+      public var at: Int64
+    }
+
+    public struct TokenStatus: Sendable, Equatable, Encodable {
+      public var clientID: String
+      public var scopes: [String]
+      public var expiresOn: Int64
+      public var refreshOn: Int64?
+      enum CodingKeys: String, CodingKey {
+        case clientID = "client_id"
+        case scopes
+        case expiresOn = "expires_on"
+        case refreshOn = "refresh_on"
+      }
+    }
+
+    enum CodingKeys: String, CodingKey {
+      case id, username, authority, state, tokens
+      case lastError = "last_error"
+      case nextRefresh = "next_refresh"
+      case refreshTokenClients = "refresh_token_clients"
+    }
+
+    public init(busValue d: [String: BusValue]) {
+      func string(_ d: [String: BusValue], _ key: String) -> String { d[key]?.stringValue ?? "" }
+      func int(_ d: [String: BusValue], _ key: String) -> Int64? {
+        if case .int64(let n)? = d[key] { return n }
+        return nil
+      }
+      id = string(d, Account.id)
+      username = string(d, Account.username)
+      authority = string(d, Account.authority)
+      state = string(d, Account.state)
+      if case .dict(let e)? = d[Account.lastError] {
+        lastError = LastErrorInfo(
+          code: string(e, LastError.code), message: string(e, LastError.message), at: int(e, LastError.at) ?? 0)
+      }
+      nextRefresh = int(d, Account.nextRefresh)
+      if case .dicts(let list)? = d[Account.tokens] {
+        tokens = list.map { t in
+          var scopes: [String] = []
+          if case .strings(let s)? = t[Token.scopes] { scopes = s }
+          return TokenStatus(
+            clientID: string(t, Token.clientID), scopes: scopes, expiresOn: int(t, Token.expiresOn) ?? 0,
+            refreshOn: int(t, Token.refreshOn))
+        }
+      } else {
+        tokens = []
+      }
+      if case .strings(let clients)? = d[Account.refreshTokenClients] {
+        refreshTokenClients = clients
+      } else {
+        refreshTokenClients = []
+      }
+    }
+  }
+}

@@ -1,0 +1,111 @@
+import XCTest
+
+@testable import TesseraInterface
+
+/// The [[git]] tables of config.toml and git-credential(1)'s lines, as git writes and reads them.
+final class GitCredentialTests: XCTestCase {
+  func rules(_ text: String) throws -> [GitCredentialRule] {
+    try GitCredentialRule.rules(in: try ConfigFile(parsing: text))
+  }
+
+  func request(_ text: String) throws -> GitCredentialRequest { try GitCredentialRequest(parsing: text) }
+
+  func testTablesAfterTopLevelSettingsAreRead() throws {
+    let file = try ConfigFile(
+      parsing: """
+        default_client_id = "x"
+
+        [[git]]
+        url = "https://git.example.com/team/"
+        client_id = "app"
+        scopes = ["repo", "read"]
+
+        [[git]]
+        url = "gitea.example.org"
+        username = "oauth2"
+        """)
+    XCTAssertEqual(file.entries.map(\.key), ["default_client_id"])
+    let rules = try GitCredentialRule.rules(in: file)
+    XCTAssertEqual(rules.count, 2)
+    XCTAssertEqual(rules[0].host, "git.example.com")
+    XCTAssertEqual(rules[0].pathPrefix, "team")
+    XCTAssertEqual(rules[0].scopes, ["repo", "read"])
+    XCTAssertEqual(rules[0].line, 3)
+    XCTAssertEqual(rules[1].host, "gitea.example.org")
+    XCTAssertEqual(rules[1].username, "oauth2")
+    XCTAssertEqual(rules[1].clientID, "")
+  }
+
+  func testBadEntriesAreRefusedWithTheirLine() {
+    let cases: [(String, Int, String)] = [
+      ("[[git]]\nclient_id = \"a\"", 1, "has no url"),
+      ("[[git]]\nurl = \"http://git.example.com\"", 1, "not an https URL"),
+      ("[[git]]\nurl = \"https://user@git.example.com\"", 1, "not an https URL"),
+      ("[[git]]\nurl = \"h\"\nscope = [\"a\"]", 3, "unknown key"),
+      ("[[git]]\nurl = \"h\"\nscopes = \"a\"", 3, "array of scope strings"),
+      ("[[git]]\nurl = \"h\"\nusername = \"a\\nb\"", 3, "printable"),
+    ]
+    for (text, line, reason) in cases {
+      XCTAssertThrowsError(try rules(text), text) { error in
+        guard let error = error as? GitCredentialRule.ParseError else { return XCTFail("\(error)") }
+        XCTAssertEqual(error.line, line, text)
+        XCTAssertTrue(error.reason.contains(reason), "\(text): \(error.reason)")
+      }
+    }
+  }
+
+  func testMatchingIsHttpsSameHostAndPortAndTheLongestPathPrefix() throws {
+    let all = try rules(
+      """
+      [[git]]
+      url = "https://git.example.com"
+      client_id = "host"
+      [[git]]
+      url = "https://git.example.com/team/tools/"
+      client_id = "team"
+      [[git]]
+      url = "https://git.example.com:8443/"
+      client_id = "port"
+      """)
+    func best(_ text: String) throws -> String? {
+      GitCredentialRule.best(for: try request(text), in: all)?.clientID
+    }
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com\n"), "host")
+    XCTAssertEqual(try best("protocol=https\nhost=GIT.example.com\npath=team/tools.git\n"), "team")
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com\npath=team/tools/sub\n"), "team")
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com\npath=team/toolsx\n"), "host")
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com:8443\n"), "port")
+    XCTAssertNil(try best("protocol=http\nhost=git.example.com\n"), "a token never goes over plain HTTP")
+    XCTAssertNil(try best("protocol=https\nhost=evil.example.com\n"))
+    XCTAssertNil(try best("protocol=https\nhost=git.example.com.evil.test\n"))
+  }
+
+  func testAnswersAsGitReadsThem() throws {
+    let answer = GitCredentialAnswer(username: "alice", accessToken: "at-1", expiresOn: 1_800_000_000)
+    XCTAssertEqual(
+      answer.lines(for: try request("protocol=https\nhost=h\n\n")),
+      "username=alice\npassword=at-1\npassword_expiry_utc=1800000000\n")
+    // git 2.46+ announces authtype: a Bearer credential it must not store.
+    XCTAssertEqual(
+      answer.lines(for: try request("capability[]=authtype\nprotocol=https\nhost=h\n")),
+      "capability[]=authtype\nauthtype=Bearer\ncredential=at-1\nephemeral=true\npassword_expiry_utc=1800000000\n")
+    // A token with a line break would let the IdP add lines of its own: refused.
+    XCTAssertNil(
+      GitCredentialAnswer(username: "a", accessToken: "x\nurl=https://evil", expiresOn: 1).lines(for: .init()))
+    XCTAssertNil(GitCredentialAnswer(username: "a\u{0}", accessToken: "x", expiresOn: 1).lines(for: .init()))
+  }
+
+  func testRequestsAreReadUpToTheBlankLine() throws {
+    let r = try request(
+      "protocol=https\nhost=h:1\npath=a/b\nusername=u\npassword=p\nwwwauth[]=Bearer x\n\nhost=other\n")
+    XCTAssertEqual(r.protocol, "https")
+    XCTAssertEqual(r.host, "h:1")
+    XCTAssertEqual(r.path, "a/b")
+    XCTAssertEqual(r.heldToken, "p")
+    let url = try request("url=https://u@h.example/x/y\n")
+    XCTAssertEqual(url.protocol, "https")
+    XCTAssertEqual(url.host, "h.example")
+    XCTAssertEqual(url.path, "x/y")
+    XCTAssertThrowsError(try request("garbage\n"))
+  }
+}
