@@ -265,10 +265,10 @@ extension Tessera {
             broker: broker, clientID: token.target.clientId, scopes: token.target.scopes,
             authority: token.target.authority, account: token.account, minValidity: token.minValidity,
             interactive: interactive, deviceCode: deviceCode)
-        } catch .broker(let e) where !interactive && e.code == .interactionRequired {
+        } catch .broker(let e) where !interactive && (e.code == .interactionRequired || e.code == .noSuchAccount) {
           throw .broker(
             TesseraError(
-              .interactionRequired,
+              e.code,
               "Sign-in needed, and kubectl runs non-interactively: run `tessera login\(token.target.clientId.isEmpty ? "" : " --client-id \(token.target.clientId)")` in a terminal, then retry. (\(SafeText.clip(e.message, limit: 300)))"
             ))
         }

@@ -262,9 +262,9 @@ def start_daemon(tmp_path, browser):
     env = dict(os.environ, TESSERA_TEST_BROWSER_FILE=browser.path)
     env.pop("TESSERA_CONFIG", None)
 
-    def start(config=None, log_level=None):
+    def start(config=None, log_level=None, extra_env=None):
         log_path = str(tmp_path / f"tesserad-{len(started)}.log")
-        d = Daemon(config or SESSION_CONFIG, log_path, env, log_level)
+        d = Daemon(config or SESSION_CONFIG, log_path, dict(env, **(extra_env or {})), log_level)
         started.append(d)
         return d.start()
 

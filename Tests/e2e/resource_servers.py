@@ -1,0 +1,210 @@
+"""Servers the integration tests own, each accepting only a valid access token from the test IdP
+(checked at the IdP's userinfo endpoint on every request): a git smart-HTTP server (git
+http-backend behind HTTPS), a Kubernetes API stub, and an SMTP server that takes AUTH XOAUTH2 and
+OAUTHBEARER (aiosmtpd)."""
+import base64
+import http.server
+import json
+import os
+import socketserver
+import ssl
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+
+from conftest import IDP_DIR, IDP_URL, TENANT
+
+USERINFO = f"{IDP_URL}/{TENANT}/o/userinfo/"
+CA = os.path.join(IDP_DIR, "ca.pem")
+
+
+def token_user(token):
+    """The username the IdP says the token is for, or None when the IdP refuses it."""
+    if not token:
+        return None
+    request = urllib.request.Request(USERINFO, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=CA), timeout=10) as r:
+            info = json.load(r)
+    except urllib.error.HTTPError:
+        return None
+    return info.get("preferred_username") or info.get("sub")
+
+
+def bearer_or_basic(header):
+    """The token from an Authorization header: Bearer T, or Basic with T as the password."""
+    if not header:
+        return None, None
+    kind, _, value = header.partition(" ")
+    if kind.lower() == "bearer":
+        return "bearer", value.strip()
+    if kind.lower() == "basic":
+        try:
+            _, _, password = base64.b64decode(value).decode().partition(":")
+        except Exception:  # noqa: BLE001
+            return "basic", None
+        return "basic", password
+    return kind, None
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+class HTTPSResource:
+    """An HTTPS server on 127.0.0.1 with the IdP's certificate (the test CA). Subclasses answer
+    authorized requests in `serve(handler, user)`. Every request is recorded as
+    (method, path, auth kind, user or None, status)."""
+
+    def __init__(self):
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def handle_any(self):
+                kind, token = bearer_or_basic(self.headers.get("Authorization"))
+                user = token_user(token)
+                if user is None:
+                    outer.requests.append((self.command, self.path, kind, None, 401))
+                    body = b"a valid access token from the test IdP is required\n"
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="tessera-test"')
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                status = outer.serve(self, user)
+                outer.requests.append((self.command, self.path, kind, user, status))
+
+            do_GET = do_POST = handle_any
+
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(os.path.join(IDP_DIR, "server.pem"), os.path.join(IDP_DIR, "server-key.pem"))
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def serve(self, handler, user):
+        raise NotImplementedError
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class GitServer(HTTPSResource):
+    """git's smart HTTP protocol through `git http-backend` (CGI), for the repositories under root."""
+
+    def __init__(self, root):
+        self.root = root
+        super().__init__()
+
+    def serve(self, handler, user):
+        path, _, query = handler.path.partition("?")
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else b""
+        env = {
+            "PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": self.root, "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": handler.command, "PATH_INFO": path, "QUERY_STRING": query,
+            "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1",
+            "HTTP_GIT_PROTOCOL": handler.headers.get("Git-Protocol", ""),
+        }
+        if handler.headers.get("Content-Encoding"):
+            env["HTTP_CONTENT_ENCODING"] = handler.headers["Content-Encoding"]
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=60).stdout
+        head, _, payload = out.partition(b"\r\n\r\n")
+        status = 200
+        headers = []
+        for line in head.decode().split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.lower() == "status":
+                status = int(value.strip().split()[0])
+            elif name:
+                headers.append((name, value.strip()))
+        handler.send_response(status)
+        for name, value in headers:
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+        return status
+
+
+class KubeAPI(HTTPSResource):
+    """Enough of a Kubernetes API server for `kubectl get --raw`: a pod list naming the user."""
+
+    def serve(self, handler, user):
+        body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                           "items": [{"metadata": {"name": f"pod-of-{user}"}}]}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+        return 200
+
+
+class SMTPServer:
+    """aiosmtpd on 127.0.0.1 that accepts AUTH XOAUTH2 and OAUTHBEARER only with a token the IdP
+    accepts for the user named in the response; messages and auth attempts are recorded."""
+
+    def __init__(self):
+        from aiosmtpd.controller import Controller
+        from aiosmtpd.smtp import AuthResult
+
+        outer = self
+        self.messages = []
+        self.auth = []  # (mechanism, user, accepted)
+
+        class Handler:
+            async def handle_DATA(self, server, session, envelope):
+                outer.messages.append((envelope.mail_from, envelope.rcpt_tos, envelope.content))
+                return "250 OK"
+
+            def _check(self, mechanism, user, token):
+                ok = user is not None and token_user(token) == user
+                outer.auth.append((mechanism, user, ok))
+                return AuthResult(success=ok, handled=False)
+
+            async def _initial(self, server, args):
+                if len(args) > 1:
+                    return base64.b64decode(args[1])
+                return await server.challenge_auth("", encode_to_b64=False)
+
+            async def auth_XOAUTH2(self, server, args):
+                raw = await self._initial(server, args)
+                fields = dict(f.split("=", 1) for f in raw.decode().split("\x01") if "=" in f)
+                token = fields.get("auth", "").removeprefix("Bearer ")
+                return self._check("XOAUTH2", fields.get("user"), token)
+
+            async def auth_OAUTHBEARER(self, server, args):
+                raw = await self._initial(server, args)
+                gs2, _, rest = raw.decode().partition("\x01")
+                user = next((p[2:] for p in gs2.split(",") if p.startswith("a=")), None)
+                if user:
+                    user = user.replace("=2C", ",").replace("=3D", "=")
+                fields = dict(f.split("=", 1) for f in rest.split("\x01") if "=" in f)
+                return self._check("OAUTHBEARER", user, fields.get("auth", "").removeprefix("Bearer "))
+
+        def refuse_others(server, session, envelope, mechanism, auth_data):
+            return AuthResult(success=False, handled=False)
+
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port, auth_require_tls=False,
+                                     authenticator=refuse_others, auth_exclude_mechanism=["LOGIN", "PLAIN"])
+        self.controller.start()
+
+    def close(self):
+        self.controller.stop()
