@@ -8,6 +8,10 @@ TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
 # To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
 TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin libglib2.0-bin python3-dbus python3-venv
     openssl systemd)
+# The real programs the helpers serve (Tests/e2e/test_integrations.py), and GLib's Python bindings
+# for the test's notification server. kubectl is not in Debian 12 under that name: its
+# kubernetes-client package provides it (tessera_install_kubectl).
+TESSERA_HELPER_PACKAGES=(msmtp python3-gi)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
@@ -33,4 +37,14 @@ tessera_install_packages() {
     fi
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
         "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# tessera_install_kubectl: Debian's kubernetes-client when no kubectl is on PATH (a newer kubectl
+# from elsewhere is kept: the tests use ExecCredential v1 and interactiveMode with 1.22 and later).
+tessera_install_kubectl() {
+    if command -v kubectl >/dev/null; then
+        echo "kubectl is installed: $(command -v kubectl)"
+        return 0
+    fi
+    tessera_install_packages kubernetes-client
 }
