@@ -109,8 +109,8 @@ extension Tessera {
 
           [[git]]
           url = "https://git.example.com/"
-          client_id = "…"
-          scopes = ["…"]
+          client_id = "CLIENT_ID"
+          scopes = ["SCOPE"]
 
         git runs `git-credential-tessera get|store|erase` (installed beside tessera) and reads the \
         answer: the access token as the password (or, for git 2.46 and later, a Bearer \
@@ -204,7 +204,7 @@ extension Tessera {
               exec:
                 apiVersion: client.authentication.k8s.io/v1
                 command: tessera
-                args: [kube-credential, --client-id, "…", --scope, "…"]
+                args: [kube-credential, --client-id, CLIENT_ID, --scope, SCOPE]
                 interactiveMode: IfAvailable
 
         Answers in the apiVersion kubectl asks for (v1 or v1beta1, from KUBERNETES_EXEC_INFO). \
@@ -290,7 +290,7 @@ extension Tessera {
         (user=U^Aauth=Bearer T^A^A), for the account's access token. --user defaults to the \
         account's username; --host and --port go into OAUTHBEARER's response. Mail clients that \
         build the response themselves (msmtp, mbsync, neomutt) take the bare token instead: \
-        passwordeval "tessera token --client-id …". Never prompts.
+        passwordeval "tessera token --client-id CLIENT_ID --scope SCOPE". Never prompts.
         """)
     @OptionGroup var token: TokenTarget
     @Option(name: .long, help: ArgumentHelp("xoauth2 or oauthbearer.", valueName: "mechanism")) var mech: String
@@ -342,7 +342,7 @@ extension Tessera {
     static let configuration = CommandConfiguration(
       abstract: "Run a command with an access token in its environment (never in its arguments).",
       discussion: """
-        tessera exec --client-id … --scope … -- curl -H @- …  gets a token silently, puts it in \
+        tessera exec --client-id CLIENT_ID --scope SCOPE -- ./deploy.sh  gets a token silently, puts it in \
         $ACCESS_TOKEN (or --env NAME) and runs the command in tessera's place: the exit status \
         is the command's. The token is fetched once, before the command starts; nothing renews it \
         behind the command's back, so a long job should run `tessera token` itself when it needs \
