@@ -258,16 +258,23 @@ public final class TesseraBroker {
 
   /// The broker's health report (GetStatus): the accounts needing a sign-in, and each account's
   /// state, last error, next refresh and cached tokens (never their values).
-  public func status() throws(TesseraClientError) -> (attentionNeeded: [String], accounts: [StatusReport.AccountStatus])
-  {
-    guard case .dict(let report)? = try call("GetStatus", []).first else { return ([], []) }
+  public func status() throws(TesseraClientError) -> (
+    attentionNeeded: [String], accounts: [StatusReport.AccountStatus], storeProblem: String?
+  ) {
+    guard case .dict(let report)? = try call("GetStatus", []).first else { return ([], [], nil) }
+    var storeProblem: String?
+    if case .dict(let store)? = report[StatusReport.storeKey],
+      store[StatusReport.Store.state]?.stringValue == "unavailable"
+    {
+      storeProblem = store[StatusReport.Store.message]?.stringValue ?? "unavailable"
+    }
     var attention: [String] = []
     if case .strings(let ids)? = report[StatusReport.attentionKey] { attention = ids }
     var accounts: [StatusReport.AccountStatus] = []
     if case .dicts(let list)? = report[StatusReport.accountsKey] {
       accounts = list.map(StatusReport.AccountStatus.init(busValue:))
     }
-    return (attention, accounts)
+    return (attention, accounts, storeProblem)
   }
 
   /// The broker's Version property.

@@ -56,7 +56,10 @@ extension Broker {
   /// The report `tessera status --json` prints: per account its state, last error, next refresh and
   /// the tokens cached per client (their expiry, never their values). Schema: StatusReport.
   public func status() async throws -> [String: BusValue] {
-    try await ensureLoaded()
+    // A locked keyring is a state to report, not a reason to fail: until it is unlocked the
+    // accounts are not known, and the report says so.
+    var storeError: TesseraError?
+    do { try await ensureLoaded() } catch { storeError = TesseraError.wrap(error) }
     let now = deps.clock.now()
     let recent = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
     var accounts: [[String: BusValue]] = []
@@ -100,7 +103,12 @@ extension Broker {
         Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID))).sorted())
       accounts.append(item)
     }
+    var store: [String: BusValue] = [StatusReport.Store.state: .string(storeError == nil ? "ok" : "unavailable")]
+    if let storeError {
+      store[StatusReport.Store.message] = .string(SafeText.clip(storeError.message, limit: 1000))
+    }
     return [
+      StatusReport.storeKey: .dict(store),
       StatusReport.schemaKey: .uint32(StatusReport.schema),
       StatusReport.versionKey: .string(BrokerInterface.version),
       StatusReport.accountsKey: .dicts(accounts),

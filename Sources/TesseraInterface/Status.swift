@@ -8,6 +8,14 @@ public enum StatusReport {
   public static let versionKey = "version"
   public static let accountsKey = "accounts"
   public static let attentionKey = "attention_needed"
+  /// {state: "ok" or "unavailable", message when unavailable}: the Secret Service as the broker
+  /// found it. While it is unavailable (a locked keyring at login) the accounts are not known.
+  public static let storeKey = "store"
+
+  public enum Store {
+    public static let state = "state"
+    public static let message = "message"
+  }
 
   public enum Account {
     public static let id = "id"

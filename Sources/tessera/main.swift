@@ -245,6 +245,9 @@ extension Tessera {
       var accounts: [AccountReport]
       /// Ids of the accounts that need a sign-in.
       var attentionNeeded: [String] = []
+      /// The Secret Service: "ok" or "unavailable" (then `store_message` says why).
+      var store: String
+      var storeMessage: String?
       /// The bus names this broker answers on.
       var fronts: [String]
       /// com.microsoft.identity.broker1: "served", "other_broker" or "off".
@@ -259,6 +262,8 @@ extension Tessera {
       enum CodingKeys: String, CodingKey {
         case schema, running, version, accounts, fronts
         case attentionNeeded = "attention_needed"
+        case store
+        case storeMessage = "store_message"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
       }
@@ -291,12 +296,14 @@ extension Tessera {
     func run() throws {
       let report = try withBroker { broker throws(TesseraClientError) in
         let version = try broker.version()
-        let accounts = try broker.accounts()
         let health = try broker.status()
+        // With the keyring locked the accounts are not known: the report says why instead.
+        let accounts = health.storeProblem == nil ? try broker.accounts() : []
         var report = Report(
           running: true, version: version,
           accounts: accounts.map { a in AccountReport(account: a, health: health.accounts.first { $0.id == a.id }) },
-          attentionNeeded: health.attentionNeeded, fronts: [BrokerInterface.busName], microsoftBroker: "off")
+          attentionNeeded: health.attentionNeeded, store: health.storeProblem == nil ? "ok" : "unavailable",
+          storeMessage: health.storeProblem, fronts: [BrokerInterface.busName], microsoftBroker: "off")
         switch try broker.microsoftFront() {
         case .served:
           report.fronts.append(MicrosoftBrokerInterface.busName)
@@ -312,7 +319,12 @@ extension Tessera {
         printJSON(report)
         return
       }
-      print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
+      if let problem = report.storeMessage {
+        print(
+          "tesserad \(report.version) is running, but cannot read the keyring: \(SafeText.clip(problem, limit: 500))")
+      } else {
+        print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
+      }
       for a in report.accounts {
         var line = "  \(a.account.username) (\(a.account.environment))"
         if let h = a.health {

@@ -1,5 +1,6 @@
 """Every failure reaches the caller as the documented org.tessera.Broker1.Error.* name with a
 message that says what went wrong and what to do."""
+import json
 import http.server
 import os
 import socket
@@ -143,6 +144,11 @@ def test_locked_keyring(start_daemon, keyring, idp):
         message = expect_error("StoreUnavailable", b.accounts)
         assert "lock" in message.lower()
         expect_error("StoreUnavailable", b.silent)
+        # `tessera status` says so, and still succeeds.
+        locked = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+        assert locked["store"] == "unavailable" and "lock" in locked["store_message"].lower()
+        assert locked["accounts"] == []
+        assert "cannot read the keyring" in run_cli("status", check_rc=0).stdout
         keyring.unlock()
         # No restart: the next call loads the store.
         assert [a["id"] for a in b.accounts()] == [account_id]
@@ -163,6 +169,8 @@ def test_keyring_locked_while_the_daemon_runs(daemon, broker, keyring, idp):
     started = time.monotonic()
     expect_error("StoreUnavailable", broker.silent, force_refresh=True, call_timeout=20)
     assert time.monotonic() - started < 10
+    (alice,) = json.loads(run_cli("status", "--json", check_rc=0).stdout)["accounts"]
+    assert alice["state"] == "store_locked" and alice["last_error"]["code"] == "StoreUnavailable"
     keyring.unlock()
     # Nothing was lost: the rotated refresh token was kept and is saved now.
     refreshed = broker.silent(force_refresh=True)
