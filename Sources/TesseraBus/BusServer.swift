@@ -73,16 +73,21 @@ public final class BusServer: @unchecked Sendable {
   }
 
   /// A subscription to a signal; `handler` runs on the bus thread with the sender's unique name.
+  /// Invariant for @unchecked Sendable: its mutable state is used on the bus thread only.
   final class SignalWatch: @unchecked Sendable {
     let bus: Bus
     let sender: String?
     let path: String?
     let interface: String
     let member: String
+    let broadcastOnly: Bool
     let handler: @Sendable (_ sender: String, _ arguments: [BusValue]) -> Void
     var slot: OpaquePointer?
+    var ownerSlot: OpaquePointer?
+    /// The unique name that owns `sender` now (a well-known name), as the bus daemon says.
+    var owner: String?
     init(
-      bus: Bus, sender: String?, path: String?, interface: String, member: String,
+      bus: Bus, sender: String?, path: String?, interface: String, member: String, broadcastOnly: Bool,
       handler: @escaping @Sendable (String, [BusValue]) -> Void
     ) {
       self.bus = bus
@@ -90,7 +95,18 @@ public final class BusServer: @unchecked Sendable {
       self.path = path
       self.interface = interface
       self.member = member
+      self.broadcastOnly = broadcastOnly
       self.handler = handler
+    }
+
+    /// Whether a signal from `sender` is from the name watched. sd-bus's own match lets any
+    /// unique name through for a well-known-name rule (only the bus daemon's routing checks it),
+    /// and the bus daemon delivers a signal addressed to us whatever our rules say: so the
+    /// sender is compared here with the name's current owner.
+    func accepts(sender unique: String) -> Bool {
+      guard let sender else { return true }
+      if sender.hasPrefix(":") { return unique == sender }
+      return owner != nil && owner == unique
     }
   }
 
@@ -222,14 +238,19 @@ public final class BusServer: @unchecked Sendable {
           timeout: timeoutSeconds, autoStart: autoStart, completion: completion)))
   }
 
-  /// Subscribes to a signal. `sender` (a well-known or unique name) is matched by the bus daemon;
-  /// the handler gets the sender's unique name to check it further. Thread-safe.
+  /// Subscribes to a signal. Only signals from `sender` reach the handler: for a well-known
+  /// name, from its current owner (tracked with GetNameOwner and NameOwnerChanged). With
+  /// `broadcastOnly`, a signal addressed to this connection alone (which any peer the bus policy
+  /// allows can send) is dropped too. The handler runs on the bus thread. Thread-safe.
   public func watchSignal(
     on bus: Bus = .session, sender: String?, path: String?, interface: String, member: String,
-    handler: @escaping @Sendable (_ sender: String, _ arguments: [BusValue]) -> Void
+    broadcastOnly: Bool = false, handler: @escaping @Sendable (_ sender: String, _ arguments: [BusValue]) -> Void
   ) {
     post(
-      .watch(SignalWatch(bus: bus, sender: sender, path: path, interface: interface, member: member, handler: handler)))
+      .watch(
+        SignalWatch(
+          bus: bus, sender: sender, path: path, interface: interface, member: member, broadcastOnly: broadcastOnly,
+          handler: handler)))
   }
 
   private func post(_ mail: Mail) {
@@ -555,16 +576,34 @@ public final class BusServer: @unchecked Sendable {
     outgoing.slot = nil
   }
 
+  /// Installs the match without waiting for the bus daemon's answer (a slow system bus must not
+  /// hold the thread every caller is served on), and, for a well-known sender, follows its owner.
   private func startWatch(_ watch: SignalWatch) {
     guard let connection = connection(watch.bus) else { return }
-    let r = sd_bus_match_signal(
-      connection, &watch.slot, watch.sender, watch.path, watch.interface, watch.member, signalArrived,
-      Unmanaged.passUnretained(watch).toOpaque())
+    let me = Unmanaged.passUnretained(watch).toOpaque()
+    var r = sd_bus_match_signal_async(
+      connection, &watch.slot, watch.sender, watch.path, watch.interface, watch.member, signalArrived, nil, me)
     guard r >= 0 else {
       log(.notice, "Could not watch \(watch.interface).\(watch.member): \(Errno(rawValue: -r))")
       return
     }
     watches.append(watch)
+    guard let name = watch.sender, !name.hasPrefix(":") else { return }
+    let rule =
+      "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='\(name)'"
+    r = sd_bus_add_match_async(connection, &watch.ownerSlot, rule, ownerChanged, nil, me)
+    if r < 0 { log(.notice, "Could not follow the owner of \(name): \(Errno(rawValue: -r))") }
+    startCall(
+      Outgoing(
+        bus: watch.bus, destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+        interface: "org.freedesktop.DBus", member: "GetNameOwner", arguments: [.string(name)], timeout: 25,
+        autoStart: false
+      ) { [weak watch] result in
+        // Runs on the bus thread. A NameOwnerChanged that came first is newer: keep it.
+        if case .success(let reply) = result, case .string(let owner)? = reply.values.first, watch?.owner == nil {
+          watch?.owner = owner
+        }
+      })
   }
 
   private func send(reply result: Result<[BusValue], TesseraError>, to call: OpaquePointer) {
@@ -729,8 +768,24 @@ private let outgoingReplied: sd_bus_message_handler_t = { message, userdata, _ i
 private let signalArrived: sd_bus_message_handler_t = { message, userdata, _ in
   guard let message else { return 0 }
   let watch = Unmanaged<BusServer.SignalWatch>.fromOpaque(userdata!).takeUnretainedValue()
+  if watch.broadcastOnly && sd_bus_message_get_destination(message) != nil { return 0 }
   let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+  guard watch.accepts(sender: sender) else { return 0 }
   if let values = try? BusCodec.readAll(message, limits: .replies) { watch.handler(sender, values) }
+  return 0
+}
+
+/// NameOwnerChanged(name, old, new) for a watched well-known sender; the bus daemon itself is the
+/// only sender the rule lets through, checked again here.
+private let ownerChanged: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message, let sender = sd_bus_message_get_sender(message),
+    strcmp(sender, "org.freedesktop.DBus") == 0
+  else { return 0 }
+  let watch = Unmanaged<BusServer.SignalWatch>.fromOpaque(userdata!).takeUnretainedValue()
+  guard let values = try? BusCodec.readAll(message, limits: .replies), values.count == 3,
+    case .string(let name) = values[0], name == watch.sender, case .string(let newOwner) = values[2]
+  else { return 0 }
+  watch.owner = newOwner.isEmpty ? nil : newOwner
   return 0
 }
 

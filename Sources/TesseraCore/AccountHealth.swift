@@ -21,18 +21,38 @@ public struct SignInNeed: Sendable, Equatable {
 }
 
 struct AccountHealth {
+  /// What needs a sign-in: an app, at an authority, for a set of scopes (a step-up or consent for
+  /// some scopes is not answered by a token for others).
+  struct NeedKey: Hashable {
+    var clientID: String
+    var authority: String
+    var scopes: [String]
+
+    init(_ need: SignInNeed) {
+      self.init(clientID: need.clientID, authority: need.authority, scopes: need.scopes)
+    }
+
+    init(clientID: String, authority: String, scopes: [String]) {
+      self.clientID = clientID
+      self.authority = authority
+      self.scopes = Array(Set(scopes.map { $0.lowercased() })).sorted()
+    }
+  }
+
   struct Entry {
     var state: AccountState = .ok
     var lastError: TesseraError?
     var lastErrorAt: Date?
-    /// The apps that found a sign-in needed, by client id (merged: one notification per account).
-    var needs: [String: SignInNeed] = [:]
+    /// The apps that found a sign-in needed (merged: one notification per account).
+    var needs: [NeedKey: SignInNeed] = [:]
     /// When the user was last told (a notification), to not tell again at once after a flap.
     var notifiedAt: Date?
+    /// Whether the user was told of the current need (it started, and nothing cleared it since).
+    var toldOfThisNeed = false
   }
 
-  /// A notification is not repeated for the same account within this many seconds, even when the
-  /// need went away and came back.
+  /// A notification is not repeated for the same account within this many seconds; a need that
+  /// comes back sooner is told at its next failure after that.
   static let renotifyAfter: Double = 600
 
   private(set) var entries: [String: Entry] = [:]
@@ -42,13 +62,25 @@ struct AccountHealth {
   /// The accounts that need a sign-in, sorted.
   var attentionNeeded: [String] { entries.filter { !$0.value.needs.isEmpty }.map(\.key).sorted() }
 
-  /// A token came for the account in this app: it is healthy, and this app no longer needs a
-  /// sign-in. Returns whether the account stopped needing attention.
-  mutating func succeeded(accountID: String, clientID: String) -> Bool {
+  /// A token came for the account. A refresh answers the need of exactly that app, authority and
+  /// scopes; an interactive sign-in (a new refresh token) answers every need of that app, and of
+  /// the apps of its family (`sharing`), which use the same refresh token. Returns whether the
+  /// account stopped needing attention.
+  mutating func succeeded(
+    accountID: String, key: NeedKey, interactive: Bool, sharing: Set<String> = []
+  ) -> Bool {
     guard var entry = entries[accountID] else { return false }
     let needed = !entry.needs.isEmpty
-    entry.needs[clientID] = nil
-    entry.state = entry.needs.isEmpty ? .ok : .needsSignIn
+    entry.needs[key] = nil
+    if interactive {
+      entry.needs = entry.needs.filter { $0.key.clientID != key.clientID && !sharing.contains($0.key.clientID) }
+    }
+    if entry.needs.isEmpty {
+      entry.state = .ok
+      entry.toldOfThisNeed = false
+    } else {
+      entry.state = .needsSignIn
+    }
     entries[accountID] = entry
     return needed && entry.needs.isEmpty
   }
@@ -56,11 +88,12 @@ struct AccountHealth {
   struct Change {
     /// The set of accounts needing attention changed.
     var attentionChanged = false
-    /// Tell the user (a notification): the account just started needing a sign-in.
+    /// Tell the user (a notification): the account needs a sign-in and was not told yet.
     var notify: SignInNeed?
   }
 
-  /// A refresh for the account failed with `error` at `now`.
+  /// A refresh for the account failed with `error` at `now`. Only an InteractionRequired from the
+  /// identity provider should come here as such (the broker filters the app-never-signed-in case).
   mutating func failed(_ need: SignInNeed, error: TesseraError, now: Date) -> Change {
     var entry = entries[need.accountID] ?? Entry()
     entry.lastError = error
@@ -68,15 +101,13 @@ struct AccountHealth {
     var change = Change()
     switch error.code {
     case .interactionRequired:
-      let wasNeeded = !entry.needs.isEmpty
-      entry.needs[need.clientID] = need
+      change.attentionChanged = entry.needs.isEmpty
+      entry.needs[NeedKey(need)] = need
       entry.state = .needsSignIn
-      if !wasNeeded {
-        change.attentionChanged = true
-        if entry.notifiedAt.map({ now.timeIntervalSince($0) >= Self.renotifyAfter }) ?? true {
-          entry.notifiedAt = now
-          change.notify = need
-        }
+      if !entry.toldOfThisNeed, entry.notifiedAt.map({ now.timeIntervalSince($0) >= Self.renotifyAfter }) ?? true {
+        entry.toldOfThisNeed = true
+        entry.notifiedAt = now
+        change.notify = need
       }
     case .storeUnavailable:
       if entry.needs.isEmpty { entry.state = .storeLocked }
@@ -94,8 +125,10 @@ struct AccountHealth {
     entries.removeValue(forKey: accountID).map { !$0.needs.isEmpty } ?? false
   }
 
-  /// The need to show when the user acts on a notification for the account.
+  /// The need to act on when the user clicks a notification for the account.
   func need(for accountID: String) -> SignInNeed? {
-    entries[accountID]?.needs.values.sorted { $0.clientID < $1.clientID }.first
+    entries[accountID]?.needs.values.sorted {
+      ($0.clientID, $0.scopes.joined(separator: " ")) < ($1.clientID, $1.scopes.joined(separator: " "))
+    }.first
   }
 }

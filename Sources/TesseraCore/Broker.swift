@@ -50,8 +50,8 @@ public actor Broker {
   var signIns = SignInRegistry()
   /// Each account's state and last error, and which need a sign-in.
   var health = AccountHealth()
-  /// When tokens were last refreshed for a resume or network event (see machineResumed).
-  var lastResumeRefresh: Date?
+  /// When tokens were last refreshed for each kind of machine event (see machineResumed).
+  var lastMachineEvent: [String: Date] = [:]
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.
   struct TenantKey: Hashable {
     var environment: String
@@ -320,7 +320,9 @@ public actor Broker {
       extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn)
     let accessTokenWrites = cache.insert(accessToken: accessToken)
     if isNewAccount { deps.events.accountsChanged() }
-    noteSuccess(accountID: account.id, clientID: clientID)
+    noteSuccess(
+      accountID: account.id, clientID: clientID, authority: authority.url, scopes: scopes,
+      interactive: redeemed == nil, familyID: response.foci)
     // The account and the refresh token are stored before the reply: a crash after this costs at most
     // that one rotation. The access token is written behind the reply (in order, retried on failure):
     // losing it costs one refresh, never a sign-in.

@@ -17,6 +17,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var microsoftBroker = true
   /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
   public var gitRules: [GitCredentialRule] = []
+  /// What the file got wrong that does not stop the daemon (the helpers' tables), with the line.
+  public var warnings: [String] = []
 
   public init() {}
 
@@ -34,6 +36,10 @@ public struct BrokerConfig: Sendable, Equatable {
     public var line: Int?
     public var key: String?
     public var reason: String
+    /// "line N: key 'K': reason", for a warning logged with the path in front.
+    public var located: String {
+      (line.map { "line \($0): " } ?? "") + (key.map { "key '\($0)': " } ?? "") + reason
+    }
     public var description: String {
       var where_ = path
       if let line { where_ += ":\(line)" }
@@ -118,17 +124,23 @@ public struct BrokerConfig: Sendable, Equatable {
         throw fail("unknown key; known keys are \(keys.joined(separator: ", "))")
       }
     }
-    // The [[git]] tables are the git credential helper's (tessera git-credential reads them); the
-    // daemon checks them too, so a mistake shows at start, with its line, not at the first push.
+    // The [[git]] tables are the git credential helper's (tessera git-credential reads them). The
+    // daemon checks them too, so a mistake shows at start with its line, but only as a warning:
+    // a typo in a git entry must not take tokens away from every other app.
     for table in file.tables where !tableNames.contains(table.name) {
-      throw ParseError(
-        path: path, line: table.line, key: nil,
-        reason:
-          "unknown table [[\(table.name)]]; the only tables are \(tableNames.map { "[[\($0)]]" }.joined(separator: ", "))"
-      )
+      config.warnings.append(
+        ParseError(
+          path: path, line: table.line, key: nil,
+          reason:
+            "unknown table [[\(table.name)]], ignored; the only tables are \(tableNames.map { "[[\($0)]]" }.joined(separator: ", "))"
+        ).located)
     }
     do { config.gitRules = try GitCredentialRule.rules(in: file) } catch {
-      throw ParseError(path: path, line: error.line, key: error.key, reason: "[[git]]: " + error.reason)
+      config.warnings.append(
+        ParseError(
+          path: path, line: error.line, key: error.key,
+          reason: "[[git]] entries ignored (tessera git-credential reports this too): " + error.reason
+        ).located)
     }
     return config
   }

@@ -247,15 +247,18 @@ extension Broker {
 
   /// The machine woke from suspend, or the network came back: every token in recent use is
   /// refreshed now (its expiry may have passed while asleep, and the IdP may have revoked it),
-  /// instead of at the next maintenance pass. At most once a minute, however often it is asked.
+  /// instead of at the next maintenance pass. At most once a minute per kind of event, however
+  /// often it comes: a resume that finds the network still down must not hold back the refresh
+  /// when the network comes back a few seconds later.
   public func machineResumed(reason: String) async {
     let now = deps.clock.now()
-    if let last = lastResumeRefresh, now.timeIntervalSince(last) < 60, now >= last {
+    if let last = lastMachineEvent[reason], now.timeIntervalSince(last) < 60, now >= last {
       logger.debug(
-        "Ignoring a machine event: tokens were refreshed less than a minute ago", metadata: ["event": "\(reason)"])
+        "Ignoring a machine event: tokens were refreshed for it less than a minute ago",
+        metadata: ["event": "\(reason)"])
       return
     }
-    lastResumeRefresh = now
+    lastMachineEvent[reason] = now
     for (target, time) in fastPath.takeUses() {
       scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
     }

@@ -1,8 +1,20 @@
 /// Account health (AccountHealth) as the broker records it, and the status report
 /// (org.tessera.Broker1.GetStatus, `tessera status --json`).
 extension Broker {
-  func noteSuccess(accountID: String, clientID: String) {
-    guard health.succeeded(accountID: accountID, clientID: clientID) else { return }
+  /// A token came: for a refresh (`interactive` false) of exactly these scopes, or from a sign-in.
+  /// `familyID`: the family the answer says the app is in (its refresh token serves them all).
+  func noteSuccess(
+    accountID: String, clientID: String, authority: String, scopes: [String], interactive: Bool, familyID: String?
+  ) {
+    var sharing: Set<String> = []
+    if let familyID {
+      sharing = Set(cache.appMetadata.values.filter { $0.familyID == familyID }.map(\.clientID))
+    }
+    guard
+      health.succeeded(
+        accountID: accountID, key: .init(clientID: clientID, authority: authority, scopes: scopes),
+        interactive: interactive, sharing: sharing)
+    else { return }
     logger.notice("The account no longer needs a sign-in", metadata: ["account_id": "\(accountID)"])
     deps.events.signInNoLongerNeeded(accountID: accountID)
     deps.events.attentionChanged(health.attentionNeeded)
@@ -11,6 +23,10 @@ extension Broker {
   func noteFailure(_ target: SilentTarget, _ error: TesseraError) {
     // A refresh that raced a sign-out: nothing to track.
     guard cache.accounts[target.account.id] != nil else { return }
+    // An app that never signed in to this account (no refresh token of its own, or refused the
+    // family's by the broker's own record) is the normal first step of every MSAL app: it signs in
+    // next by itself. Only a refresh token the identity provider refused means the user must act.
+    if error.code == .interactionRequired && error.detail?.oauthError == nil { return }
     let need = SignInNeed(
       accountID: target.account.id, username: target.account.username, clientID: target.clientID,
       scopes: target.scopes, authority: target.authority.url)

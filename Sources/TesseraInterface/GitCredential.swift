@@ -116,6 +116,10 @@ public struct GitCredentialRule: Sendable, Equatable {
     guard request.protocol == "https", request.host.lowercased() == host else { return false }
     guard !pathPrefix.isEmpty else { return true }
     guard let path = request.path else { return false }
+    // "team/../other" would match "team" here and reach "other" once the URL is normalised:
+    // dot and empty segments match nothing.
+    let raw = path.split(separator: "/", omittingEmptySubsequences: false)
+    guard !raw.contains(where: { $0 == "." || $0 == ".." || $0.lowercased().contains("%2e") }) else { return false }
     let given = path.split(separator: "/")
     let prefix = pathPrefix.split(separator: "/")
     guard given.count >= prefix.count else { return false }
@@ -149,6 +153,8 @@ public struct GitCredentialRequest: Sendable, Equatable {
   public var authtype: String?
   /// `capability[]=…` lines: `authtype` means git takes `authtype` / `credential` answers.
   public var capabilities: Set<String> = []
+  /// The server's `WWW-Authenticate` challenges, as git relays them (`wwwauth[]=…`).
+  public var challenges: [String] = []
 
   public init() {}
 
@@ -178,6 +184,7 @@ public struct GitCredentialRequest: Sendable, Equatable {
       case "credential": credential = value
       case "authtype": authtype = value
       case "capability[]": capabilities.insert(value)
+      case "wwwauth[]": challenges.append(value)
       case "url":
         // git sends url= only from `git credential fill` input; split it as git would.
         if let (scheme, rest) = schemeSplit(Substring(value)) {
@@ -187,7 +194,7 @@ public struct GitCredentialRequest: Sendable, Equatable {
           let p = rest.dropFirst(authority.count).drop { $0 == "/" }
           if !p.isEmpty { path = String(p) }
         }
-      default: break  // wwwauth[], password_expiry_utc, oauth_refresh_token, state[]…: not ours
+      default: break  // password_expiry_utc, oauth_refresh_token, state[]…: not ours
       }
     }
   }
@@ -210,15 +217,17 @@ public struct GitCredentialAnswer: Sendable, Equatable {
     self.expiresOn = expiresOn
   }
 
-  /// git-credential(1)'s lines. When git announced `capability[]=authtype` (2.46+), a Bearer
-  /// credential git sends as is and must not store (`ephemeral`); else a username and password
-  /// (servers such as Azure DevOps, GitHub and Gitea take a token as the password).
+  /// git-credential(1)'s lines. When git announced `capability[]=authtype` (2.46+) and the server
+  /// offers Bearer (a `wwwauth[]` challenge), a Bearer credential git sends as is and must not
+  /// store (`ephemeral`); else a username and password (servers such as Azure DevOps, GitHub and
+  /// Gitea take a token as the password, and many offer Basic only).
   /// nil when a value would break the protocol (a newline or NUL from the IdP: it could add lines
   /// of its own choosing, such as a url= or a second password=).
   public func lines(for request: GitCredentialRequest) -> String? {
     guard [username, accessToken].allSatisfy({ SafeText.isClean($0) && !$0.isEmpty }) else { return nil }
     var out = ""
-    if request.capabilities.contains("authtype") {
+    let offersBearer = request.challenges.contains { $0.lowercased().hasPrefix("bearer") }
+    if request.capabilities.contains("authtype") && offersBearer {
       out += "capability[]=authtype\n"
       out += "authtype=Bearer\n"
       out += "credential=\(accessToken)\n"

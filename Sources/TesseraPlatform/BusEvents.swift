@@ -44,6 +44,11 @@ public final class DesktopNotifier: Sendable {
   private struct State {
     /// Notification ids we showed, to the account each is for.
     var shown: [UInt32: String] = [:]
+    /// Notifications whose action was taken: a second click starts no second sign-in.
+    var acted: Set<UInt32> = []
+    /// Bumped by every show and withdraw of an account: a Notify answered after a withdraw (or a
+    /// newer show) is closed at once instead of kept.
+    var generation: [String: UInt64] = [:]
     /// The notification server's unique name (the sender of Notify's reply).
     var serverName: String?
     var onAction: (@Sendable (String) -> Void)?
@@ -68,11 +73,16 @@ public final class DesktopNotifier: Sendable {
       guard let self, arguments.count == 2, case .uint32(let id) = arguments[0],
         case .string(let action) = arguments[1]
       else { return }
+      guard action == Self.signInAction || action == "default" else { return }
+      // The first action on a notification counts; it is ours no more (clicking the body and then
+      // the button must not start two sign-ins).
       let (account, handler) = self.state.withLock { state -> (String?, (@Sendable (String) -> Void)?) in
-        guard state.serverName == sender, let account = state.shown[id] else { return (nil, nil) }
+        guard state.serverName == sender, let account = state.shown[id], state.acted.insert(id).inserted else {
+          return (nil, nil)
+        }
         return (account, state.onAction)
       }
-      guard let account, action == Self.signInAction || action == "default" else { return }
+      guard let account else { return }
       self.logger.info("The user asked to sign in from the notification", metadata: ["account_id": "\(account)"])
       handler?(account)
     }
@@ -81,16 +91,39 @@ public final class DesktopNotifier: Sendable {
     ) { [weak self] sender, arguments in
       guard let self, arguments.count >= 1, case .uint32(let id) = arguments[0] else { return }
       self.state.withLock { state in
-        if state.serverName == sender { state.shown[id] = nil }
+        if state.serverName == sender {
+          state.shown[id] = nil
+          state.acted.remove(id)
+        }
       }
     }
+  }
+
+  /// Body text may be rendered as markup by the notification server (the spec's body-markup): what
+  /// came from the IdP or a caller is escaped, so it cannot add links or formatting.
+  static func escapeMarkup(_ text: String) -> String {
+    var out = ""
+    for c in text {
+      switch c {
+      case "&": out += "&amp;"
+      case "<": out += "&lt;"
+      case ">": out += "&gt;"
+      default: out.append(c)
+      }
+    }
+    return out
   }
 
   func show(_ need: SignInNeed) {
     let app = KnownApps.name(of: need.clientID)
     let summary = "Sign in again to \(SafeText.clip(need.username, limit: 200))"
-    let body =
+    let body = Self.escapeMarkup(
       "\(SafeText.clip(app, limit: 200)) needs you to sign in again to \(SafeText.clip(need.username, limit: 200)). Until then it gets no new tokens."
+    )
+    let generation = state.withLock { state -> UInt64 in
+      state.generation[need.accountID, default: 0] += 1
+      return state.generation[need.accountID]!
+    }
     let arguments: [BusValue] = [
       .string("Tessera"), .uint32(0), .string("dialog-password"), .string(summary), .string(body),
       .strings(["default", "Sign in", Self.signInAction, "Sign in"]),
@@ -104,9 +137,16 @@ public final class DesktopNotifier: Sendable {
       switch result {
       case .success(let reply):
         guard case .uint32(let id)? = reply.values.first else { return }
-        self.state.withLock {
-          $0.serverName = reply.sender
-          $0.shown[id] = need.accountID
+        let current = self.state.withLock { state -> Bool in
+          state.serverName = reply.sender
+          guard state.generation[need.accountID] == generation else { return false }
+          state.shown[id] = need.accountID
+          return true
+        }
+        guard current else {
+          // Withdrawn (or replaced) while the server was answering: take it down now.
+          self.close(id)
+          return
         }
         self.logger.info(
           "Showed a notification: the account needs a sign-in",
@@ -121,38 +161,46 @@ public final class DesktopNotifier: Sendable {
 
   func withdraw(accountID: String) {
     let ids = state.withLock { state -> [UInt32] in
+      state.generation[accountID, default: 0] += 1
       let ids = state.shown.filter { $0.value == accountID }.map(\.key)
-      for id in ids { state.shown[id] = nil }
+      for id in ids {
+        state.shown[id] = nil
+        state.acted.remove(id)
+      }
       return ids
     }
-    for id in ids {
-      server.call(
-        destination: Self.service, path: Self.path, interface: Self.service, member: "CloseNotification",
-        arguments: [.uint32(id)], timeoutSeconds: 10, autoStart: false
-      ) { _ in }
-    }
+    for id in ids { close(id) }
+  }
+
+  private func close(_ id: UInt32) {
+    server.call(
+      destination: Self.service, path: Self.path, interface: Self.service, member: "CloseNotification",
+      arguments: [.uint32(id)], timeoutSeconds: 10, autoStart: false
+    ) { _ in }
   }
 }
 
 /// Machine events on the system bus: logind's PrepareForSleep(false) (the machine woke up) and
 /// NetworkManager reaching full connectivity again. Each makes the broker refresh the tokens in
-/// recent use at once. Only the owners of those names are heard (the system bus lets no one else
-/// own them); without a system bus nothing is watched.
+/// recent use at once. Only broadcasts from the current owners of those names are heard (the
+/// system bus's policy lets only logind and NetworkManager own them; a signal sent to tesserad
+/// alone, which any local user may send, is dropped); without a system bus nothing is watched.
 public enum MachineEvents {
   public static func watch(server: BusServer, logger: Logger, onResume: @escaping @Sendable (String) -> Void) {
     server.watchSignal(
       on: .system, sender: "org.freedesktop.login1", path: "/org/freedesktop/login1",
-      interface: "org.freedesktop.login1.Manager", member: "PrepareForSleep"
+      interface: "org.freedesktop.login1.Manager", member: "PrepareForSleep", broadcastOnly: true
     ) { _, arguments in
       guard case .bool(false)? = arguments.first else { return }
       onResume("resume")
     }
-    // NM_STATE_CONNECTED_GLOBAL: connected with full access; any other state first arms it.
+    // NM_STATE_CONNECTED_GLOBAL: connected with full access; any other state arms it again. Armed
+    // at start, so a daemon started offline hears the first connection.
     let connected: UInt32 = 70
-    let armed = Mutex(false)
+    let armed = Mutex(true)
     server.watchSignal(
       on: .system, sender: "org.freedesktop.NetworkManager", path: "/org/freedesktop/NetworkManager",
-      interface: "org.freedesktop.NetworkManager", member: "StateChanged"
+      interface: "org.freedesktop.NetworkManager", member: "StateChanged", broadcastOnly: true
     ) { _, arguments in
       guard case .uint32(let state)? = arguments.first else { return }
       let fire = armed.withLock { wasDown -> Bool in

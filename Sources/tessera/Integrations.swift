@@ -25,7 +25,8 @@ struct TokenTarget: ParsableArguments {
   var minValidity: UInt32?
 }
 
-/// Prints what the user must do to finish a sign-in, on stderr.
+/// Prints what the user must do to finish a sign-in, on stderr. What the broker relays may come
+/// from the IdP: made inert before it reaches the terminal.
 func showInteraction(_ interaction: TesseraInteraction) {
   if interaction.flow == .deviceCode {
     printError(SafeText.clip(interaction.message, limit: 1000))
@@ -266,9 +267,10 @@ extension Tessera {
             authority: token.target.authority, account: token.account, minValidity: token.minValidity,
             interactive: interactive, deviceCode: deviceCode)
         } catch .broker(let e) where !interactive && (e.code == .interactionRequired || e.code == .noSuchAccount) {
+          // Both mean the same to kubectl's user: sign in (exit status 4, as the help says).
           throw .broker(
             TesseraError(
-              e.code,
+              .interactionRequired,
               "Sign-in needed, and kubectl runs non-interactively: run `tessera login\(token.target.clientId.isEmpty ? "" : " --client-id \(token.target.clientId)")` in a terminal, then retry. (\(SafeText.clip(e.message, limit: 300)))"
             ))
         }
@@ -361,6 +363,10 @@ extension Tessera {
         env.first.map { $0 == "_" || ($0.isASCII && $0.isLetter) } == true
         && env.allSatisfy { $0 == "_" || ($0.isASCII && ($0.isLetter || $0.isNumber)) }
       guard valid else { throw ValidationError("--env must be a variable name: letters, digits and _.") }
+      guard env != "PATH" else {
+        throw ValidationError(
+          "--env PATH would replace the search path the command is found with; choose another name.")
+      }
     }
 
     func run() throws {

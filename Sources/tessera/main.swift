@@ -129,16 +129,8 @@ extension Tessera {
       options.loginHint = loginHint
       options.timeout = timeout
       let token = try withBroker { broker throws(TesseraClientError) in
-        try broker.acquireToken(clientID: target.clientId, scopes: target.scopes, options: options) { interaction in
-          // What the broker relays may come from the IdP: made inert before it reaches the terminal.
-          if interaction.flow == .deviceCode {
-            printError(SafeText.clip(interaction.message, limit: 1000))
-          } else {
-            printError(
-              "Opening your browser to sign in. If it does not open, visit:\n  "
-                + SafeText.clip(interaction.verificationURI, limit: 2048))
-          }
-        }
+        try broker.acquireToken(
+          clientID: target.clientId, scopes: target.scopes, options: options, onInteraction: showInteraction)
       }
       if output.json {
         printJSON(token.account)
@@ -326,10 +318,13 @@ extension Tessera {
         print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
       }
       for a in report.accounts {
-        var line = "  \(a.account.username) (\(a.account.environment))"
+        var line =
+          "  \(SafeText.clip(a.account.username, limit: 200)) (\(SafeText.clip(a.account.environment, limit: 200)))"
         if let h = a.health {
           switch h.state {
-          case "needs_sign_in": line += ": needs a sign-in: run `tessera login --account \(a.account.username)`"
+          case "needs_sign_in":
+            line +=
+              ": needs a sign-in: run `tessera login --login-hint \(SafeText.clip(a.account.username, limit: 200))`"
           case "store_locked": line += ": the keyring is locked: unlock it"
           case "idp_unreachable": line += ": the identity provider cannot be reached"
           default: line += ": ok"

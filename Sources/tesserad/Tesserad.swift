@@ -49,7 +49,7 @@ struct Tesserad: AsyncParsableCommand {
   func run() async throws {
     ProcessMemory.limitArenas()
     let environment = ProcessInfo.processInfo.environment
-    let path = config ?? environment["TESSERA_CONFIG"] ?? BrokerConfig.defaultPath(environment: environment)
+    let path = ConfigLocation.path(option: config, environment: environment)
     var brokerConfig = BrokerConfig()
     if let bytes = readFile(path) {
       // The file's `browser` key runs a program, and its trust settings decide where refresh tokens
@@ -66,7 +66,7 @@ struct Tesserad: AsyncParsableCommand {
         printError("tesserad: bad configuration: \(error)")
         throw ExitCode(78)
       }
-    } else if config != nil || environment["TESSERA_CONFIG"] != nil {
+    } else if config != nil || !(environment["TESSERA_CONFIG"] ?? "").isEmpty {
       printError("tesserad: cannot read the configuration file \(path). Check the path.")
       throw ExitCode(78)
     }
@@ -80,6 +80,9 @@ struct Tesserad: AsyncParsableCommand {
       return InertLogHandler(handler)
     }
     let logger = Logger(label: "tesserad")
+    for warning in brokerConfig.warnings {
+      logger.warning("\(path): \(warning)")
+    }
 
     let http: CurlHTTPClient
     do {

@@ -53,6 +53,12 @@ struct NoBrowser: BrowserLauncher {
 final class RecordingEvents: BrokerEvents, Sendable {
   let pending = Mutex<[(String, [String: BusValue])]>([])
   let accountsChangedCount = Mutex(0)
+  let attention = Mutex<[[String]]>([])
+  let needs = Mutex<[SignInNeed]>([])
+  let resolved = Mutex<[String]>([])
+  func attentionChanged(_ accountIDs: [String]) { attention.withLock { $0.append(accountIDs) } }
+  func signInNeeded(_ need: SignInNeed) { needs.withLock { $0.append(need) } }
+  func signInNoLongerNeeded(accountID: String) { resolved.withLock { $0.append(accountID) } }
   func interactionPending(destination: String, correlationID: String, info: InteractionInfo) {
     pending.withLock { $0.append((destination, info.busValue)) }
   }

@@ -78,6 +78,10 @@ final class GitCredentialTests: XCTestCase {
     XCTAssertNil(try best("protocol=http\nhost=git.example.com\n"), "a token never goes over plain HTTP")
     XCTAssertNil(try best("protocol=https\nhost=evil.example.com\n"))
     XCTAssertNil(try best("protocol=https\nhost=git.example.com.evil.test\n"))
+    // Dot segments would walk out of a prefix once the URL is normalised: the narrower entry does
+    // not match (the host-wide one covers every path anyway).
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com\npath=team/tools/../../other\n"), "host")
+    XCTAssertEqual(try best("protocol=https\nhost=git.example.com\npath=team/tools/%2E%2E/x\n"), "host")
   }
 
   func testAnswersAsGitReadsThem() throws {
@@ -85,9 +89,14 @@ final class GitCredentialTests: XCTestCase {
     XCTAssertEqual(
       answer.lines(for: try request("protocol=https\nhost=h\n\n")),
       "username=alice\npassword=at-1\npassword_expiry_utc=1800000000\n")
-    // git 2.46+ announces authtype: a Bearer credential it must not store.
+    // git 2.46+ announces authtype: a Bearer credential it must not store, when the server
+    // offers Bearer; a server offering Basic only gets the token as the password.
     XCTAssertEqual(
-      answer.lines(for: try request("capability[]=authtype\nprotocol=https\nhost=h\n")),
+      answer.lines(for: try request("capability[]=authtype\nprotocol=https\nhost=h\nwwwauth[]=Basic realm=x\n")),
+      "username=alice\npassword=at-1\npassword_expiry_utc=1800000000\n")
+    XCTAssertEqual(
+      answer.lines(
+        for: try request("capability[]=authtype\nprotocol=https\nhost=h\nwwwauth[]=Bearer realm=\"x\"\n")),
       "capability[]=authtype\nauthtype=Bearer\ncredential=at-1\nephemeral=true\npassword_expiry_utc=1800000000\n")
     // A token with a line break would let the IdP add lines of its own: refused.
     XCTAssertNil(

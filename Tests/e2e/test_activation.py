@@ -10,20 +10,8 @@ import dbus.bus
 import pytest
 
 from conftest import BIN_DIR, BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, REPO
+from tessera_session import bus_config
 
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={dir}/bus</listen>
-  <servicedir>{dir}/services</servicedir>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"""
 
 
 @pytest.fixture
@@ -32,7 +20,7 @@ def private_bus(tmp_path):
     services.mkdir()
     template = open(os.path.join(REPO, "dbus", "org.tessera.Broker1.service")).read()
     (services / "org.tessera.Broker1.service").write_text(template.replace("@bindir@", BIN_DIR))
-    (tmp_path / "bus.conf").write_text(BUS_CONFIG.format(dir=tmp_path))
+    (tmp_path / "bus.conf").write_text(bus_config("session", tmp_path / "bus", services))
     bus = subprocess.Popen(
         ["dbus-daemon", f"--config-file={tmp_path}/bus.conf", "--nofork", "--print-address"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

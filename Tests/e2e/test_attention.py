@@ -17,6 +17,8 @@ import pytest
 from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, Broker, expect_error, new_connection, run_cli,
                       stop_process, wait_until)
 
+from tessera_session import bus_config  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -170,27 +172,13 @@ def test_no_notification_server_means_no_notification(daemon, broker, idp):
 # Resume and network: a private system bus with a fake logind and NetworkManager
 
 
-SYSTEM_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"""
 
 
 @pytest.fixture
 def system_bus(tmp_path):
     socket = tmp_path / "system_bus_socket"
     config = tmp_path / "system.conf"
-    config.write_text(SYSTEM_BUS_CONFIG.format(socket=socket))
+    config.write_text(bus_config("system", socket))
     proc = subprocess.Popen(["dbus-daemon", "--nofork", f"--config-file={config}", "--print-address"],
                             stdout=subprocess.PIPE, text=True)
     address = proc.stdout.readline().strip()
@@ -248,19 +236,60 @@ def test_the_network_coming_back_refreshes_tokens_in_use(start_daemon, system_bu
 
 
 def test_signals_from_a_program_that_is_not_logind_are_ignored(start_daemon, system_bus, idp):
+    daemon = start_daemon(extra_env={"DBUS_SYSTEM_BUS_ADDRESS": system_bus})
+    b = Broker()
+    b.sign_in()
+    b.silent()
+    mark = idp.mark()
+    conn = dbus.bus.BusConnection(system_bus)  # owns no name: any local user could be this
+    try:
+        bus = dbus.Interface(conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"), "org.freedesktop.DBus")
+        tesserad = wait_until(lambda: [n for n in bus.ListNames() if n.startswith(":") and
+                                       bus.GetConnectionUnixProcessID(n) == daemon.proc.pid],
+                              what="tesserad on the system bus")[0]
+        # A broadcast, and the same signal addressed to tesserad alone (which the bus delivers
+        # whatever tesserad's match rules say), both from a connection that is not logind.
+        for destination in (None, tesserad):
+            signal = dbus.lowlevel.SignalMessage(*LOGIND[1:], "PrepareForSleep")
+            if destination:
+                signal.set_destination(destination)
+            signal.append(False, signature="b")
+            conn.send_message(signal)
+        # The real owner of the name, but addressed to tesserad alone: not how logind speaks.
+        assert conn.request_name(LOGIND[0]) == dbus.bus.REQUEST_NAME_REPLY_PRIMARY_OWNER
+        time.sleep(0.3)  # tesserad hears the new owner
+        signal = dbus.lowlevel.SignalMessage(*LOGIND[1:], "PrepareForSleep")
+        signal.set_destination(tesserad)
+        signal.append(False, signature="b")
+        conn.send_message(signal)
+        conn.flush()
+        time.sleep(1)
+        assert idp.token_posts(mark) == []
+        # The same owner broadcasting is logind waking up: heard.
+        signal = dbus.lowlevel.SignalMessage(*LOGIND[1:], "PrepareForSleep")
+        signal.append(False, signature="b")
+        conn.send_message(signal)
+        conn.flush()
+        wait_until(lambda: idp.token_posts(mark, grant_type="refresh_token"), what="the real logind to be heard")
+    finally:
+        conn.close()
+    b.close()
+
+
+def test_a_resume_offline_does_not_hold_back_the_network_refresh(start_daemon, system_bus, idp):
     start_daemon(extra_env={"DBUS_SYSTEM_BUS_ADDRESS": system_bus})
     b = Broker()
     b.sign_in()
     b.silent()
     mark = idp.mark()
-    conn = dbus.bus.BusConnection(system_bus)  # owns no name
-    try:
-        signal = dbus.lowlevel.SignalMessage(*LOGIND[1:], "PrepareForSleep")
-        signal.append(False, signature="b")
-        conn.send_message(signal)
-        conn.flush()
-    finally:
-        conn.close()
+    emit(system_bus, *LOGIND, "PrepareForSleep", "b", False)
+    wait_until(lambda: len(idp.token_posts(mark, grant_type="refresh_token")) == 1, what="the resume refresh")
+    emit(system_bus, *NM, "StateChanged", "u", dbus.UInt32(20))
+    emit(system_bus, *NM, "StateChanged", "u", dbus.UInt32(70))
+    wait_until(lambda: len(idp.token_posts(mark, grant_type="refresh_token")) == 2,
+               what="the network refresh seconds after the resume one")
+    # The same kind of event again within a minute: nothing more.
+    emit(system_bus, *LOGIND, "PrepareForSleep", "b", False)
     time.sleep(1)
-    assert idp.token_posts(mark) == []
+    assert len(idp.token_posts(mark, grant_type="refresh_token")) == 2
     b.close()

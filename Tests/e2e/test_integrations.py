@@ -129,7 +129,7 @@ def test_git_credential_protocol(start_daemon, write_config, helper_env, idp):
     config = with_tables(write_config(), '[[git]]\nurl = "https://git.example.test/team/"\n'
                                          'username = "oauth2"\n')
     helper_env["TESSERA_CONFIG"] = config
-    start_daemon(config)
+    first = start_daemon(config)
     b = Broker()
     token = b.sign_in()["access_token"]
 
@@ -142,7 +142,7 @@ def test_git_credential_protocol(start_daemon, write_config, helper_env, idp):
 
     # git 2.46+ announces authtype: a Bearer credential git must not store.
     bearer = credential(helper_env, "get", "capability[]=authtype\nprotocol=https\nhost=git.example.test\n"
-                                           "path=team/x\n\n")
+                                           "path=team/x\nwwwauth[]=Bearer realm=\"x\"\n\n")
     assert bearer.stdout.splitlines()[:4] == ["capability[]=authtype", "authtype=Bearer", f"credential={token}",
                                               "ephemeral=true"]
     # Hosts without a [[git]] entry (or outside its path) get no answer: git asks its next helper.
@@ -158,11 +158,16 @@ def test_git_credential_protocol(start_daemon, write_config, helper_env, idp):
     assert credential(helper_env, "erase", "protocol=https\nhost=git.example.test\npath=team/x\n"
                                            "password=not-the-token\n\n").returncode == 0
     assert idp.token_posts(mark) == []
-    # A broken [[git]] entry is reported on stderr, with its line, and stdout stays empty.
+    # A broken [[git]] entry is reported on stderr, with its line, and stdout stays empty; tesserad
+    # only warns about it (a git typo must not take tokens away from every other app).
     broken = with_tables(write_config(name="broken.toml"), '[[git]]\nclient_id = "x"\n')
     bad = credential(helper_env, "get", "protocol=https\nhost=h\n\n", "--config", broken)
     assert bad.returncode == 15 and bad.stdout == "" and "has no url" in bad.stderr, bad
     b.close()
+    first.stop()
+    warned = start_daemon(broken)
+    assert "has no url" in warned.log() and "[[git]] entries ignored" in warned.log(), warned.log()[-1500:]
+    assert Broker().accounts() != [], "the daemon serves as usual"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,6 +261,13 @@ def test_kube_credential_output(broker):
         assert cred["status"]["token"] == broker.silent()["access_token"]
         stamp = cred["status"]["expirationTimestamp"]
         assert stamp.endswith("Z") and len(stamp) == 20, stamp
+    # Not interactive and no account for that client: sign in first, exit status 4 as documented.
+    info = json.dumps({"kind": "ExecCredential", "apiVersion": "client.authentication.k8s.io/v1",
+                       "spec": {"interactive": False}})
+    none = subprocess.run([TESSERA, "kube-credential", "--authority", "https://127.0.0.1:1/nobody"],
+                          env=dict(os.environ, KUBERNETES_EXEC_INFO=info), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert none.stdout == "" and none.returncode in (4, 6), none.stderr
     bad = subprocess.run([TESSERA, "kube-credential"], env=dict(os.environ, KUBERNETES_EXEC_INFO="{nope"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 64 and bad.stdout == ""
