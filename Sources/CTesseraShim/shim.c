@@ -1,4 +1,5 @@
 #define _GNU_SOURCE  // pipe2, accept4, posix_spawn_file_actions_addclosefrom_np
+#include <sys/pidfd.h>
 #include "tessera_shim.h"
 
 #include <fcntl.h>
@@ -37,3 +38,7 @@ int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int fla
 int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from) {
   return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }
+
+int tessera_pidfd_open(int pid) { return pidfd_open(pid, 0); }
+
+int tessera_pidfd_alive(int pidfd) { return pidfd_send_signal(pidfd, 0, NULL, 0); }

@@ -124,6 +124,9 @@ public final class BusServer: @unchecked Sendable {
   private let answerAtOnce: (@Sendable (Call) -> FastAnswer?)?
   /// Called (on the bus thread) when a unique name leaves the bus.
   private let onCallerGone: @Sendable (String) -> Void
+  /// Tells which app a caller is, from its pid and security label; once per connection.
+  private let identify: (@Sendable (UInt32, String?) -> AppIdentity?)?
+  private let ownUID = getuid()
 
   /// Identifies a pending call; pass it back to `reply`.
   public struct ReplyToken: Sendable {
@@ -146,8 +149,10 @@ public final class BusServer: @unchecked Sendable {
   public init(
     interfaces: [InterfaceDescription], log: @escaping BusLog = { _, _ in }, onCall: @escaping CallHandler,
     onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
-    answerAtOnce: (@Sendable (Call) -> FastAnswer?)? = nil
+    answerAtOnce: (@Sendable (Call) -> FastAnswer?)? = nil,
+    identify: (@Sendable (UInt32, String?) -> AppIdentity?)? = nil
   ) {
+    self.identify = identify
     self.log = log
     self.onCall = onCall
     self.answerAtOnce = answerAtOnce
@@ -322,7 +327,17 @@ public final class BusServer: @unchecked Sendable {
         message, member,
         .invalidArgument("The arguments of \(member) could not be read (\(error)). Check their types."))
     }
-    let call = Call(interface: object.description, member: member, arguments: arguments, caller: callerInfo(message))
+    let caller = callerInfo(message)
+    // A session bus serves one user; a bus that lets another user connect (or a peer that passed
+    // its connection on) must not reach anyone's tokens through it. Refused before anything else.
+    guard caller.uid == ownUID else {
+      return refuse(
+        message, member,
+        .accessDenied(
+          "This broker serves user \(ownUID) only; the caller runs as \(caller.uid.map { "user \($0)" } ?? "an unknown user")."
+        ))
+    }
+    let call = Call(interface: object.description, member: member, arguments: arguments, caller: caller)
     switch answerAtOnce?(call) {
     case .reply(let result)?:
       send(reply: result, to: message)
@@ -428,7 +443,8 @@ public final class BusServer: @unchecked Sendable {
     if let cached = callerCache[sender] { return cached }
     var info = CallerInfo(busName: sender)
     var creds: OpaquePointer?
-    let mask = UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EXE | SD_BUS_CREDS_AUGMENT)
+    let mask = UInt64(
+      SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EXE | SD_BUS_CREDS_SELINUX_CONTEXT | SD_BUS_CREDS_AUGMENT)
     if sd_bus_query_sender_creds(message, mask, &creds) >= 0, let creds {
       var pid: pid_t = 0
       if sd_bus_creds_get_pid(creds, &pid) >= 0 { info.pid = UInt32(pid) }
@@ -436,6 +452,12 @@ public final class BusServer: @unchecked Sendable {
       if sd_bus_creds_get_euid(creds, &uid) >= 0 { info.uid = uid }
       var exe: UnsafePointer<CChar>?
       if sd_bus_creds_get_exe(creds, &exe) >= 0, let exe { info.exe = String(cString: exe) }
+      // The LSM label (AppArmor's for snaps): what the bus daemon saw at connect time.
+      var label: UnsafePointer<CChar>?
+      let hasLabel = sd_bus_creds_get_selinux_context(creds, &label) >= 0 && label != nil
+      if let identify, let pid = info.pid {
+        info.app = identify(pid, hasLabel ? String(cString: label!) : nil)
+      }
       sd_bus_creds_unref(creds)
     }
     if callerCache.count > 512 { callerCache.removeAll() }

@@ -12,6 +12,16 @@ extension Broker {
   public func knownAccounts(matching filter: AccountFilter) async throws -> [Account] {
     try await ensureLoaded()
     var accounts = Array(cache.accounts.values)
+    // An app sees the accounts it holds a grant for (all of them in open mode).
+    if let visible = visibleAccountIDs(filter.caller) {
+      let hidden = accounts.filter { !visible.contains($0.id) }.count
+      accounts = accounts.filter { visible.contains($0.id) }
+      if hidden > 0, let caller = filter.caller {
+        logger.info(
+          "Accounts hidden from an app without a grant for them",
+          metadata: ["app": "\(caller.app?.display ?? "unidentified")", "hidden_accounts": "\(hidden)"])
+      }
+    }
     if let authority = filter.authority {
       let wanted = try Authority(parsing: authority)
       accounts = accounts.filter { Self.serves(wanted, $0) }
@@ -35,6 +45,12 @@ extension Broker {
     guard let account = cache.accounts[request.accountID] else {
       throw TesseraError.noSuchAccount(
         "No account with id '\(RequestOptions.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
+    }
+    // An app may sign out only an account it may use.
+    if let visible = visibleAccountIDs(request.caller), !visible.contains(account.id) {
+      throw TesseraError.accessDenied(
+        "\(request.caller?.app?.display ?? "This app") holds no grant for \(account.username), so it may not sign it out. Use `tessera logout`."
+      )
     }
     // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
     let before = cache

@@ -50,6 +50,8 @@ public actor Broker {
   var signIns = SignInRegistry()
   /// Each account's state and last error, and which need a sign-in.
   var health = AccountHealth()
+  /// Decisions per app, for the audit (issue 11).
+  var auditCounts = AuditCounts()
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.
@@ -67,6 +69,7 @@ public actor Broker {
     self.policy = config.authorityPolicy
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
     self.storeWriter = StoreWriter(store: dependencies.store)
+    fastPath.enforcesAccess.store(config.accessMode != .open, ordering: .relaxed)
   }
 
   /// What a token request returns.

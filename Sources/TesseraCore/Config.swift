@@ -15,6 +15,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var clientCapabilities: [String] = []
   /// Whether tesserad also serves Microsoft's broker protocol as com.microsoft.identity.broker1.
   public var microsoftBroker = true
+  /// Per-app access control (issue 11): open, confirm (the default) or strict.
+  public var accessMode: AccessMode = .confirm
   /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
   public var gitRules: [GitCredentialRule] = []
   /// What the file got wrong that does not stop the daemon (the helpers' tables), with the line.
@@ -26,7 +28,7 @@ public struct BrokerConfig: Sendable, Equatable {
     "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file",
     "ca_file_for_microsoft",
     "browser", "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
-    "microsoft_broker",
+    "microsoft_broker", "access_mode",
   ]
   public static let tableNames = ["git"]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
@@ -115,6 +117,11 @@ public struct BrokerConfig: Sendable, Equatable {
       case "microsoft_broker":
         guard let b = value.bool else { throw fail("must be true or false") }
         config.microsoftBroker = b
+      case "access_mode":
+        guard let s = value.string, let mode = AccessMode(rawValue: s) else {
+          throw fail("must be one of \(AccessMode.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        config.accessMode = mode
       case "log_level":
         guard let s = value.string, logLevels.contains(s) else {
           throw fail("must be one of \(logLevels.joined(separator: ", "))")

@@ -61,8 +61,38 @@ public final class SilentFastPath: Sendable {
     case refused(TesseraError)
   }
 
+  // MARK: Access (issue 11)
+
+  /// Which app may use which client and account, as the full path decided for it: the bus thread
+  /// answers only those, so a cache hit costs one more set lookup. Off in `access_mode = "open"`.
+  struct AllowKey: Hashable, Sendable {
+    var app: String
+    var clientID: String
+    var accountID: String
+  }
+  private let allowed = Mutex<Set<AllowKey>>([])
+  let enforcesAccess = Atomic<Bool>(false)
+
+  func noteAllowed(app: String, clientID: String, accountID: String) {
+    allowed.withLock { set in
+      if set.count >= Self.maxEntries { set.removeAll() }
+      set.insert(AllowKey(app: app, clientID: clientID, accountID: accountID))
+    }
+  }
+
+  func forgetAllowed() { allowed.withLock { $0.removeAll() } }
+
+  func mayAnswer(app: String?, target: SilentTarget) -> Bool {
+    guard enforcesAccess.load(ordering: .relaxed) else { return true }
+    guard let app else { return false }
+    return allowed.withLock {
+      $0.contains(AllowKey(app: app, clientID: target.clientID, accountID: target.account.id))
+    }
+  }
+
   /// The answer for these AcquireTokenSilent arguments, or nil when the full path must answer.
-  public func answer(_ arguments: [BusValue], now: Double) -> Answer? {
+  /// `app`: the caller's AppIdentity key; only an app the full path allowed is answered here.
+  public func answer(_ arguments: [BusValue], now: Double, app: String? = nil) -> Answer? {
     guard arguments.count == 4, case .string(let clientID) = arguments[0], case .strings(let scopes) = arguments[1],
       case .string(let accountID) = arguments[2], case .dict(let options) = arguments[3]
     else { return nil }
@@ -75,7 +105,8 @@ public final class SilentFastPath: Sendable {
     }
     guard !request.forceRefresh, request.claims == nil, request.accessTokenToRenew == nil,
       let entry = entries.withLock({ $0[Key(request)] }),
-      entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn
+      entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn,
+      mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)
     if entry.lastUse.exchange(second, ordering: .relaxed) != second {
@@ -133,9 +164,10 @@ public final class SilentFastPath: Sendable {
   /// The published answer to this acquireTokenSilently requestJson, or nil when the full path
   /// must answer (nothing published, the token past its refresh time or within the default
   /// min_validity of expiry).
-  func microsoftAnswer(_ requestJSON: String, now: Double) -> MicrosoftEntry? {
+  func microsoftAnswer(_ requestJSON: String, now: Double, app: String? = nil) -> MicrosoftEntry? {
     guard let entry = microsoft.withLock({ $0.entries[requestJSON] }),
-      entry.expiresOn - now >= Double(RequestOptions.defaultMinValidity), now < entry.refreshOn
+      entry.expiresOn - now >= Double(RequestOptions.defaultMinValidity), now < entry.refreshOn,
+      mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)
     if entry.lastUse.exchange(second, ordering: .relaxed) != second {

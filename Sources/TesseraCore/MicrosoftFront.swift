@@ -28,7 +28,8 @@ public struct MicrosoftFront: Sendable {
       case .string(let version) = arguments[0], case .string(let correlation) = arguments[1],
       case .string(let requestText) = arguments[2],
       (try? Self.checkProtocolVersion(version)) != nil, let correlationID = try? Self.correlationID(correlation),
-      let entry = broker.fastPath.microsoftAnswer(requestText, now: clock.now().timeIntervalSince1970)
+      let entry = broker.fastPath.microsoftAnswer(
+        requestText, now: clock.now().timeIntervalSince1970, app: caller.app?.key)
     else { return nil }
     if logger.logLevel <= .info {
       var metadata = RequestHandler.callerMetadata(method, caller)
@@ -122,7 +123,7 @@ public struct MicrosoftFront: Sendable {
     case .getAccounts:
       let clientID = try request.clientID(at: request.root, required: true)
       metadata["client_id"] = "\(clientID)"
-      let accounts = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID))
+      let accounts = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID, caller: caller))
       metadata["accounts"] = "\(accounts.count)"
       return JSONOut.object([("accounts", .array(accounts.map(MicrosoftAccount.json)))]).text
     case .acquireTokenSilently:
@@ -135,14 +136,14 @@ public struct MicrosoftFront: Sendable {
       guard let wanted = try request.root.object("account") else {
         throw TesseraError.invalidArgument("'account' is missing: removeAccount needs the account to remove.")
       }
-      let accounts = try await broker.knownAccounts(matching: AccountFilter())
+      let accounts = try await broker.knownAccounts(matching: AccountFilter(caller: caller))
       guard let account = try MicrosoftAccount.match(wanted, in: accounts) else {
         metadata["account"] = "not signed in"
         return "{}"  // nothing to remove: already gone
       }
       metadata["account_id"] = "\(account.id)"
       try await broker.signOut(
-        SignOutRequest(accountID: account.id, clientID: clientID, correlationID: correlationID))
+        SignOutRequest(accountID: account.id, clientID: clientID, correlationID: correlationID, caller: caller))
       return "{}"
     case .cancelInteractiveFlow:
       let cancelled = await broker.cancelSignIns(of: caller, correlationID: correlation.isEmpty ? nil : correlation)
@@ -181,6 +182,7 @@ public struct MicrosoftFront: Sendable {
         scope, name: params.path("requestedScopes"), max: ArgumentLimits.scopeBytes, allowSpaces: false)
     }
     var token = TokenRequest(clientID: clientID, scopes: scopes, correlationID: correlationID)
+    token.caller = caller
     token.authority = try params.text("authority", max: RequestOptions.authority.maxBytes)
     if let authority = token.authority { _ = try Authority(parsing: authority) }
     token.loginHint = try params.text("username", max: RequestOptions.loginHint.maxBytes)
@@ -198,7 +200,7 @@ public struct MicrosoftFront: Sendable {
     metadata["client_id"] = "\(clientID)"
     metadata["scopes"] = "\(scopes.joined(separator: " "))"
 
-    let accounts = try await broker.knownAccounts(matching: AccountFilter())
+    let accounts = try await broker.knownAccounts(matching: AccountFilter(caller: caller))
     let wanted = try params.object("account")
     var account = try wanted.flatMap { try MicrosoftAccount.match($0, in: accounts) }
     if account == nil, interactive, wanted == nil {
@@ -210,7 +212,7 @@ public struct MicrosoftFront: Sendable {
         // An app that names no account at all and does not ask to add one (MSAL marks that
         // `isSignIn`; the OneDrive client sends neither): when exactly one account can serve this
         // client id silently, that one answers without a browser, as on every later start of the app.
-        let usable = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID))
+        let usable = try await broker.knownAccounts(matching: AccountFilter(clientID: clientID, caller: caller))
         if usable.count == 1 { account = usable[0] }
       }
     }

@@ -18,7 +18,7 @@ public struct RequestHandler: Sendable {
   /// full path must answer. Logged like any other request.
   public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> FastAnswer? {
     guard method == "AcquireTokenSilent",
-      let answer = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970)
+      let answer = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970, app: caller.app?.key)
     else { return nil }
     switch answer {
     case .reply(let template, let correlationID):
@@ -93,23 +93,27 @@ public struct RequestHandler: Sendable {
     func dict(_ i: Int) -> [String: BusValue] { args[i].dictValue ?? [:] }
     switch method {
     case "AcquireToken":
-      let request = try RequestParser.tokenRequest(
+      var request = try RequestParser.tokenRequest(
         clientID: string(0), scopes: strings(1), accountID: "", options: dict(2), method: .acquireToken)
+      request.caller = caller
       describe(request, into: &metadata)
       return [.dict(try await broker.acquireTokenInteractive(request, caller: caller))]
     case "AcquireTokenSilent":
-      let request = try RequestParser.tokenRequest(
+      var request = try RequestParser.tokenRequest(
         clientID: string(0), scopes: strings(1), accountID: string(2), options: dict(3))
+      request.caller = caller
       describe(request, into: &metadata)
       return [.dict(try await broker.acquireTokenSilent(request))]
     case "GetAccounts":
-      let parsed = try RequestParser.accountFilter(dict(0))
+      var parsed = try RequestParser.accountFilter(dict(0))
+      parsed.caller = caller
       if let clientID = parsed.clientID { metadata["client_id"] = "\(clientID)" }
       let accounts = try await broker.accounts(matching: parsed)
       metadata["accounts"] = "\(accounts.count)"
       return [.dicts(accounts)]
     case "SignOut":
-      let request = try RequestParser.signOutRequest(accountID: string(0), options: dict(1))
+      var request = try RequestParser.signOutRequest(accountID: string(0), options: dict(1))
+      request.caller = caller
       metadata["correlation_id"] = "\(request.correlationID)"
       metadata["account_id"] = "\(request.accountID)"
       if let clientID = request.clientID { metadata["client_id"] = "\(clientID)" }

@@ -32,6 +32,9 @@ public struct TokenRequest: Sendable, Equatable {
   public var minValidity: UInt32 = RequestOptions.defaultMinValidity
   /// Seconds an interactive flow may take.
   public var timeout: UInt32?
+  /// Who asks (both fronts set it); nil for the daemon's own requests. Access control decides
+  /// with it (issue 11).
+  public var caller: CallerInfo?
 
   public init(clientID: String, scopes: [String], accountID: String = "", correlationID: String) {
     self.clientID = clientID
@@ -45,10 +48,13 @@ public struct AccountFilter: Sendable, Equatable {
   public var clientID: String?
   public var authority: String?
   public var username: String?
-  public init(clientID: String? = nil, authority: String? = nil, username: String? = nil) {
+  /// Who asks: an app sees only the accounts it holds a grant for (issue 11).
+  public var caller: CallerInfo?
+  public init(clientID: String? = nil, authority: String? = nil, username: String? = nil, caller: CallerInfo? = nil) {
     self.clientID = clientID
     self.authority = authority
     self.username = username
+    self.caller = caller
   }
 }
 
@@ -57,6 +63,8 @@ public struct SignOutRequest: Sendable, Equatable {
   public var clientID: String?
   public var revoke = true
   public var correlationID: String
+  /// Who asks: an app may sign out only what it may use (issue 11).
+  public var caller: CallerInfo?
 }
 
 /// Turns a method's D-Bus arguments into a request, validating every option against the one option

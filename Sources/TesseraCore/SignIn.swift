@@ -16,6 +16,13 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
+    // An app without a grant for this client, which another app holds, is asked first (issue 11).
+    try await ensureLoaded()
+    let knownAccount = request.accountID.isEmpty ? nil : cache.accounts[request.accountID]
+    try authorize(
+      request.caller ?? (caller.busName.isEmpty ? nil : caller), clientID: clientID,
+      accountID: knownAccount?.id ?? AccessGrant.anyAccount,
+      username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes, operation: .signIn)
     if let ended = try signIns.makeRoom(correlationID: request.correlationID, caller: caller) {
       logger.notice(
         "Ended the oldest sign-in of an app holding \(ended.held) places, to make room for another app's",
@@ -50,6 +57,7 @@ extension Broker {
     do {
       let result = try await task.value
       signIns.remove(correlationID: request.correlationID)
+      await grantAfterSignIn(caller.busName.isEmpty ? nil : caller, clientID: clientID, account: result.account)
       return result
     } catch {
       let endedBecause = signIns.remove(correlationID: request.correlationID)

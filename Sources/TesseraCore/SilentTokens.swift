@@ -40,6 +40,9 @@ extension Broker {
     let account = try resolveAccount(request.accountID, authority: authority)
     let realm = realm(for: authority, account: account)
     let target = SilentTarget(account: account, authority: authority, realm: realm, clientID: clientID, scopes: scopes)
+    try authorize(
+      request.caller, clientID: clientID, accountID: account.id, username: account.username, scopes: scopes,
+      operation: .token)
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
     // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.

@@ -12,6 +12,8 @@ public struct TokenCache: Sendable {
     public var clientID: String
   }
   public private(set) var appMetadata: [AppKey: AppMetadataRecord] = [:]
+  /// Which app may use which client and account (issue 11).
+  public private(set) var grants: [AccessGrant] = []
 
   public init() {}
 
@@ -20,6 +22,7 @@ public struct TokenCache: Sendable {
     case refreshToken = "refresh_token"
     case accessToken = "access_token"
     case appMetadata = "app_metadata"
+    case grant = "access_grant"
   }
 
   // MARK: Lookups
@@ -74,6 +77,20 @@ public struct TokenCache: Sendable {
   public enum StoreOperation: Sendable, Equatable {
     case save(StoredItem)
     case delete([String: String])
+  }
+
+  /// Adds (or renews) a grant; one item per app, client and account.
+  public mutating func upsert(grant: AccessGrant) -> [StoreOperation] {
+    grants.removeAll { $0.app == grant.app && $0.clientID == grant.clientID && $0.accountID == grant.accountID }
+    grants.append(grant)
+    return [.save(Self.item(grant))]
+  }
+
+  /// Removes the grants `matching` selects.
+  public mutating func removeGrants(where matching: (AccessGrant) -> Bool) -> [StoreOperation] {
+    let gone = grants.filter(matching)
+    grants.removeAll(where: matching)
+    return gone.map { .delete(Self.attributes($0)) }
   }
 
   public mutating func upsert(account: Account) -> [StoreOperation] {
@@ -176,6 +193,8 @@ public struct TokenCache: Sendable {
       operations.append(.save(Self.item(record)))
     }
     accounts[accountID] = nil
+    // Its grants go with it (their items carry its account_id, so the delete below takes them).
+    grants.removeAll { $0.accountID == accountID }
     guard accounts.isEmpty, !appMetadata.isEmpty else { return operations + [.delete(match)] }
     // The last account is gone: what was learned about clients goes too, leaving no Tessera item.
     appMetadata.removeAll()
@@ -201,6 +220,7 @@ public struct TokenCache: Sendable {
   /// The `kind` attribute of every item type, for stores that load by kind.
   public static let itemKinds = [
     Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
+    Kind.grant.rawValue,
   ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
@@ -216,6 +236,12 @@ public struct TokenCache: Sendable {
     // Scope-bound grants of one client are items of their own.
     if let scopes = r.scopes { attributes["scopes"] = scopes.joined(separator: " ") }
     return attributes
+  }
+  static func attributes(_ g: AccessGrant) -> [String: String] {
+    [base: schemaVersion, "kind": Kind.grant.rawValue, "app": g.app, "client_id": g.clientID, "account_id": g.accountID]
+  }
+  static func item(_ g: AccessGrant) -> StoredItem {
+    StoredItem(attributes: attributes(g), secret: json(g), label: "Tessera: \(g.app) may use \(g.clientID)")
   }
   static func attributes(_ m: AppMetadataRecord) -> [String: String] {
     [base: schemaVersion, "kind": Kind.appMetadata.rawValue, "environment": m.environment, "client_id": m.clientID]
@@ -283,6 +309,8 @@ public struct TokenCache: Sendable {
         } else {
           skipped += 1
         }
+      case .grant:
+        if let g = try? decoder.decode(AccessGrant.self, from: data) { cache.grants.append(g) } else { skipped += 1 }
       }
     }
     return (cache, skipped)

@@ -65,11 +65,14 @@ public struct CallerInfo: Sendable, Equatable {
   public var pid: UInt32?
   public var uid: UInt32?
   public var exe: String?
-  public init(busName: String, pid: UInt32? = nil, uid: UInt32? = nil, exe: String? = nil) {
+  /// Which app it is (see AppIdentity); nil when it could not be told (the process is gone).
+  public var app: AppIdentity?
+  public init(busName: String, pid: UInt32? = nil, uid: UInt32? = nil, exe: String? = nil, app: AppIdentity? = nil) {
     self.busName = busName
     self.pid = pid
     self.uid = uid
     self.exe = exe
+    self.app = app
   }
 }
 

@@ -108,7 +108,8 @@ struct Tesserad: AsyncParsableCommand {
       },
       onCall: { call, token in requests.dispatch(call, token) },
       onCallerGone: { busName in requests.callerGone(busName) },
-      answerAtOnce: { call in requests.answerAtOnce(call) })
+      answerAtOnce: { call in requests.answerAtOnce(call) },
+      identify: { pid, label in CallerIdentity.identify(pid: pid, label: label) })
     let notifier = DesktopNotifier(server: server, logger: logger)
     let broker = Broker(
       config: brokerConfig,

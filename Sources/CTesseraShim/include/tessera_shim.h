@@ -34,4 +34,14 @@ int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int fla
 /// `from` up before exec, without the parent walking /proc/self/fd.
 int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from);
 
+// --- pidfd -------------------------------------------------------------------------------------
+// Reason: Debian 12's glibc declares pidfd_open only in <sys/pidfd.h>, outside Swift's Glibc
+// module, and pidfd_send_signal needs siginfo_t from it; both wrap the glibc function as is.
+
+/// pidfd_open(2) with PIDFD flags 0: a descriptor that stays bound to this process, never to one
+/// that reuses its pid.
+int tessera_pidfd_open(int pid);
+/// pidfd_send_signal(2) with signal 0: 0 while the process is alive, -1 (ESRCH) once it is gone.
+int tessera_pidfd_alive(int pidfd);
+
 #endif

@@ -1,0 +1,176 @@
+import Logging
+
+/// Per-application access control (issue 11): which app may use which client id and account.
+///
+/// - Trust on first use: the app that completes an interactive sign-in for a client id gets a
+///   grant for it (that account).
+/// - Another app asking for that client id, or any app asking for one it holds no grant for, is
+///   refused (`strict`), asked about (`confirm`; with no desktop prompt available, refused with
+///   the command that grants it), or let through (`open`). Every decision is audited.
+/// - For unconfined apps this is consent, visibility and audit (they can read the keyring
+///   themselves); for Flatpak and snap apps it is a boundary. docs/access-control.md says so.
+extension Broker {
+  /// Journal MESSAGE_IDs of the audit records (`journalctl MESSAGE_ID=…`).
+  public enum AuditMessage {
+    public static let allowed = "0e7c3a4b5d2f4a1e9b6c8d7e1f2a3b4c"
+    public static let refused = "7f1e2d3c4b5a49688776a5b4c3d2e1f0"
+    public static let granted = "3a9d8c7b6e5f4a3b9c2d1e0f8a7b6c5d"
+  }
+
+  /// The operation an app asks for, for the audit and the messages.
+  public enum AccessOperation: String, Sendable {
+    case token, signIn = "sign-in", listAccounts = "list-accounts", signOut = "sign-out"
+  }
+
+  var accessMode: AccessMode { config.accessMode }
+
+  /// Whether `caller` may get tokens of `clientID` for `accountID`. Throws AccessDenied with what
+  /// to do. `nil` callers are the daemon's own requests.
+  func authorize(
+    _ caller: CallerInfo?, clientID: String, accountID: String, username: String, scopes: [String],
+    operation: AccessOperation
+  ) throws {
+    guard let caller else { return }
+    let app = caller.app
+    if let app, cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: accountID) }) {
+      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "grant")
+      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID)
+      return
+    }
+    // A sign-in for a client id no app holds yet is how an app gets its first grant.
+    if operation == .signIn, let app, !cache.grants.contains(where: { $0.clientID == clientID && $0.app != app.key }) {
+      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "first use")
+      return
+    }
+    if accessMode == .open {
+      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "open mode")
+      if let app { fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID) }
+      return
+    }
+    let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
+    var message =
+      "\(who) has no grant to use \(username)'s sign-in for client \(clientID), which another app uses."
+    if let app {
+      message +=
+        " To allow it, run: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
+    }
+    if accessMode == .confirm { message += " (No desktop prompt is available to ask you now.)" }
+    audit(.refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
+    throw TesseraError.accessDenied(message)
+  }
+
+  /// After an interactive sign-in: the app that completed it may use that client and account.
+  func grantAfterSignIn(_ caller: CallerInfo?, clientID: String, account: Account) async {
+    guard let app = caller?.app,
+      !cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: account.id) })
+    else { return }
+    let grant = AccessGrant(
+      app: app.key, clientID: clientID, accountID: account.id,
+      grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "sign-in")
+    do {
+      try await apply(cache.upsert(grant: grant))
+      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: account.id)
+      logger.notice(
+        "Access granted: the app that signed in may use this client and account",
+        metadata: [
+          "MESSAGE_ID": "\(AuditMessage.granted)", "app": "\(app.display)", "app_key": "\(app.key)",
+          "client_id": "\(clientID)", "account": "\(account.username)", "via": "sign-in",
+        ])
+    } catch {
+      logger.warning(
+        "Could not save the grant of the app that signed in; it is asked again next time",
+        metadata: ["app": "\(app.display)", "error": "\(TesseraError.wrap(error))"])
+    }
+  }
+
+  /// The accounts `caller` may see: those it holds a grant for (all of them in open mode, or for
+  /// the daemon's own requests).
+  func visibleAccountIDs(_ caller: CallerInfo?) -> Set<String>? {
+    guard let caller, accessMode != .open else { return nil }
+    guard let app = caller.app else { return [] }
+    let mine = cache.grants.filter { $0.app == app.key }
+    if mine.contains(where: { $0.accountID == AccessGrant.anyAccount }) { return nil }
+    return Set(mine.map(\.accountID))
+  }
+
+  // MARK: Managing grants (tessera access)
+
+  public func grants() async throws -> [AccessGrant] {
+    try await ensureLoaded()
+    return cache.grants.sorted { ($0.app, $0.clientID, $0.accountID) < ($1.app, $1.clientID, $1.accountID) }
+  }
+
+  /// Only an unconfined program of the user (the `tessera` command) may change grants: a
+  /// sandboxed app must not grant itself.
+  func checkMayManage(_ caller: CallerInfo?) throws {
+    if let app = caller?.app, app.isVerified {
+      throw TesseraError.accessDenied(
+        "\(app.display) runs in a sandbox and may not change who gets tokens. Run `tessera access` outside it.")
+    }
+  }
+
+  public func grant(_ grant: AccessGrant, caller: CallerInfo?) async throws {
+    try checkMayManage(caller)
+    try await ensureLoaded()
+    try await apply(cache.upsert(grant: grant))
+    fastPath.forgetAllowed()
+    logger.notice(
+      "Access granted",
+      metadata: [
+        "MESSAGE_ID": "\(AuditMessage.granted)", "app_key": "\(grant.app)", "client_id": "\(grant.clientID)",
+        "account_id": "\(grant.accountID)", "via": "\(grant.via)",
+      ])
+  }
+
+  /// Removes the grants of `app` (for one client id, or all); returns how many.
+  public func revoke(app: String, clientID: String?, caller: CallerInfo?) async throws -> Int {
+    try checkMayManage(caller)
+    try await ensureLoaded()
+    let before = cache.grants.count
+    try await apply(cache.removeGrants { $0.app == app && (clientID == nil || $0.clientID == clientID) })
+    fastPath.forgetAllowed()
+    let removed = before - cache.grants.count
+    logger.notice(
+      "Access revoked",
+      metadata: ["app_key": "\(app)", "client_id": "\(clientID ?? "*")", "grants": "\(removed)"])
+    return removed
+  }
+
+  // MARK: Audit
+
+  func audit(
+    _ kind: AuditKind, _ caller: CallerInfo, clientID: String, username: String, scopes: [String],
+    _ operation: AccessOperation, reason: String
+  ) {
+    let key = "\(caller.app?.key ?? "unidentified")"
+    let count = auditCounts.note(key, allowed: kind == .allowed)
+    let metadata: Logger.Metadata = [
+      "MESSAGE_ID": "\(kind == .allowed ? AuditMessage.allowed : AuditMessage.refused)",
+      "app": "\(caller.app?.display ?? "unidentified")", "app_key": "\(key)",
+      "caller_pid": "\(caller.pid.map(String.init) ?? "?")", "client_id": "\(clientID)", "account": "\(username)",
+      "scopes": "\(scopes.joined(separator: " "))", "operation": "\(operation.rawValue)", "reason": "\(reason)",
+      // A count per app that journald's rate limit cannot hide: a gap in it shows lines were dropped.
+      "app_decisions": "\(count)",
+    ]
+    if kind == .allowed {
+      logger.info("Access allowed", metadata: metadata)
+    } else {
+      logger.notice("Access refused", metadata: metadata)
+    }
+  }
+
+  enum AuditKind { case allowed, refused }
+}
+
+/// Per-app decision counters for the audit (bounded: the oldest apps are dropped past 4096).
+struct AuditCounts {
+  private(set) var counts: [String: (allowed: Int, refused: Int)] = [:]
+
+  mutating func note(_ app: String, allowed: Bool) -> Int {
+    if counts[app] == nil && counts.count >= 4096 { counts.removeAll() }
+    var c = counts[app] ?? (0, 0)
+    if allowed { c.allowed += 1 } else { c.refused += 1 }
+    counts[app] = c
+    return c.allowed + c.refused
+  }
+}

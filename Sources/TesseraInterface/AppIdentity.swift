@@ -1,0 +1,109 @@
+/// Which app is calling, as sure as Tessera can be of it (issue 11). Computed once per bus
+/// connection by the daemon (TesseraPlatform's CallerIdentity) and shown wherever a decision is.
+///
+/// - `flatpak`, `snap`: strong. The sandbox says who the app is, and the app cannot change it.
+/// - `desktop`: weak. The desktop-file id of the systemd scope or service the process runs in
+///   (`app-gnome-org.gnome.Evolution-1234.scope`); any program of the user can start itself in a
+///   scope of that name, and programs started from an app (a terminal's shell) share its scope.
+/// - `executable`: weak. The program's path, plus its device and inode when the file is not
+///   owned by root (a user-writable program replaced by another is another app).
+public struct AppIdentity: Sendable, Hashable, Codable {
+  public enum Kind: String, Sendable, Codable, CaseIterable {
+    case flatpak, snap, desktop, executable
+  }
+
+  public var kind: Kind
+  /// The app id (Flatpak, desktop-file id), the snap's `name.app`, or the executable's path.
+  public var id: String
+  /// For executables not owned by root: "DEV:INODE" of the file, part of the identity.
+  public var fileID: String?
+
+  public init(kind: Kind, id: String, fileID: String? = nil) {
+    self.kind = kind
+    self.id = id
+    self.fileID = fileID
+  }
+
+  /// Whether the platform vouches for the identity (a sandbox), rather than the process saying so.
+  public var isVerified: Bool { kind == .flatpak || kind == .snap }
+
+  /// The key grants are stored under: `flatpak:org.example.App`, `exe:/usr/bin/git`,
+  /// `exe:/home/a/bin/tool@2049:131` …
+  public var key: String {
+    let prefix =
+      switch kind {
+      case .flatpak: "flatpak"
+      case .snap: "snap"
+      case .desktop: "desktop"
+      case .executable: "exe"
+      }
+    return "\(prefix):\(id)" + (fileID.map { "@\($0)" } ?? "")
+  }
+
+  /// Parses a key back (for `tessera access grant --app KEY`); nil when it is not one.
+  public init?(key: String) {
+    guard let colon = key.firstIndex(of: ":") else { return nil }
+    let prefix = key[..<colon]
+    var rest = String(key[key.index(after: colon)...])
+    guard !rest.isEmpty, SafeText.isClean(rest) else { return nil }
+    switch prefix {
+    case "flatpak": kind = .flatpak
+    case "snap": kind = .snap
+    case "desktop": kind = .desktop
+    case "exe":
+      kind = .executable
+      guard rest.hasPrefix("/") else { return nil }
+      if let at = rest.lastIndex(of: "@"), rest[rest.index(after: at)...].contains(":") {
+        fileID = String(rest[rest.index(after: at)...])
+        rest = String(rest[..<at])
+      }
+    default: return nil
+    }
+    id = rest
+  }
+
+  /// How it is shown to the user: "org.example.App (Flatpak)", "/usr/bin/git (unverified)".
+  public var display: String {
+    switch kind {
+    case .flatpak: "\(id) (Flatpak)"
+    case .snap: "\(id) (snap)"
+    case .desktop: "\(id) (desktop app, unverified)"
+    case .executable: "\(id) (unverified)"
+    }
+  }
+}
+
+/// How strictly apps are kept to their grants (config.toml's `access_mode`).
+public enum AccessMode: String, Sendable, CaseIterable {
+  /// Every app may use every account and client, as before; each decision is still audited.
+  case open
+  /// An app without a grant is asked about (or refused with the command that grants it, when no
+  /// desktop prompt is available). The default.
+  case confirm
+  /// An app without a grant is refused; grants come from sign-ins and `tessera access grant`.
+  case strict
+}
+
+/// What one app may use: a client id, with one account or all of them ("*").
+public struct AccessGrant: Sendable, Hashable, Codable {
+  public var app: String
+  public var clientID: String
+  public var accountID: String
+  /// Unix seconds it was given, and how ("sign-in", "user", "command").
+  public var grantedAt: Int64
+  public var via: String
+
+  public static let anyAccount = "*"
+
+  public init(app: String, clientID: String, accountID: String, grantedAt: Int64, via: String) {
+    self.app = app
+    self.clientID = clientID
+    self.accountID = accountID
+    self.grantedAt = grantedAt
+    self.via = via
+  }
+
+  public func covers(app other: String, clientID client: String, accountID account: String) -> Bool {
+    app == other && clientID == client && (accountID == Self.anyAccount || accountID == account)
+  }
+}

@@ -1,0 +1,168 @@
+import CTesseraShim
+import Glibc
+import TesseraCore
+
+/// Tells which app a bus caller is (issue 11), from its process, as xdg-desktop-portal does:
+///
+/// 1. The process is pinned with a pidfd first. Everything is read through `/proc/PID/…`, and the
+///    pidfd is checked afterwards: if the process ended meanwhile (its pid may now name another),
+///    nothing read counts and the caller is not identified.
+/// 2. Flatpak: `.flatpak-info` read from the process's own root (`/proc/PID/root`, opened once,
+///    then openat with O_NOFOLLOW, so the sandbox cannot point it elsewhere with a link), and the
+///    app id must agree with the `app-flatpak-<id>-N.scope` cgroup flatpak puts it in.
+/// 3. snap: the AppArmor label `snap.<name>.<app>` the bus daemon reports.
+/// 4. Host apps: the desktop-file id of the `app-…` scope or service it runs in, else the
+///    executable (with its device and inode when the file is not root's).
+public enum CallerIdentity {
+  /// Identifies the process `pid`; `label` is the security label from the bus credentials.
+  public static func identify(pid: UInt32, label: String?) -> AppIdentity? {
+    let pidfd = tessera_pidfd_open(Int32(bitPattern: pid))
+    guard pidfd >= 0 else { return nil }  // already gone
+    defer { close(pidfd) }
+    let proc = "/proc/\(pid)"
+    let cgroup = readText(proc + "/cgroup", limit: 64 * 1024) ?? ""
+    var identity: AppIdentity?
+    if let scopeApp = flatpakAppID(cgroup: cgroup) {
+      // A process in a flatpak scope is that app only when its sandbox's own file says so.
+      let info = readFlatpakInfo(proc: proc)
+      if let info, flatpakAppID(info: info) == scopeApp { identity = AppIdentity(kind: .flatpak, id: scopeApp) }
+      else { return nil }  // a flatpak scope without a matching sandbox: not identified
+    } else if let label, let snap = snapApp(label: label) {
+      identity = AppIdentity(kind: .snap, id: snap)
+    } else if let desktop = desktopID(cgroup: cgroup) {
+      identity = AppIdentity(kind: .desktop, id: desktop)
+    } else if let exe = executable(proc: proc) {
+      identity = exe
+    }
+    // Everything above was read while the pidfd's process was alive: not a recycled pid.
+    guard tessera_pidfd_alive(pidfd) == 0 else { return nil }
+    return identity
+  }
+
+  // MARK: Readers
+
+  static func readText(_ path: String, limit: Int) -> String? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    return readAll(fd, limit: limit)
+  }
+
+  static func readAll(_ fd: Int32, limit: Int) -> String? {
+    var data: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while data.count <= limit {
+      let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+      if n < 0 && errno == EINTR { continue }
+      if n < 0 { return nil }
+      if n == 0 { return String(decoding: data, as: UTF8.self) }
+      data.append(contentsOf: buffer[0..<n])
+    }
+    return nil
+  }
+
+  /// `.flatpak-info` at the root of the process's mount namespace, never through a link.
+  static func readFlatpakInfo(proc: String) -> String? {
+    let root = open(proc + "/root", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard root >= 0 else { return nil }
+    defer { close(root) }
+    let fd = openat(root, ".flatpak-info", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var info = stat()
+    guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
+    return readAll(fd, limit: 64 * 1024)
+  }
+
+  static func executable(proc: String) -> AppIdentity? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink(proc + "/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    var path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    // A program replaced while it runs shows as "PATH (deleted)": still that path's program.
+    if path.hasSuffix(" (deleted)") { path.removeLast(" (deleted)".count) }
+    var info = stat()
+    guard stat(proc + "/exe", &info) == 0 else { return nil }
+    let fileID = info.st_uid == 0 ? nil : "\(info.st_dev):\(info.st_ino)"
+    return AppIdentity(kind: .executable, id: path, fileID: fileID)
+  }
+
+  // MARK: Parsers (pure)
+
+  /// The unit a process runs in, from /proc/PID/cgroup (the unified hierarchy's "0::/…" line).
+  static func unit(cgroup: String) -> String? {
+    for line in cgroup.split(separator: "\n") where line.hasPrefix("0::") {
+      return line.split(separator: "/").last.map(String.init)
+    }
+    return nil
+  }
+
+  /// `app-flatpak-org.example.App-123.scope` → `org.example.App`.
+  static func flatpakAppID(cgroup: String) -> String? {
+    guard let unit = unit(cgroup: cgroup), unit.hasPrefix("app-flatpak-"), unit.hasSuffix(".scope") else {
+      return nil
+    }
+    let body = unit.dropFirst("app-flatpak-".count).dropLast(".scope".count)
+    guard let dash = body.lastIndex(of: "-"), body[body.index(after: dash)...].allSatisfy(\.isNumber) else {
+      return nil
+    }
+    let id = String(body[..<dash])
+    return isAppID(id) ? id : nil
+  }
+
+  /// The `name=` of the `[Application]` group of a `.flatpak-info` (a GKeyFile).
+  static func flatpakAppID(info: String) -> String? {
+    var group = ""
+    for raw in info.split(separator: "\n") {
+      let line = raw.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" || $0 == "\r" }
+        .reversed().map(String.init).joined()
+      if line.hasPrefix("[") && line.hasSuffix("]") {
+        group = String(line.dropFirst().dropLast())
+      } else if group == "Application", line.hasPrefix("name=") {
+        let id = String(line.dropFirst("name=".count))
+        return isAppID(id) ? id : nil
+      }
+    }
+    return nil
+  }
+
+  /// `snap.firefox.firefox (enforce)` → `firefox.firefox`; any other label → nil.
+  static func snapApp(label: String) -> String? {
+    let name = label.split(separator: " ").first.map(String.init) ?? ""
+    guard name.hasPrefix("snap."), name.split(separator: ".").count >= 3 else { return nil }
+    let app = String(name.dropFirst("snap.".count))
+    return app.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) ? app : nil
+  }
+
+  /// The desktop-file id of an app's unit, as systemd's desktop-launch convention names it:
+  /// `app-[<launcher>-]<id>-<random>.scope` or `app-[<launcher>-]<id>@<random>.service`
+  /// (launchers: gnome, kde, flatpak, …). Escaped `\x2d` is a dash in the id.
+  static func desktopID(cgroup: String) -> String? {
+    guard let unit = unit(cgroup: cgroup), unit.hasPrefix("app-") else { return nil }
+    var body: Substring
+    if unit.hasSuffix(".scope") {
+      body = unit.dropFirst(4).dropLast(6)
+      guard let dash = body.lastIndex(of: "-") else { return nil }
+      body = body[..<dash]
+    } else if unit.hasSuffix(".service") {
+      body = unit.dropFirst(4).dropLast(8)
+      if let at = body.firstIndex(of: "@") { body = body[..<at] }
+    } else {
+      return nil
+    }
+    // The launcher prefix, when there is one, has no dot; a desktop-file id usually has some.
+    let parts = body.split(separator: "-", maxSplits: 1)
+    if parts.count == 2, !parts[0].contains("."), parts[1].contains(".") { body = parts[1] }
+    let id = body.split(separator: "\\x2d", omittingEmptySubsequences: false).joined(separator: "-")
+    return id.isEmpty || !SafeText.isClean(id) || id.count > 255 ? nil : id
+  }
+
+  /// A D-Bus-style app id: dot-separated elements of letters, digits, `_` and `-`.
+  static func isAppID(_ id: String) -> Bool {
+    let elements = id.split(separator: ".", omittingEmptySubsequences: false)
+    return id.count <= 255 && elements.count >= 2
+      && elements.allSatisfy { e in
+        !e.isEmpty && e.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_" || $0 == "-") }
+      }
+  }
+}
