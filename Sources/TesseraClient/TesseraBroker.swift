@@ -277,6 +277,28 @@ public final class TesseraBroker {
     return (attention, accounts, storeProblem)
   }
 
+  /// Per-application access control: the grants, as ListGrants returns them.
+  public func grants() throws(TesseraClientError) -> [[String: BusValue]] {
+    guard case .dicts(let list)? = try call("ListGrants", []).first else { return [] }
+    return list
+  }
+
+  public func grant(app: String, clientID: String, accountID: String) throws(TesseraClientError) {
+    _ = try call("Grant", [.string(app), .string(clientID), .string(accountID)])
+  }
+
+  /// Removes the app's grants (for one client id, or all with nil); returns how many.
+  public func revoke(app: String, clientID: String?) throws(TesseraClientError) -> UInt32 {
+    guard case .uint32(let n)? = try call("Revoke", [.string(app), .string(clientID ?? "")]).first else { return 0 }
+    return n
+  }
+
+  /// The last access decisions (GetAccessLog), oldest first.
+  public func accessLog() throws(TesseraClientError) -> [[String: BusValue]] {
+    guard case .dicts(let list)? = try call("GetAccessLog", []).first else { return [] }
+    return list
+  }
+
   /// The broker's Version property.
   public func version() throws(TesseraClientError) -> String {
     let reply = try call(

@@ -48,14 +48,17 @@ extension Broker {
       return
     }
     let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
+    let heldByOther = cache.grants.contains { $0.clientID == clientID && $0.app != app?.key }
     var message =
-      "\(who) has no grant to use \(username)'s sign-in for client \(clientID), which another app uses."
+      "\(who) has no grant to use \(username)'s sign-in for client \(clientID)"
+      + (heldByOther ? ", which another app uses." : ".")
     if let app {
       message +=
         " To allow it, run: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
     }
     if accessMode == .confirm { message += " (No desktop prompt is available to ask you now.)" }
-    audit(.refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
+    audit(
+      .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
     throw TesseraError.accessDenied(message)
   }
 
@@ -144,6 +147,11 @@ extension Broker {
   ) {
     let key = "\(caller.app?.key ?? "unidentified")"
     let count = auditCounts.note(key, allowed: kind == .allowed)
+    auditLog.append(
+      AuditRecord(
+        at: Int64(deps.clock.now().timeIntervalSince1970), app: caller.app?.display ?? "unidentified", appKey: key,
+        clientID: clientID, account: username, scopes: scopes, operation: operation.rawValue,
+        decision: kind == .allowed ? "allowed" : "refused", reason: reason, count: count))
     let metadata: Logger.Metadata = [
       "MESSAGE_ID": "\(kind == .allowed ? AuditMessage.allowed : AuditMessage.refused)",
       "app": "\(caller.app?.display ?? "unidentified")", "app_key": "\(key)",
@@ -172,5 +180,86 @@ struct AuditCounts {
     if allowed { c.allowed += 1 } else { c.refused += 1 }
     counts[app] = c
     return c.allowed + c.refused
+  }
+}
+
+/// One audited decision, as GetAccessLog returns it (never a token).
+struct AuditRecord: Sendable {
+  var at: Int64
+  var app: String
+  var appKey: String
+  var clientID: String
+  var account: String
+  var scopes: [String]
+  var operation: String
+  var decision: String
+  var reason: String
+  var count: Int
+
+  var busValue: [String: BusValue] {
+    [
+      "at": .int64(at), "app": .string(app), "app_key": .string(appKey), "client_id": .string(clientID),
+      "account": .string(account), "scopes": .strings(scopes), "operation": .string(operation),
+      "decision": .string(decision), "reason": .string(reason), "app_decisions": .uint32(UInt32(clamping: count)),
+    ]
+  }
+}
+
+/// The last decisions, newest last, bounded.
+struct AuditLog {
+  static let capacity = 1000
+  private(set) var records: [AuditRecord] = []
+
+  mutating func append(_ record: AuditRecord) {
+    if records.count >= Self.capacity { records.removeFirst(records.count - Self.capacity + 1) }
+    records.append(record)
+  }
+}
+
+extension Broker {
+  public func accessLog() -> [[String: BusValue]] { auditLog.records.map(\.busValue) }
+
+  public func grantList() async throws -> [[String: BusValue]] {
+    try await grants().map { g in
+      [
+        "app": .string(g.app), "app_display": .string(AppIdentity(key: g.app)?.display ?? g.app),
+        "client_id": .string(g.clientID), "account_id": .string(g.accountID),
+        "account": .string(cache.accounts[g.accountID]?.username ?? (g.accountID == AccessGrant.anyAccount ? "*" : "")),
+        "granted_at": .int64(g.grantedAt), "via": .string(g.via),
+      ]
+    }
+  }
+
+  /// Grant(app, client_id, account_id) from `tessera access grant`: checked, then stored.
+  public func grant(app: String, clientID: String, accountID: String, caller: CallerInfo?) async throws {
+    guard AppIdentity(key: app) != nil else {
+      throw TesseraError.invalidArgument(
+        "'\(RequestOptions.clip(app))' is not an app key. Keys look like flatpak:org.example.App, snap:name.app, desktop:org.gnome.Evolution or exe:/usr/bin/program; `tessera access log` shows the apps that asked."
+      )
+    }
+    try RequestOptions.checkText(clientID, name: "client_id", max: ArgumentLimits.clientIDBytes, allowSpaces: false)
+    guard !clientID.isEmpty else { throw TesseraError.invalidArgument("Grant needs a client id.") }
+    try await ensureLoaded()
+    // An id, a username (the caller may not see the accounts it grants), "*", or "" for the only one.
+    var resolved = accountID
+    if accountID.isEmpty {
+      guard cache.accounts.count == 1, let only = cache.accounts.keys.first else {
+        throw TesseraError.invalidArgument(
+          "\(cache.accounts.count) accounts are signed in; name one (an id or username), or * for every account.")
+      }
+      resolved = only
+    } else if accountID != AccessGrant.anyAccount && cache.accounts[accountID] == nil {
+      let named = cache.accounts.values.filter { $0.username.lowercased() == accountID.lowercased() }
+      guard named.count == 1 else {
+        throw TesseraError.noSuchAccount(
+          "No single signed-in account is '\(RequestOptions.clip(accountID))'; pass an account id, a username, or * for every account."
+        )
+      }
+      resolved = named[0].id
+    }
+    try await grant(
+      AccessGrant(
+        app: app, clientID: clientID, accountID: resolved, grantedAt: Int64(deps.clock.now().timeIntervalSince1970),
+        via: "command"), caller: caller)
   }
 }

@@ -50,8 +50,9 @@ public actor Broker {
   var signIns = SignInRegistry()
   /// Each account's state and last error, and which need a sign-in.
   var health = AccountHealth()
-  /// Decisions per app, for the audit (issue 11).
+  /// Decisions per app, for the audit (issue 11), and the last ones for `tessera access log`.
   var auditCounts = AuditCounts()
+  var auditLog = AuditLog()
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.

@@ -121,6 +121,20 @@ public struct RequestHandler: Sendable {
       return []
     case "GetStatus":
       return [.dict(try await broker.status())]
+    case "ListGrants":
+      return [.dicts(try await broker.grantList())]
+    case "Grant":
+      metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
+      metadata["client_id"] = "\(SafeText.clip(string(1), limit: 300))"
+      try await broker.grant(app: string(0), clientID: string(1), accountID: string(2), caller: caller)
+      return []
+    case "Revoke":
+      metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
+      let removed = try await broker.revoke(
+        app: string(0), clientID: string(1).isEmpty ? nil : string(1), caller: caller)
+      return [.uint32(UInt32(clamping: removed))]
+    case "GetAccessLog":
+      return [.dicts(await broker.accessLog())]
     case "Cancel":
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)

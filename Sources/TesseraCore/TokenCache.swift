@@ -172,6 +172,8 @@ public struct TokenCache: Sendable {
         .delete(match.merging(["kind": Kind.refreshToken.rawValue]) { $1 }),
         .delete(match.merging(["kind": Kind.accessToken.rawValue]) { $1 }),
       ]
+      // The apps' grants for this client and account go too: signing in again grants anew.
+      operations += removeGrants { $0.accountID == accountID && $0.clientID == clientID }
       // The family's token still serves the other apps: this one is told not to use it.
       if let environment = accounts[accountID]?.environment,
         let family = refreshToken(accountID: accountID, environment: environment, clientID: clientID)
@@ -238,7 +240,10 @@ public struct TokenCache: Sendable {
     return attributes
   }
   static func attributes(_ g: AccessGrant) -> [String: String] {
-    [base: schemaVersion, "kind": Kind.grant.rawValue, "app": g.app, "client_id": g.clientID, "account_id": g.accountID]
+    [
+      base: schemaVersion, "kind": Kind.grant.rawValue, "app": g.app, "client_id": g.clientID,
+      "account_id": g.accountID,
+    ]
   }
   static func item(_ g: AccessGrant) -> StoredItem {
     StoredItem(attributes: attributes(g), secret: json(g), label: "Tessera: \(g.app) may use \(g.clientID)")

@@ -111,6 +111,10 @@ public enum BrokerInterface {
       Method("SignOut", inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: []),
       Method("Cancel", inputs: [Arg("correlation_id", "s")], outputs: []),
       Method("GetStatus", inputs: [], outputs: [Arg("status", "a{sv}")]),
+      Method("ListGrants", inputs: [], outputs: [Arg("grants", "aa{sv}")]),
+      Method("Grant", inputs: [Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s")], outputs: []),
+      Method("Revoke", inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")]),
+      Method("GetAccessLog", inputs: [], outputs: [Arg("records", "aa{sv}")]),
     ],
     signals: [
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),

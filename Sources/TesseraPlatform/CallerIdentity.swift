@@ -25,8 +25,11 @@ public enum CallerIdentity {
     if let scopeApp = flatpakAppID(cgroup: cgroup) {
       // A process in a flatpak scope is that app only when its sandbox's own file says so.
       let info = readFlatpakInfo(proc: proc)
-      if let info, flatpakAppID(info: info) == scopeApp { identity = AppIdentity(kind: .flatpak, id: scopeApp) }
-      else { return nil }  // a flatpak scope without a matching sandbox: not identified
+      if let info, flatpakAppID(info: info) == scopeApp {
+        identity = AppIdentity(kind: .flatpak, id: scopeApp)
+      } else {
+        return nil
+      }  // a flatpak scope without a matching sandbox: not identified
     } else if let label, let snap = snapApp(label: label) {
       identity = AppIdentity(kind: .snap, id: snap)
     } else if let desktop = desktopID(cgroup: cgroup) {

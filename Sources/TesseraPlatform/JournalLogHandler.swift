@@ -43,6 +43,11 @@ public struct JournalLogHandler: LogHandler {
       "CODE_FILE=\(event.file)", "CODE_LINE=\(event.line)", "CODE_FUNC=\(event.function)",
     ]
     for (key, value) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) {
+      // The catalog id of an audit record stays the journal's own field (journalctl MESSAGE_ID=…).
+      if key == "MESSAGE_ID" {
+        fields.append("MESSAGE_ID=\(value)")
+        continue
+      }
       fields.append("\(Self.fieldName(key))=\(value)")
     }
     // Its own field: an "error" metadata key already makes TESSERA_ERROR.

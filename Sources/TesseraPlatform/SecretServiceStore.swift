@@ -13,7 +13,9 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
 
   /// libsecret schema name; stored as `xdg:schema` on every item. Documented in docs/storage.md.
   public static let schemaName = "org.tessera.Broker1"
-  static let attributeNames = ["tessera_schema", "kind", "account_id", "environment", "client_id", "realm", "scopes"]
+  static let attributeNames = [
+    "tessera_schema", "kind", "account_id", "environment", "client_id", "realm", "scopes", "app",
+  ]
 
   /// The collection new items go to: nil for the default (the user's login keyring). Loading
   /// always searches every collection.

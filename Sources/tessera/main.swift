@@ -29,7 +29,7 @@ struct Tessera: ParsableCommand {
     version: BrokerInterface.version,
     subcommands: [
       Login.self, Token.self, Accounts.self, Logout.self, Status.self, GitCredential.self, KubeCredential.self,
-      Sasl.self, Exec.self,
+      Sasl.self, Exec.self, Access.self,
     ])
 }
 

@@ -266,11 +266,16 @@ struct Harness {
   let listeners: FakeListeners
   let broker: Broker
 
-  init(config: BrokerConfig? = nil, redirect: (@Sendable (String) -> RedirectParameters)? = nil) async {
+  init(
+    config: BrokerConfig? = nil, accessMode: AccessMode = .open,
+    redirect: (@Sendable (String) -> RedirectParameters)? = nil
+  ) async {
     idp = await FakeIdP(clock: clock)
     let answer = redirect ?? { state in ["code": "the-code", "state": state] }
     listeners = FakeListeners(answer: answer)
     var cfg = config ?? BrokerConfig()
+    // The engine's tests call without an identified app; access control has its own (AccessTests).
+    cfg.accessMode = accessMode
     if config == nil {
       cfg.defaultAuthority = FakeIdP.authority
       cfg.defaultClientID = "app1"

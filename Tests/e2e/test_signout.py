@@ -22,14 +22,16 @@ def test_sign_out_removes_everything_and_revokes(broker, idp, keyring, monitor):
     account_id = broker.sign_in()["account"]["id"]
     broker.sign_in(client_id="tessera-other")
     # The account and refresh tokens are stored before the reply; access tokens just behind it.
+    # And the grant each sign-in gives the app that completed it (issue 11), one per client.
     assert sorted(a["kind"] for a in keyring.item_attributes() if a["kind"] != "access_token") == [
-        "account", "refresh_token", "refresh_token"]
+        "access_grant", "access_grant", "account", "refresh_token", "refresh_token"]
     for _ in range(100):
         kinds = sorted(a["kind"] for a in keyring.item_attributes())
         if kinds.count("access_token") == 2:
             break
         time.sleep(0.02)
-    assert kinds == ["access_token", "access_token", "account", "refresh_token", "refresh_token"], kinds
+    assert kinds == ["access_grant", "access_grant", "access_token", "access_token", "account", "refresh_token",
+                     "refresh_token"], kinds
 
     mark = idp.mark()
     broker.sign_out(account_id)
@@ -74,6 +76,6 @@ def test_sign_out_of_one_client_keeps_the_account(broker, idp, keyring):
 
     items = keyring.item_attributes()
     assert not [a for a in items if a.get("client_id") == "tessera-other"], items
-    assert sorted(a["kind"] for a in items) == ["access_token", "account", "refresh_token"]
+    assert sorted(a["kind"] for a in items) == ["access_grant", "access_token", "account", "refresh_token"]
     ours = {t["client_id"]: t for t in idp.refresh_tokens("alice") if t["id"] > first_id}
     assert ours["tessera-other"]["revoked"] and not ours["tessera-test"]["revoked"]

@@ -1,0 +1,133 @@
+import ArgumentParser
+import TesseraClient
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
+/// A D-Bus a{sv} record as JSON-friendly values.
+struct JSONRecord: Encodable {
+  var values: [String: BusValue]
+
+  func encode(to encoder: any Encoder) throws {
+    var c = encoder.container(keyedBy: Key.self)
+    for (key, value) in values {
+      let k = Key(key)
+      switch value {
+      case .string(let s): try c.encode(s, forKey: k)
+      case .int64(let n): try c.encode(n, forKey: k)
+      case .uint32(let n): try c.encode(n, forKey: k)
+      case .bool(let b): try c.encode(b, forKey: k)
+      case .strings(let list): try c.encode(list, forKey: k)
+      default: break
+      }
+    }
+  }
+
+  struct Key: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(_ s: String) { stringValue = s }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+  }
+
+  func string(_ key: String) -> String { values[key]?.stringValue ?? "" }
+  func int(_ key: String) -> Int64 {
+    if case .int64(let n)? = values[key] { return n }
+    return 0
+  }
+}
+
+extension Tessera {
+  struct Access: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "See and change which app may use which account and client (per-application access control).",
+      discussion: """
+        Tessera tells apps apart: Flatpak and snap apps by their sandbox (reliable), other programs \
+        by their desktop unit or executable (shown as "unverified": any program of yours could \
+        claim it). The app that completes a sign-in may use that client id and account; another \
+        app is refused (access_mode = "strict"), asked about ("confirm", the default), or let \
+        through and logged ("open"). See tessera-config(5) and docs/access-control.md.
+        """,
+      subcommands: [List.self, Grant.self, Revoke.self, Log.self])
+
+    struct List: ParsableCommand {
+      static let configuration = CommandConfiguration(abstract: "List the grants: which app may use what.")
+      @OptionGroup var output: Output
+
+      func run() throws {
+        let grants = try withBroker { broker throws(TesseraClientError) in try broker.grants() }.map(JSONRecord.init)
+        if output.json { return printJSON(grants) }
+        if grants.isEmpty { return printError("No grants yet: an app gets one when it completes a sign-in.") }
+        for g in grants {
+          print(
+            "\(SafeText.clip(g.string("app_display"), limit: 300))\t\(g.string("client_id"))\t\(SafeText.clip(g.string("account"), limit: 200))\t\(g.string("via")) \(rfc3339(g.int("granted_at")))\t\(SafeText.clip(g.string("app"), limit: 300))"
+          )
+        }
+      }
+    }
+
+    struct Grant: ParsableCommand {
+      static let configuration = CommandConfiguration(
+        abstract: "Let an app use a client id for an account.",
+        discussion: """
+          The app key is what `tessera access log` and refusals show, e.g. \
+          exe:/usr/bin/python3.11, desktop:org.gnome.Evolution or flatpak:org.example.App.
+          """)
+      @Option(name: .long, help: ArgumentHelp("The app's key.", valueName: "key")) var app: String
+      @Option(name: .long, help: ArgumentHelp("The client id it may use.", valueName: "id")) var clientId: String
+      @Option(
+        name: .long,
+        help: ArgumentHelp(
+          "Account id or username, or * for every account (default: the only one).", valueName: "account"))
+      var account: String?
+
+      func run() throws {
+        // The broker resolves the account: this command may not see the accounts it grants.
+        try withBroker { broker throws(TesseraClientError) in
+          try broker.grant(app: app, clientID: clientId, accountID: account ?? "")
+        }
+        let who = account == AccessGrant.anyAccount ? "every account" : (account ?? "the signed-in account")
+        print("\(app) may now use \(clientId) for \(who).")
+      }
+    }
+
+    struct Revoke: ParsableCommand {
+      static let configuration = CommandConfiguration(abstract: "Take an app's grants away (one client id, or all).")
+      @Option(name: .long, help: ArgumentHelp("The app's key.", valueName: "key")) var app: String
+      @Option(name: .long, help: ArgumentHelp("Only this client id (default: all).", valueName: "id")) var clientId:
+        String?
+
+      func run() throws {
+        let removed = try withBroker { broker throws(TesseraClientError) in
+          try broker.revoke(app: app, clientID: clientId)
+        }
+        print("Removed \(removed) grant(s) of \(app).")
+      }
+    }
+
+    struct Log: ParsableCommand {
+      static let configuration = CommandConfiguration(
+        abstract: "Show the last access decisions (allowed, refused) since the broker started.",
+        discussion: """
+          Every decision is also in the journal: journalctl --user MESSAGE_ID=7f1e2d3c4b5a49688776a5b4c3d2e1f0 \
+          shows the refusals.
+          """)
+      @OptionGroup var output: Output
+
+      func run() throws {
+        let records = try withBroker { broker throws(TesseraClientError) in try broker.accessLog() }.map(
+          JSONRecord.init)
+        if output.json { return printJSON(records) }
+        for r in records {
+          print(
+            "\(rfc3339(r.int("at")))\t\(r.string("decision"))\t\(r.string("reason"))\t\(SafeText.clip(r.string("app"), limit: 300))\t\(r.string("operation"))\t\(r.string("client_id"))\t\(SafeText.clip(r.string("account"), limit: 200))"
+          )
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,112 @@
+import XCTest
+
+@testable import TesseraCore
+
+/// Per-application access control in the engine: trust on first sign-in, the three modes, what an
+/// app sees and may sign out, and the bus-thread path answering only allowed apps.
+final class AccessTests: XCTestCase {
+  let first = CallerInfo(
+    busName: ":1.10", pid: 10, uid: 1000, app: AppIdentity(kind: .flatpak, id: "org.example.First"))
+  let second = CallerInfo(
+    busName: ":1.11", pid: 11, uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/second"))
+
+  func signIn(_ h: Harness, as caller: CallerInfo, clientID: String = "") async throws -> [String: BusValue] {
+    var request = try h.request(clientID: clientID)
+    request.caller = caller
+    return try await h.broker.acquireTokenInteractive(request, caller: caller)
+  }
+
+  func silent(_ h: Harness, as caller: CallerInfo, clientID: String = "") async throws -> [String: BusValue] {
+    var request = try h.request(clientID: clientID)
+    request.caller = caller
+    return try await h.broker.acquireTokenSilent(request)
+  }
+
+  func testStrictModeKeepsASecondAppFromTheFirstAppsTokens() async throws {
+    let h = await Harness(accessMode: .strict)
+    _ = try await signIn(h, as: first)
+    let grants = try await h.broker.grants()
+    XCTAssertEqual(grants.map(\.app), ["flatpak:org.example.First"])
+    XCTAssertEqual(grants.map(\.via), ["sign-in"])
+    _ = try await silent(h, as: first)
+
+    do {
+      _ = try await silent(h, as: second)
+      XCTFail("the second app got the first app's token")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .accessDenied)
+      XCTAssertTrue(error.message.contains("/usr/bin/second (unverified)"), error.message)
+      XCTAssertTrue(error.message.contains("tessera access grant --app 'exe:/usr/bin/second'"), error.message)
+      XCTAssertFalse(error.message.contains("prompt"), "strict never asks")
+    }
+    // Its sign-in for the same client is refused too; it sees no account and cannot sign one out.
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.signIn(h, as: self.second) }
+    let seen = try await h.broker.knownAccounts(matching: AccountFilter(caller: second))
+    XCTAssertEqual(seen, [])
+    let accountID = try XCTUnwrap(grants.first?.accountID)
+    await XCTAssertThrowsTessera(.accessDenied) {
+      try await h.broker.signOut(
+        SignOutRequest(accountID: accountID, clientID: nil, correlationID: "c", caller: self.second))
+    }
+
+    // Granted by the user: allowed, and answered on the bus thread from then on.
+    try await h.broker.grant(app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", caller: nil)
+    let token = try await silent(h, as: second)
+    XCTAssertNotNil(token["access_token"])
+    let arguments: [BusValue] = [.string(""), .strings([]), .string(""), .dict([:])]
+    XCTAssertNotNil(h.broker.fastPath.answer(arguments, now: h.clock.now().timeIntervalSince1970, app: second.app?.key))
+    XCTAssertNil(
+      h.broker.fastPath.answer(arguments, now: h.clock.now().timeIntervalSince1970, app: "exe:/usr/bin/third"),
+      "another app is never answered from the bus thread's cache")
+    // Revoked: refused again, also on the bus thread.
+    let removed = try await h.broker.revoke(app: "exe:/usr/bin/second", clientID: nil, caller: nil)
+    XCTAssertEqual(removed, 1)
+    XCTAssertNil(h.broker.fastPath.answer(arguments, now: h.clock.now().timeIntervalSince1970, app: second.app?.key))
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
+  }
+
+  func testASandboxedAppMayNotGrantItself() async throws {
+    let h = await Harness(accessMode: .strict)
+    _ = try await signIn(h, as: first)
+    await XCTAssertThrowsTessera(.accessDenied) {
+      try await h.broker.grant(app: "flatpak:org.example.First", clientID: "other", accountID: "*", caller: self.first)
+    }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.grant(app: "not a key", clientID: "app1", accountID: "*", caller: nil)
+    }
+  }
+
+  func testOpenModeAllowsAndAuditsAndConfirmModeSaysHowToGrant() async throws {
+    let open = await Harness(accessMode: .open)
+    _ = try await signIn(open, as: first)
+    _ = try await silent(open, as: second)
+    let log = await open.broker.accessLog()
+    XCTAssertTrue(
+      log.contains { $0["reason"] == .string("open mode") && $0["app_key"] == .string("exe:/usr/bin/second") })
+    XCTAssertFalse(log.contains { record in record.values.contains { "\($0)".contains("at-") } }, "no token in the log")
+
+    let confirm = await Harness(accessMode: .confirm)
+    _ = try await signIn(confirm, as: first)
+    do {
+      _ = try await silent(confirm, as: second)
+      XCTFail("confirm mode let an app through without asking")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .accessDenied)
+      XCTAssertTrue(error.message.contains("No desktop prompt"), error.message)
+    }
+  }
+
+  func testAppKeysRoundTrip() {
+    for app in [
+      AppIdentity(kind: .flatpak, id: "org.example.App"), AppIdentity(kind: .snap, id: "firefox.firefox"),
+      AppIdentity(kind: .desktop, id: "org.gnome.Evolution"),
+      AppIdentity(kind: .executable, id: "/home/a/bin/tool", fileID: "2049:131"),
+      AppIdentity(kind: .executable, id: "/usr/bin/git"),
+    ] {
+      XCTAssertEqual(AppIdentity(key: app.key), app, app.key)
+    }
+    XCTAssertNil(AppIdentity(key: "exe:relative"))
+    XCTAssertNil(AppIdentity(key: "other:x"))
+    XCTAssertNil(AppIdentity(key: "flatpak:a\nb"))
+  }
+}

@@ -1,0 +1,42 @@
+import Glibc
+import XCTest
+
+@testable import TesseraPlatform
+
+/// Which app a caller is: the parsers for cgroups, .flatpak-info and snap labels, and the real
+/// thing for this test process.
+final class CallerIdentityTests: XCTestCase {
+  func testFlatpakScopeAndInfoMustAgree() {
+    let cgroup = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/app-flatpak-org.example.App-1234.scope\n"
+    XCTAssertEqual(CallerIdentity.flatpakAppID(cgroup: cgroup), "org.example.App")
+    XCTAssertNil(CallerIdentity.flatpakAppID(cgroup: "0::/user.slice/app-flatpak-org.example.App-x1.scope\n"))
+    XCTAssertNil(CallerIdentity.flatpakAppID(cgroup: "0::/user.slice/app-flatpak-..-1.scope\n"))
+    let info = "[Application]\nname=org.example.App\nruntime=runtime/org.gnome.Platform/x86_64/46\n\n[Instance]\n"
+    XCTAssertEqual(CallerIdentity.flatpakAppID(info: info), "org.example.App")
+    XCTAssertNil(CallerIdentity.flatpakAppID(info: "[Runtime]\nname=org.example.App\n"))
+    XCTAssertNil(CallerIdentity.flatpakAppID(info: "[Application]\nname=../../etc\n"))
+  }
+
+  func testDesktopUnitsName() {
+    func id(_ unit: String) -> String? { CallerIdentity.desktopID(cgroup: "0::/user.slice/app.slice/\(unit)\n") }
+    XCTAssertEqual(id("app-gnome-org.gnome.Evolution-4242.scope"), "org.gnome.Evolution")
+    XCTAssertEqual(id("app-org.kde.kmail2@0d3f.service"), "org.kde.kmail2")
+    XCTAssertEqual(id("app-gnome-org.gnome.Terminal\\x2dPreview-11.scope"), "org.gnome.Terminal-Preview")
+    XCTAssertNil(id("session-2.scope"))
+    XCTAssertNil(id("tessera.service"))
+  }
+
+  func testSnapLabels() {
+    XCTAssertEqual(CallerIdentity.snapApp(label: "snap.firefox.firefox (enforce)"), "firefox.firefox")
+    XCTAssertNil(CallerIdentity.snapApp(label: "unconfined"))
+    XCTAssertNil(CallerIdentity.snapApp(label: "snap.firefox"))
+  }
+
+  func testThisProcessIsItsExecutableAndAGonePidIsNobody() throws {
+    let me = try XCTUnwrap(CallerIdentity.identify(pid: UInt32(getpid()), label: nil))
+    // In a desktop session the test runner may sit in an app scope; elsewhere it is its executable.
+    if me.kind == .executable { XCTAssertTrue(me.id.hasSuffix(".xctest") || me.id.contains("xctest"), me.id) }
+    XCTAssertFalse(me.isVerified)
+    XCTAssertNil(CallerIdentity.identify(pid: 999_999_999, label: nil), "no such process")
+  }
+}
