@@ -93,6 +93,22 @@ struct Bench: ParsableCommand {
         id: "silent_ratio", name: "Silent median / floor median", value: latency.broker.p50 / latency.floor.p50,
         unit: "×", detail: "Ping / floor \(fmt(latency.ping.p50 / latency.floor.p50)) ×"))
 
+    // 1b. Per-app access control on (access_mode "confirm", the default) against off ("open", the
+    // test session's): the same silent call from the app that signed in, whose decision the
+    // daemon caches with its connection.
+    let open = latency.broker.p50
+    let guarded = try withAccessMode("confirm", daemon: daemon, env: env) { try measureLatency(client) }
+    report.add(
+      .init(
+        id: "silent_p50_access_on", name: "Silent latency, median, access control on (confirm)",
+        value: guarded.broker.p50, unit: "µs",
+        detail: "off (open) \(fmt(open)) µs; Ping \(fmt(guarded.ping.p50)) µs in the same run"))
+    report.add(
+      .init(
+        id: "silent_access_ratio", name: "Silent median: access control on / off",
+        value: (guarded.broker.p50 / guarded.ping.p50) / (open / latency.ping.p50), unit: "×", goal: 1.05,
+        lowerIsBetter: true, detail: "each against Ping in its own run"))
+
     // 2. Throughput at 1, 4, 16 connections.
     for connections in [1, 4, 16] {
       let rates = try measureThroughput(connections: connections)
@@ -492,4 +508,23 @@ final class Locked<T>: @unchecked Sendable {
   init(_ value: T) { stored = value }
   var value: T { lock.withLock { stored } }
   func mutate(_ body: (inout T) -> Void) { lock.withLock { body(&stored) } }
+}
+
+/// Runs `body` against a tesserad restarted with `access_mode` set, then restarts it as it was.
+func withAccessMode<T>(_ mode: String, daemon: Daemon, env: Environment, _ body: () throws -> T) throws -> T {
+  let base = (ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"] ?? "") + "/tessera/config.toml"
+  let text = (try? String(contentsOfFile: base, encoding: .utf8)) ?? ""
+  let lines = text.split(separator: "\n", omittingEmptySubsequences: false).filter { !$0.hasPrefix("access_mode") }
+  let path = env.sessionDir + "/bench-access-\(mode).toml"
+  try (lines.joined(separator: "\n") + "\naccess_mode = \"\(mode)\"\n").write(
+    toFile: path, atomically: true, encoding: .utf8)
+  daemon.stop()
+  daemon.arguments = ["--config", path]
+  try daemon.start()
+  defer {
+    daemon.stop()
+    daemon.arguments = []
+    try? daemon.start()
+  }
+  return try body()
 }

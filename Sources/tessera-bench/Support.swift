@@ -69,6 +69,8 @@ final class Daemon: @unchecked Sendable {
   let binary: String
   let log: String
   private(set) var pid: pid_t = 0
+  /// More arguments for tesserad (e.g. --config for another access mode).
+  var arguments: [String] = []
 
   init(binary: String, log: String) {
     self.binary = binary
@@ -93,7 +95,8 @@ final class Daemon: @unchecked Sendable {
     defer { posix_spawn_file_actions_destroy(&actions) }
     posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
     posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    var argv: [UnsafeMutablePointer<CChar>?] = [strdup(binary), strdup("--log-level"), strdup("notice"), nil]
+    var argv: [UnsafeMutablePointer<CChar>?] =
+      ([binary, "--log-level", "notice"] + arguments).map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     let r = posix_spawn(&pid, binary, &actions, nil, &argv, environ)
     guard r == 0 else { throw BenchError("cannot start \(binary): \(String(cString: strerror(r)))") }
