@@ -37,8 +37,12 @@ extension Broker {
       fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID)
       return
     }
-    // A sign-in for a client id no app holds yet is how an app gets its first grant.
-    if operation == .signIn, let app, !cache.grants.contains(where: { $0.clientID == clientID && $0.app != app.key }) {
+    // A sign-in is how an app gets its first grant: for a client id no other app holds, or one
+    // this app already holds (for another account).
+    if operation == .signIn, let app,
+      cache.grants.contains(where: { $0.app == app.key && $0.clientID == clientID })
+        || !isHeld(clientID, byOtherThan: app.key)
+    {
       audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "first use")
       return
     }
@@ -48,7 +52,7 @@ extension Broker {
       return
     }
     let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
-    let heldByOther = cache.grants.contains { $0.clientID == clientID && $0.app != app?.key }
+    let heldByOther = isHeld(clientID, byOtherThan: app?.key ?? "")
     var message =
       "\(who) has no grant to use \(username)'s sign-in for client \(clientID)"
       + (heldByOther ? ", which another app uses." : ".")
@@ -60,6 +64,28 @@ extension Broker {
     audit(
       .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
     throw TesseraError.accessDenied(message)
+  }
+
+  /// Whether another app holds `clientID`: a grant for it or for a member of its Microsoft family
+  /// (whose family refresh token would serve it), or tokens stored before any grant existed (an
+  /// upgraded install: the app that signed in then is unknown, so no app may claim it by a
+  /// first sign-in).
+  func isHeld(_ clientID: String, byOtherThan app: String) -> Bool {
+    let others = cache.grants.filter { $0.app != app }
+    if others.contains(where: { $0.clientID == clientID }) { return true }
+    let families = Set(cache.appMetadata.values.compactMap { $0.clientID == clientID ? $0.familyID : nil })
+    let knownOutside = cache.appMetadata.values.contains { $0.clientID == clientID && $0.familyID == nil }
+    if !knownOutside, cache.refreshTokens.contains(where: { $0.familyID != nil }) {
+      // In a family, or not known not to be: the family's members count.
+      let members = Set(
+        cache.appMetadata.values.filter { m in m.familyID != nil && (families.isEmpty || families.contains(m.familyID!))
+        }
+        .map(\.clientID))
+      if others.contains(where: { members.contains($0.clientID) }) { return true }
+    }
+    let ungranted =
+      cache.refreshTokens.contains { $0.slot == clientID } && !cache.grants.contains { $0.clientID == clientID }
+    return ungranted
   }
 
   /// After an interactive sign-in: the app that completed it may use that client and account.
@@ -103,12 +129,19 @@ extension Broker {
     return cache.grants.sorted { ($0.app, $0.clientID, $0.accountID) < ($1.app, $1.clientID, $1.accountID) }
   }
 
-  /// Only an unconfined program of the user (the `tessera` command) may change grants: a
-  /// sandboxed app must not grant itself.
+  /// Only an identified, unconfined program of the user (the `tessera` command) may change grants
+  /// or read who uses what: a sandboxed app must not grant itself, and one Tessera could not
+  /// identify (its connecting process gone) might be one.
   func checkMayManage(_ caller: CallerInfo?) throws {
-    if let app = caller?.app, app.isVerified {
+    guard let caller else { return }
+    guard let app = caller.app else {
       throw TesseraError.accessDenied(
-        "\(app.display) runs in a sandbox and may not change who gets tokens. Run `tessera access` outside it.")
+        "Tessera could not tell which app is calling (the process that connected has ended), so it may not see or change who gets tokens."
+      )
+    }
+    if app.isVerified {
+      throw TesseraError.accessDenied(
+        "\(app.display) runs in a sandbox and may not see or change who gets tokens. Run `tessera access` outside it.")
     }
   }
 
@@ -120,6 +153,7 @@ extension Broker {
     logger.notice(
       "Access granted",
       metadata: [
+        "by_app": "\(caller?.app?.display ?? "tesserad")", "by_pid": "\(caller?.pid.map(String.init) ?? "?")",
         "MESSAGE_ID": "\(AuditMessage.granted)", "app_key": "\(grant.app)", "client_id": "\(grant.clientID)",
         "account_id": "\(grant.accountID)", "via": "\(grant.via)",
       ])
@@ -135,7 +169,10 @@ extension Broker {
     let removed = before - cache.grants.count
     logger.notice(
       "Access revoked",
-      metadata: ["app_key": "\(app)", "client_id": "\(clientID ?? "*")", "grants": "\(removed)"])
+      metadata: [
+        "app_key": "\(app)", "client_id": "\(clientID ?? "*")", "grants": "\(removed)",
+        "by_app": "\(caller?.app?.display ?? "tesserad")", "by_pid": "\(caller?.pid.map(String.init) ?? "?")",
+      ])
     return removed
   }
 
@@ -217,10 +254,14 @@ struct AuditLog {
 }
 
 extension Broker {
-  public func accessLog() -> [[String: BusValue]] { auditLog.records.map(\.busValue) }
+  public func accessLog(caller: CallerInfo? = nil) throws -> [[String: BusValue]] {
+    if accessMode != .open { try checkMayManage(caller) }
+    return auditLog.records.map(\.busValue)
+  }
 
-  public func grantList() async throws -> [[String: BusValue]] {
-    try await grants().map { g in
+  public func grantList(caller: CallerInfo? = nil) async throws -> [[String: BusValue]] {
+    if accessMode != .open { try checkMayManage(caller) }
+    return try await grants().map { g in
       [
         "app": .string(g.app), "app_display": .string(AppIdentity(key: g.app)?.display ?? g.app),
         "client_id": .string(g.clientID), "account_id": .string(g.accountID),

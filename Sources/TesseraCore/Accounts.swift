@@ -46,7 +46,16 @@ extension Broker {
       throw TesseraError.noSuchAccount(
         "No account with id '\(RequestOptions.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
     }
-    // An app may sign out only an account it may use.
+    // An app may sign out only an account it may use, and of one client only one it holds.
+    if let clientID = request.clientID, let caller = request.caller, accessMode != .open,
+      !(caller.app.map { app in
+        cache.grants.contains { $0.covers(app: app.key, clientID: clientID, accountID: account.id) }
+      } ?? false)
+    {
+      throw TesseraError.accessDenied(
+        "\(caller.app?.display ?? "This app") holds no grant for client \(clientID), so it may not sign \(account.username) out of it."
+      )
+    }
     if let visible = visibleAccountIDs(request.caller), !visible.contains(account.id) {
       throw TesseraError.accessDenied(
         "\(request.caller?.app?.display ?? "This app") holds no grant for \(account.username), so it may not sign it out. Use `tessera logout`."

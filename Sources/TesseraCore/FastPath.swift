@@ -193,6 +193,8 @@ public final class SilentFastPath: Sendable {
   var microsoftBytes: Int { microsoft.withLock { $0.bytes } }
 
   func clear() {
+    // Every change to accounts, tokens or grants: what the full path allowed is decided again.
+    forgetAllowed()
     entries.withLock { $0.removeAll() }
     microsoft.withLock { $0 = ([:], 0) }
   }

@@ -120,9 +120,11 @@ public struct RequestHandler: Sendable {
       try await broker.signOut(request)
       return []
     case "GetStatus":
+      // Every account and client by name: for the user's own tools, not for sandboxed apps.
+      if await broker.accessMode != .open { try await broker.checkMayManage(caller) }
       return [.dict(try await broker.status())]
     case "ListGrants":
-      return [.dicts(try await broker.grantList())]
+      return [.dicts(try await broker.grantList(caller: caller))]
     case "Grant":
       metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
       metadata["client_id"] = "\(SafeText.clip(string(1), limit: 300))"
@@ -134,7 +136,7 @@ public struct RequestHandler: Sendable {
         app: string(0), clientID: string(1).isEmpty ? nil : string(1), caller: caller)
       return [.uint32(UInt32(clamping: removed))]
     case "GetAccessLog":
-      return [.dicts(await broker.accessLog())]
+      return [.dicts(try await broker.accessLog(caller: caller))]
     case "Cancel":
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)

@@ -212,6 +212,7 @@ public struct TokenCache: Sendable {
     for token in before.accessTokens where token.accountID == accountID && !accessTokens.contains(token) {
       accessTokens.append(token)
     }
+    for grant in before.grants where grant.accountID == accountID && !grants.contains(grant) { grants.append(grant) }
     // What the sign-out noted about clients goes back to what it was.
     appMetadata.merge(before.appMetadata) { _, old in old }
   }

@@ -22,14 +22,18 @@ public enum CallerIdentity {
     let proc = "/proc/\(pid)"
     let cgroup = readText(proc + "/cgroup", limit: 64 * 1024) ?? ""
     var identity: AppIdentity?
-    if let scopeApp = flatpakAppID(cgroup: cgroup) {
-      // A process in a flatpak scope is that app only when its sandbox's own file says so.
-      let info = readFlatpakInfo(proc: proc)
-      if let info, flatpakAppID(info: info) == scopeApp {
-        identity = AppIdentity(kind: .flatpak, id: scopeApp)
-      } else {
-        return nil
-      }  // a flatpak scope without a matching sandbox: not identified
+    // A sandbox's own file is looked for first, wherever the process runs: a Flatpak app outside
+    // its scope must not pass for the runtime's /usr/bin/python3.
+    let info = readFlatpakInfo(proc: proc)
+    let scopeApp = flatpakAppID(cgroup: cgroup)
+    if info != nil || scopeApp != nil {
+      // Both must be there and agree; anything else is not identified.
+      guard let info, let scopeApp, flatpakAppID(info: info) == scopeApp else { return nil }
+      identity = AppIdentity(kind: .flatpak, id: scopeApp)
+    } else if !sameMountNamespace(proc: proc) {
+      // Another mount namespace (a container, a user namespace with its own mounts) could show
+      // any path as its executable: not identified.
+      return nil
     } else if let label, let snap = snapApp(label: label) {
       identity = AppIdentity(kind: .snap, id: snap)
     } else if let desktop = desktopID(cgroup: cgroup) {
@@ -43,6 +47,16 @@ public enum CallerIdentity {
   }
 
   // MARK: Readers
+
+  static func sameMountNamespace(proc: String) -> Bool {
+    func link(_ path: String) -> String? {
+      var buffer = [CChar](repeating: 0, count: 256)
+      let n = readlink(path, &buffer, buffer.count - 1)
+      return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+    }
+    guard let theirs = link(proc + "/ns/mnt"), let ours = link("/proc/self/ns/mnt") else { return false }
+    return theirs == ours
+  }
 
   static func readText(_ path: String, limit: Int) -> String? {
     let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
@@ -129,9 +143,12 @@ public enum CallerIdentity {
     return nil
   }
 
-  /// `snap.firefox.firefox (enforce)` → `firefox.firefox`; any other label → nil.
+  /// `snap.firefox.firefox (enforce)` → `firefox.firefox`; any other label, or a profile in
+  /// complain mode (which confines nothing), → nil.
   static func snapApp(label: String) -> String? {
-    let name = label.split(separator: " ").first.map(String.init) ?? ""
+    let parts = label.split(separator: " ")
+    guard parts.count == 2, parts[1] == "(enforce)" else { return nil }
+    let name = String(parts[0])
     guard name.hasPrefix("snap."), name.split(separator: ".").count >= 3 else { return nil }
     let app = String(name.dropFirst("snap.".count))
     return app.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) ? app : nil

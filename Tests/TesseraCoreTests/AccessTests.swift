@@ -80,7 +80,7 @@ final class AccessTests: XCTestCase {
     let open = await Harness(accessMode: .open)
     _ = try await signIn(open, as: first)
     _ = try await silent(open, as: second)
-    let log = await open.broker.accessLog()
+    let log = try await open.broker.accessLog()
     XCTAssertTrue(
       log.contains { $0["reason"] == .string("open mode") && $0["app_key"] == .string("exe:/usr/bin/second") })
     XCTAssertFalse(log.contains { record in record.values.contains { "\($0)".contains("at-") } }, "no token in the log")
@@ -94,6 +94,31 @@ final class AccessTests: XCTestCase {
       XCTAssertEqual(error.code, .accessDenied)
       XCTAssertTrue(error.message.contains("No desktop prompt"), error.message)
     }
+  }
+
+  func testTokensFromBeforeAnyGrantCannotBeClaimedByAFirstSignIn() async throws {
+    // An upgraded install: tokens exist, no app holds a grant (the daemon's own sign-in stands
+    // for the one made before access control existed).
+    let h = await Harness(accessMode: .strict)
+    _ = try await h.broker.signIn(try h.request(), caller: CallerInfo(busName: ""))
+    let grants = try await h.broker.grants()
+    XCTAssertEqual(grants, [])
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.signIn(h, as: self.second) }
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
+    // The user grants it; its own later sign-ins for that client are then allowed.
+    try await h.broker.grant(app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", caller: nil)
+    _ = try await signIn(h, as: second)
+  }
+
+  func testAnUnidentifiedOrSandboxedCallerCannotReadOrChangeGrants() async throws {
+    let h = await Harness(accessMode: .confirm)
+    let nobody = CallerInfo(busName: ":1.99", pid: 99, uid: 1000, app: nil)
+    await XCTAssertThrowsTessera(.accessDenied) {
+      try await h.broker.grant(app: "exe:/usr/bin/x", clientID: "app1", accountID: "*", caller: nobody)
+    }
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await h.broker.grantList(caller: self.first) }
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await h.broker.accessLog(caller: nobody) }
+    _ = try await h.broker.grantList(caller: second)
   }
 
   func testAppKeysRoundTrip() {

@@ -30,6 +30,7 @@ final class CallerIdentityTests: XCTestCase {
     XCTAssertEqual(CallerIdentity.snapApp(label: "snap.firefox.firefox (enforce)"), "firefox.firefox")
     XCTAssertNil(CallerIdentity.snapApp(label: "unconfined"))
     XCTAssertNil(CallerIdentity.snapApp(label: "snap.firefox"))
+    XCTAssertNil(CallerIdentity.snapApp(label: "snap.firefox.firefox (complain)"), "complain mode confines nothing")
   }
 
   func testThisProcessIsItsExecutableAndAGonePidIsNobody() throws {
