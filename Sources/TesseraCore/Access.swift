@@ -29,7 +29,7 @@ extension Broker {
   func authorize(
     _ caller: CallerInfo?, clientID: String, accountID: String, username: String, scopes: [String],
     operation: AccessOperation
-  ) throws {
+  ) async throws {
     guard let caller else { return }
     let app = caller.app
     if let app, cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: accountID) }) {
@@ -51,6 +51,35 @@ extension Broker {
       if let app { fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID) }
       return
     }
+    if accessMode == .confirm, let app, let prompter = deps.prompter {
+      switch try await ask(
+        prompter, app: app, caller: caller, clientID: clientID, accountID: accountID, username: username,
+        scopes: scopes, operation: operation)
+      {
+      case .allowOnce?:
+        audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, once")
+        return
+      case .allowAlways?:
+        audit(
+          .allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, always")
+        // The grant is for that account; a sign-in's grant comes when it completes.
+        if accountID != AccessGrant.anyAccount {
+          try await grant(
+            AccessGrant(
+              app: app.key, clientID: clientID, accountID: accountID,
+              grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user"), caller: nil)
+          fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID)
+        }
+        return
+      case .deny?:
+        audit(.refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user")
+        throw TesseraError.accessDenied(
+          "You declined \(app.display) the use of \(username)'s sign-in for client \(clientID). It is not asked again for 10 minutes; to allow it later: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
+        )
+      case nil:
+        break  // nobody could be asked, or no answer: refused below, with the command
+      }
+    }
     let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
     let heldByOther = isHeld(clientID, byOtherThan: app?.key ?? "")
     var message =
@@ -60,7 +89,7 @@ extension Broker {
       message +=
         " To allow it, run: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
     }
-    if accessMode == .confirm { message += " (No desktop prompt is available to ask you now.)" }
+    if accessMode == .confirm { message += " (No desktop prompt could ask you, or it got no answer.)" }
     audit(
       .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
     throw TesseraError.accessDenied(message)
@@ -86,6 +115,37 @@ extension Broker {
     let ungranted =
       cache.refreshTokens.contains { $0.slot == clientID } && !cache.grants.contains { $0.clientID == clientID }
     return ungranted
+  }
+
+  /// Asks the user, once per app at a time: another question from the same app while one waits is
+  /// not asked (refused), and an app the user declined is not asked again for 10 minutes. The
+  /// question waits as a task of its own, so other callers go on meanwhile (actor reentrancy).
+  func ask(
+    _ prompter: any AccessPrompter, app: AppIdentity, caller: CallerInfo, clientID: String, accountID: String,
+    username: String, scopes: [String], operation: AccessOperation
+  ) async throws -> AccessAnswer? {
+    let key = "\(app.key)\u{0}\(clientID)\u{0}\(accountID)"
+    if let until = declinedUntil[key], until > deps.clock.now() {
+      audit(
+        .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, earlier")
+      throw TesseraError.accessDenied(
+        "You declined \(app.display) the use of \(username)'s sign-in for client \(clientID) a moment ago; it is not asked again before 10 minutes have passed. To allow it: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
+      )
+    }
+    if let waiting = pendingQuestions[app.key] {
+      // The same app's question is on screen: one at a time (a question per call would flood).
+      _ = waiting
+      return nil
+    }
+    let question = AccessQuestion(
+      app: app, clientID: clientID, username: username, scopes: scopes, operation: operation.rawValue)
+    let task = Task { await prompter.ask(question) }
+    pendingQuestions[app.key] = task
+    let answer = await task.value
+    pendingQuestions[app.key] = nil
+    if answer == .deny { declinedUntil[key] = deps.clock.now().addingTimeInterval(600) }
+    if declinedUntil.count > 1024 { declinedUntil = declinedUntil.filter { $0.value > deps.clock.now() } }
+    return answer
   }
 
   /// After an interactive sign-in: the app that completed it may use that client and account.

@@ -11,12 +11,15 @@ public struct BrokerDependencies: Sendable {
   public var clock: any BrokerClock
   /// Called after the store was loaded (the daemon returns the load's transient memory).
   public var afterLoad: @Sendable () -> Void = {}
+  /// Asks the user about an app without a grant (access_mode "confirm"); nil: refuse instead.
+  public var prompter: (any AccessPrompter)?
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
     events: any BrokerEvents, clock: any BrokerClock,
-    afterLoad: @escaping @Sendable () -> Void = {}
+    afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil
   ) {
+    self.prompter = prompter
     self.http = http
     self.store = store
     self.browser = browser
@@ -53,6 +56,9 @@ public actor Broker {
   /// Decisions per app, for the audit (issue 11), and the last ones for `tessera access log`.
   var auditCounts = AuditCounts()
   var auditLog = AuditLog()
+  /// Questions to the user under way (one per app at a time), and recent refusals by the user.
+  var pendingQuestions: [String: Task<AccessAnswer?, Never>] = [:]
+  var declinedUntil: [String: Date] = [:]
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.

@@ -147,6 +147,24 @@ public protocol RedirectListenerFactory: Sendable {
   func listen(port: UInt16, hostName: String) throws -> any RedirectListener
 }
 
+/// What the user is asked in access_mode "confirm" (issue 11).
+public struct AccessQuestion: Sendable, Equatable {
+  public var app: AppIdentity
+  public var clientID: String
+  public var username: String
+  public var scopes: [String]
+  public var operation: String
+}
+
+public enum AccessAnswer: Sendable, Equatable {
+  case allowOnce, allowAlways, deny
+}
+
+/// The desktop's way of asking the user (a notification with actions). nil: nobody could be asked.
+public protocol AccessPrompter: Sendable {
+  func ask(_ question: AccessQuestion) async -> AccessAnswer?
+}
+
 /// Signals the broker emits.
 public protocol BrokerEvents: Sendable {
   /// Sent only to `destination`, the unique bus name of the caller that started the flow.

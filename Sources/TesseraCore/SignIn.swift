@@ -19,7 +19,7 @@ extension Broker {
     // An app without a grant for this client, which another app holds, is asked first (issue 11).
     try await ensureLoaded()
     let knownAccount = request.accountID.isEmpty ? nil : cache.accounts[request.accountID]
-    try authorize(
+    try await authorize(
       request.caller ?? (caller.busName.isEmpty ? nil : caller), clientID: clientID,
       accountID: knownAccount?.id ?? AccessGrant.anyAccount,
       username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes, operation: .signIn)

@@ -40,7 +40,7 @@ extension Broker {
     let account = try resolveAccount(request.accountID, authority: authority)
     let realm = realm(for: authority, account: account)
     let target = SilentTarget(account: account, authority: authority, realm: realm, clientID: clientID, scopes: scopes)
-    try authorize(
+    try await authorize(
       request.caller, clientID: clientID, accountID: account.id, username: account.username, scopes: scopes,
       operation: .token)
     let now = deps.clock.now()

@@ -40,12 +40,19 @@ public final class DesktopNotifier: Sendable {
   static let service = "org.freedesktop.Notifications"
   static let path = "/org/freedesktop/Notifications"
   static let signInAction = "sign-in"
+  static let allowOnce = "allow-once"
+  static let allowAlways = "allow-always"
+  static let deny = "deny"
+  /// How long a question waits for the user.
+  static let questionSeconds: UInt64 = 120
 
   private struct State {
     /// Notification ids we showed, to the account each is for.
     var shown: [UInt32: String] = [:]
     /// Notifications whose action was taken: a second click starts no second sign-in.
     var acted: Set<UInt32> = []
+    /// Access questions on screen, by notification id, with who waits for the answer.
+    var questions: [UInt32: CheckedContinuation<AccessAnswer?, Never>] = [:]
     /// Bumped by every show and withdraw of an account: a Notify answered after a withdraw (or a
     /// newer show) is closed at once instead of kept.
     var generation: [String: UInt64] = [:]
@@ -73,6 +80,23 @@ public final class DesktopNotifier: Sendable {
       guard let self, arguments.count == 2, case .uint32(let id) = arguments[0],
         case .string(let action) = arguments[1]
       else { return }
+      // An access question's answer.
+      let question = self.state.withLock { state -> CheckedContinuation<AccessAnswer?, Never>? in
+        guard state.serverName == sender else { return nil }
+        return state.questions.removeValue(forKey: id)
+      }
+      if let question {
+        let answer: AccessAnswer? =
+          switch action {
+          case Self.allowOnce: .allowOnce
+          case Self.allowAlways: .allowAlways
+          case Self.deny: .deny
+          default: nil
+          }
+        question.resume(returning: answer)
+        self.close(id)
+        return
+      }
       guard action == Self.signInAction || action == "default" else { return }
       // The first action on a notification counts; it is ours no more (clicking the body and then
       // the button must not start two sign-ins).
@@ -90,12 +114,13 @@ public final class DesktopNotifier: Sendable {
       sender: Self.service, path: Self.path, interface: Self.service, member: "NotificationClosed"
     ) { [weak self] sender, arguments in
       guard let self, arguments.count >= 1, case .uint32(let id) = arguments[0] else { return }
-      self.state.withLock { state in
-        if state.serverName == sender {
-          state.shown[id] = nil
-          state.acted.remove(id)
-        }
+      let question = self.state.withLock { state -> CheckedContinuation<AccessAnswer?, Never>? in
+        guard state.serverName == sender else { return nil }
+        state.shown[id] = nil
+        state.acted.remove(id)
+        return state.questions.removeValue(forKey: id)
       }
+      question?.resume(returning: nil)  // dismissed without an answer
     }
   }
 
@@ -177,6 +202,57 @@ public final class DesktopNotifier: Sendable {
       destination: Self.service, path: Self.path, interface: Self.service, member: "CloseNotification",
       arguments: [.uint32(id)], timeoutSeconds: 10, autoStart: false
     ) { _ in }
+  }
+}
+
+extension DesktopNotifier: AccessPrompter {
+  /// Asks through a notification with three actions: "Allow once", "Always allow", "Deny". nil
+  /// when no notification server answers, the user dismisses it, or 2 minutes pass.
+  public func ask(_ question: AccessQuestion) async -> AccessAnswer? {
+    let sure =
+      question.app.isVerified
+      ? "Tessera is sure which app this is (\(question.app.kind == .flatpak ? "Flatpak" : "snap") sandbox)."
+      : "Tessera cannot verify which program this is: any program of yours could call itself this."
+    let scopes =
+      question.scopes.isEmpty ? "" : " (scopes: \(SafeText.clip(question.scopes.joined(separator: " "), limit: 300)))"
+    let body = Self.escapeMarkup(
+      "\(SafeText.clip(question.app.display, limit: 300)) asks to use the sign-in of \(SafeText.clip(question.username, limit: 200)) for client \(SafeText.clip(question.clientID, limit: 200))\(scopes). \(sure)"
+    )
+    let arguments: [BusValue] = [
+      .string("Tessera"), .uint32(0), .string("dialog-password"),
+      .string(
+        "Allow \(SafeText.clip(question.app.id, limit: 120)) to use \(SafeText.clip(question.username, limit: 120))?"),
+      .string(body),
+      .strings([Self.allowOnce, "Allow once", Self.allowAlways, "Always allow", Self.deny, "Deny"]),
+      .dict(["desktop-entry": .string("tessera"), "resident": .bool(true)]), .int32(0),
+    ]
+    let shown = Mutex<UInt32?>(nil)
+    let answer: AccessAnswer? = await withCheckedContinuation { (done: CheckedContinuation<AccessAnswer?, Never>) in
+      server.call(
+        destination: Self.service, path: Self.path, interface: Self.service, member: "Notify", arguments: arguments,
+        timeoutSeconds: 10, autoStart: false
+      ) { [self] result in
+        guard case .success(let reply) = result, case .uint32(let id)? = reply.values.first else {
+          self.logger.info("No access question shown (no notification server on the bus?)")
+          return done.resume(returning: nil)
+        }
+        self.state.withLock {
+          $0.serverName = reply.sender
+          $0.questions[id] = done
+        }
+        shown.withLock { $0 = id }
+        // Unanswered after a while: taken down, and nobody said yes.
+        Task {
+          try? await Task.sleep(nanoseconds: Self.questionSeconds * 1_000_000_000)
+          if let waiting = self.state.withLock({ $0.questions.removeValue(forKey: id) }) {
+            waiting.resume(returning: nil)
+            self.close(id)
+          }
+        }
+      }
+    }
+    _ = shown
+    return answer
   }
 }
 

@@ -118,7 +118,7 @@ struct Tesserad: AsyncParsableCommand {
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
         clock: SystemClock(),
-        afterLoad: { ProcessMemory.releaseFreed() }),
+        afterLoad: { ProcessMemory.releaseFreed() }, prompter: notifier),
       logger: logger)
     requests.install(
       server: server, handler: RequestHandler(broker: broker, logger: logger),

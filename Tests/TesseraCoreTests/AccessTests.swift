@@ -1,3 +1,4 @@
+import Synchronization
 import XCTest
 
 @testable import TesseraCore
@@ -119,6 +120,68 @@ final class AccessTests: XCTestCase {
     await XCTAssertThrowsTessera(.accessDenied) { _ = try await h.broker.grantList(caller: self.first) }
     await XCTAssertThrowsTessera(.accessDenied) { _ = try await h.broker.accessLog(caller: nobody) }
     _ = try await h.broker.grantList(caller: second)
+  }
+
+  /// The user's answers, scripted; `hold` keeps a question on screen until released.
+  final class FakePrompter: AccessPrompter, @unchecked Sendable {
+    let answers = Mutex<[AccessAnswer?]>([])
+    let asked = Mutex<[AccessQuestion]>([])
+    let hold = Mutex<CheckedContinuation<Void, Never>?>(nil)
+    let holding: Bool
+    init(_ answers: [AccessAnswer?], holding: Bool = false) {
+      self.answers.withLock { $0 = answers }
+      self.holding = holding
+    }
+    func ask(_ question: AccessQuestion) async -> AccessAnswer? {
+      asked.withLock { $0.append(question) }
+      if holding { await withCheckedContinuation { c in hold.withLock { $0 = c } } }
+      return answers.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+    }
+    func release() {
+      hold.withLock {
+        $0?.resume(); $0 = nil
+      }
+    }
+  }
+
+  func testConfirmModeAsksOnceAndRemembersTheAnswer() async throws {
+    let prompter = FakePrompter([.allowAlways, .deny])
+    let h = await Harness(accessMode: .confirm, prompter: prompter)
+    _ = try await signIn(h, as: first)
+    _ = try await silent(h, as: second)  // asked: Always allow
+    _ = try await silent(h, as: second)  // granted now: not asked again
+    XCTAssertEqual(prompter.asked.withLock { $0.count }, 1)
+    XCTAssertEqual(prompter.asked.withLock { $0.first?.app }, second.app)
+    let grants = try await h.broker.grants()
+    XCTAssertTrue(grants.contains { $0.app == "exe:/usr/bin/second" && $0.via == "user" })
+
+    let third = CallerInfo(
+      busName: ":1.12", pid: 12, uid: 1000, app: AppIdentity(kind: .desktop, id: "org.example.Third"))
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) }  // Deny
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) }  // not asked again
+    XCTAssertEqual(prompter.asked.withLock { $0.count }, 2)
+    h.clock.advance(601)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) }  // asked: no answer
+    XCTAssertEqual(prompter.asked.withLock { $0.count }, 3)
+  }
+
+  func testAQuestionOnScreenBlocksNobodyElse() async throws {
+    let prompter = FakePrompter([.allowOnce], holding: true)
+    let h = await Harness(accessMode: .confirm, prompter: prompter)
+    _ = try await signIn(h, as: first)
+    var asking = try h.request()
+    asking.caller = second
+    let request2 = asking
+    let waiting = Task { try await h.broker.acquireTokenSilent(request2) }
+    while prompter.asked.withLock({ $0.isEmpty }) { await Task.yield() }
+    // The first app goes on while the second app's question waits.
+    var request = try h.request(options: ["force_refresh": .bool(true)])
+    request.caller = first
+    _ = try await h.broker.acquireTokenSilent(request)
+    prompter.release()
+    _ = try await waiting.value  // Allow once
+    let grants = try await h.broker.grants()
+    XCTAssertFalse(grants.contains { $0.app == "exe:/usr/bin/second" }, "once is not always")
   }
 
   func testAppKeysRoundTrip() {

@@ -267,7 +267,7 @@ struct Harness {
   let broker: Broker
 
   init(
-    config: BrokerConfig? = nil, accessMode: AccessMode = .open,
+    config: BrokerConfig? = nil, accessMode: AccessMode = .open, prompter: (any AccessPrompter)? = nil,
     redirect: (@Sendable (String) -> RedirectParameters)? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
@@ -287,7 +287,7 @@ struct Harness {
       dependencies: BrokerDependencies(
         http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
         events: events,
-        clock: clock),
+        clock: clock, prompter: prompter),
       logger: Logger(label: "test"))
   }
 

@@ -75,7 +75,7 @@ def test_confirm_mode_without_a_prompt_refuses_with_the_command(start_daemon, wr
     b.sign_in()
     other = run_cli("token")
     assert other.returncode == 12
-    assert "No desktop prompt is available" in other.stderr and GRANT_COMMAND.search(other.stderr)
+    assert "No desktop prompt could ask you" in other.stderr and GRANT_COMMAND.search(other.stderr)
     b.close()
 
 
@@ -168,3 +168,47 @@ def test_a_caller_of_another_user_is_refused(tmp_path):
         stop_process(daemon)
         stop_process(bus)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_confirm_mode_asks_the_user_through_the_desktop(start_daemon, write_config, tmp_path):
+    from test_attention import NotificationServer
+    notifications = NotificationServer(tmp_path)
+    try:
+        start(start_daemon, write_config, "confirm")
+        b = Broker()
+        token = b.sign_in()["access_token"]
+        # The tessera command asks: the question is shown, and its call waits for the answer.
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: notifications.calls("Notify"), what="the access question")
+        (question,) = notifications.calls("Notify")
+        assert question["actions"][0::2] == ["allow-once", "allow-always", "deny"]
+        assert "alice" in question["summary"] and "tessera" in question["summary"]
+        assert "cannot verify" in question["body"] and "tessera-test" in question["body"]
+        # A question on screen blocks nobody else.
+        assert b.silent(force_refresh=True)["access_token"]
+        notifications.invoke(question["id"], "allow-always")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 0, err
+        assert out.strip() == b.silent()["access_token"]
+        assert any(g["via"] == "user" for g in json.loads(run_cli("access", "list", "--json", check_rc=0).stdout))
+        assert run_cli("token").returncode == 0 and len(notifications.calls("Notify")) == 1, "not asked again"
+
+        # Deny: refused, and not asked again for a while.
+        key = next(g["app"] for g in json.loads(run_cli("access", "list", "--json").stdout) if g["via"] == "user")
+        run_cli("access", "revoke", "--app", key, check_rc=0)
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: len(notifications.calls("Notify")) == 2, what="the second question")
+        notifications.invoke(notifications.calls("Notify")[1]["id"], "deny")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 12 and "You declined" in err and out == ""
+        again = run_cli("token")
+        assert again.returncode == 12 and "a moment ago" in again.stderr
+        assert len(notifications.calls("Notify")) == 2, "a declined app is not asked again at once"
+        log = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+        reasons = [r["reason"] for r in log if r["app_key"] == key]
+        assert "user, always" in reasons and "user" in reasons and "user, earlier" in reasons
+        b.close()
+    finally:
+        notifications.close()
