@@ -27,7 +27,7 @@ import dbus.lowlevel
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from tessera_session import BrowserMode, BusPeer, bus_address, bus_daemon, new_connection  # noqa: E402
+from tessera_session import BrowserMode, BusPeer, IdPLog, bus_address, bus_daemon, new_connection  # noqa: E402
 from tessera_session import Daemon as SessionDaemon  # noqa: E402
 
 if os.environ.get("TESSERA_TEST_SESSION") != "1":
@@ -398,36 +398,12 @@ def keyring(keyring_session):
 # Test identity provider
 
 
-class IdP:
+class IdP(IdPLog):
     authority = AUTHORITY
     url = IDP_URL
-    dir = IDP_DIR
-    log_path = os.environ["TESSERA_IDP_LOG"]
-    token_path = f"/{TENANT}/o/token/"
 
-    def _lines(self):
-        try:
-            with open(self.log_path) as f:
-                return [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
-
-    def mark(self):
-        """The current end of the request log; pass it to requests()."""
-        return len(self._lines())
-
-    def requests(self, since=0):
-        return self._lines()[since:]
-
-    def token_posts(self, since=0, grant_type=None):
-        return [r for r in self.requests(since)
-                if r["method"] == "POST" and r["path"] == self.token_path
-                and (grant_type is None or r["grant_type"] == grant_type)]
-
-    def manage(self, *args):
-        out = subprocess.run([os.path.join(REPO, "scripts", "idp"), "manage", IDP_DIR, *args],
-                             check=True, capture_output=True, text=True, timeout=60)
-        return out.stdout
+    def __init__(self):
+        super().__init__(REPO, IDP_DIR, TENANT, os.environ["TESSERA_IDP_LOG"])
 
     def tokens(self):
         return json.loads(self.manage("idp_tokens"))
@@ -435,9 +411,6 @@ class IdP:
     def refresh_tokens(self, user=None, client_id=None):
         return [t for t in self.tokens()["refresh_tokens"]
                 if (user is None or t["user"] == user) and (client_id is None or t["client_id"] == client_id)]
-
-    def revoke_user(self, name):
-        return self.manage("idp_revoke_user", name)
 
     def db(self):
         return sqlite3.connect(os.path.join(IDP_DIR, "db.sqlite3"), timeout=20)

@@ -1,6 +1,7 @@
 """What Tessera's test suites that run inside scripts/test-session share (Tests/e2e, and Tests/msal
 inside scripts/msal-session): connections to the session bus, a broker process started by a test,
 and the mode file of the session's test browser (Tests/idp/browser.py)."""
+import json
 import os
 import signal
 import subprocess
@@ -147,3 +148,43 @@ class BrowserMode:
     def set(self, mode):
         with open(self.path, "w") as f:
             f.write(mode + "\n")
+
+
+class IdPLog:
+    """The test IdP (scripts/idp) as the suites see it: its request log (one JSON line per
+    request, written by Tests/idp/idp/middleware.py) and its management commands."""
+
+    def __init__(self, repo, idp_dir, tenant, log_path):
+        self.repo = repo
+        self.dir = idp_dir
+        self.log_path = log_path
+        self.token_path = f"/{tenant}/o/token/"
+        self.authorize_path = f"/{tenant}/o/authorize/"
+
+    def _lines(self):
+        try:
+            with open(self.log_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def mark(self):
+        """The current end of the request log; pass it to requests()."""
+        return len(self._lines())
+
+    def requests(self, since=0):
+        return self._lines()[since:]
+
+    def token_posts(self, since=0, grant_type=None, status=None):
+        return [r for r in self.requests(since)
+                if r["method"] == "POST" and r["path"] == self.token_path
+                and (grant_type is None or r["grant_type"] == grant_type)
+                and (status is None or r["status"] == status)]
+
+    def manage(self, *args):
+        out = subprocess.run([os.path.join(self.repo, "scripts", "idp"), "manage", self.dir, *args],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return out.stdout
+
+    def revoke_user(self, name):
+        return self.manage("idp_revoke_user", name)

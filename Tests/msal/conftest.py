@@ -72,7 +72,7 @@ MSALRUNTIME_SCHEMA = "com.microsoft.identity.secret"
 
 
 sys.path.insert(0, os.path.join(REPO, "Tests", "lib"))
-from tessera_session import BrowserMode, Daemon, new_connection, tail  # noqa: E402
+from tessera_session import BrowserMode, Daemon, IdPLog, new_connection, tail  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,29 +296,9 @@ def keyring(keyring_session):
 # Test identity provider
 
 
-class IdP:
-    log_path = os.environ["TESSERA_IDP_LOG"]
-    token_path = f"/{TENANT}/o/token/"
-    authorize_path = f"/{TENANT}/o/authorize/"
-
-    def _lines(self):
-        try:
-            with open(self.log_path) as f:
-                return [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
-
-    def mark(self):
-        return len(self._lines())
-
-    def requests(self, since=0):
-        return self._lines()[since:]
-
-    def token_posts(self, since=0, grant_type=None, status=None):
-        return [r for r in self.requests(since)
-                if r["method"] == "POST" and r["path"] == self.token_path
-                and (grant_type is None or r["grant_type"] == grant_type)
-                and (status is None or r["status"] == status)]
+class IdP(IdPLog):
+    def __init__(self):
+        super().__init__(REPO, IDP_DIR, TENANT, os.environ["TESSERA_IDP_LOG"])
 
     def sign_in_traffic(self, since=0):
         """Requests that sign in or redeem grants: everything but discovery and signing keys (each
@@ -328,14 +308,6 @@ class IdP:
 
     def authorizations(self, since=0):
         return [r for r in self.requests(since) if r["path"] == self.authorize_path]
-
-    def manage(self, *args):
-        out = subprocess.run([os.path.join(REPO, "scripts", "idp"), "manage", IDP_DIR, *args],
-                             check=True, capture_output=True, text=True, timeout=60)
-        return out.stdout
-
-    def revoke_user(self, name):
-        return self.manage("idp_revoke_user", name)
 
 
 @pytest.fixture(scope="session")
