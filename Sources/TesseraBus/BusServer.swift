@@ -330,13 +330,7 @@ public final class BusServer: @unchecked Sendable {
     let caller = callerInfo(message)
     // A session bus serves one user; a bus that lets another user connect (or a peer that passed
     // its connection on) must not reach anyone's tokens through it. Refused before anything else.
-    guard caller.uid == ownUID else {
-      return refuse(
-        message, member,
-        .accessDenied(
-          "This broker serves user \(ownUID) only; the caller runs as \(caller.uid.map { "user \($0)" } ?? "an unknown user")."
-        ))
-    }
+    if let refusal = refusalForAnotherUser(message) { return refuse(message, member, .accessDenied(refusal)) }
     let call = Call(interface: object.description, member: member, arguments: arguments, caller: caller)
     switch answerAtOnce?(call) {
     case .reply(let result)?:
@@ -436,6 +430,14 @@ public final class BusServer: @unchecked Sendable {
     return objects.first { object in
       strcmp(object.path, path) == 0 && (interface.map { strcmp($0, object.interfaceName) == 0 } ?? true)
     }
+  }
+
+  /// The AccessDenied text for a message from another user's connection; nil for our own user.
+  fileprivate func refusalForAnotherUser(_ message: OpaquePointer) -> String? {
+    let caller = callerInfo(message)
+    guard caller.uid != ownUID else { return nil }
+    return
+      "This broker serves user \(ownUID) only; the caller runs as \(caller.uid.map { "user \($0)" } ?? "an unknown user")."
   }
 
   private func callerInfo(_ message: OpaquePointer) -> CallerInfo {
@@ -759,10 +761,18 @@ private let signatureFilter: sd_bus_message_handler_t = { message, userdata, _ i
   return server(userdata).filter(message)
 }
 
-private let propertyGetter: sd_bus_property_get_t = { _, _, _, property, reply, userdata, _ in
+private let propertyGetter: sd_bus_property_get_t = { bus, _, _, property, reply, userdata, error in
   guard let reply, let property else { return -EINVAL }
   let name = String(cString: property)
   let exported = object(userdata)
+  // A property that changes carries the user's data (AttentionNeeded: account ids): like every
+  // method, it is not for another user's connection.
+  // No current message: the daemon itself builds PropertiesChanged.
+  if exported.description.properties.first(where: { $0.name == name })?.emitsChange == true,
+    let asking = sd_bus_get_current_message(bus), let refusal = exported.server.refusalForAnotherUser(asking)
+  {
+    return sd_bus_error_set(error, TesseraError.Code.accessDenied.dbusName, refusal)
+  }
   guard let value = exported.server.propertyValue(exported.description, name) else { return -EINVAL }
   do {
     try BusCodec.append(reply, value)

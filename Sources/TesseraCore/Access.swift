@@ -222,6 +222,7 @@ extension Broker {
   /// Removes the grants of `app` (for one client id, or all); returns how many.
   public func revoke(app: String, clientID: String?, caller: CallerInfo?) async throws -> Int {
     try checkMayManage(caller)
+    guard AppIdentity(key: app) != nil else { throw Self.notAnAppKey(app) }
     try await ensureLoaded()
     let before = cache.grants.count
     try await apply(cache.removeGrants { $0.app == app && (clientID == nil || $0.clientID == clientID) })
@@ -314,6 +315,12 @@ struct AuditLog {
 }
 
 extension Broker {
+  static func notAnAppKey(_ app: String) -> TesseraError {
+    .invalidArgument(
+      "'\(RequestOptions.clip(app))' is not an app key. Keys look like flatpak:org.example.App, snap:name.app, desktop:org.gnome.Evolution or exe:/usr/bin/program; `tessera access list` and `tessera access log` show them."
+    )
+  }
+
   public func accessLog(caller: CallerInfo? = nil) throws -> [[String: BusValue]] {
     if accessMode != .open { try checkMayManage(caller) }
     return auditLog.records.map(\.busValue)
@@ -333,11 +340,7 @@ extension Broker {
 
   /// Grant(app, client_id, account_id) from `tessera access grant`: checked, then stored.
   public func grant(app: String, clientID: String, accountID: String, caller: CallerInfo?) async throws {
-    guard AppIdentity(key: app) != nil else {
-      throw TesseraError.invalidArgument(
-        "'\(RequestOptions.clip(app))' is not an app key. Keys look like flatpak:org.example.App, snap:name.app, desktop:org.gnome.Evolution or exe:/usr/bin/program; `tessera access log` shows the apps that asked."
-      )
-    }
+    guard AppIdentity(key: app) != nil else { throw Self.notAnAppKey(app) }
     try RequestOptions.checkText(clientID, name: "client_id", max: ArgumentLimits.clientIDBytes, allowSpaces: false)
     guard !clientID.isEmpty else { throw TesseraError.invalidArgument("Grant needs a client id.") }
     try await ensureLoaded()

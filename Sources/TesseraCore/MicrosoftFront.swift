@@ -29,7 +29,7 @@ public struct MicrosoftFront: Sendable {
       case .string(let requestText) = arguments[2],
       (try? Self.checkProtocolVersion(version)) != nil, let correlationID = try? Self.correlationID(correlation),
       let entry = broker.fastPath.microsoftAnswer(
-        requestText, now: clock.now().timeIntervalSince1970, app: caller.app?.key)
+        requestText, now: clock.now().timeIntervalSince1970, app: caller.appKey)
     else { return nil }
     if logger.logLevel <= .info {
       var metadata = RequestHandler.callerMetadata(method, caller)

@@ -66,13 +66,16 @@ public struct CallerInfo: Sendable, Equatable {
   public var uid: UInt32?
   public var exe: String?
   /// Which app it is (see AppIdentity); nil when it could not be told (the process is gone).
-  public var app: AppIdentity?
+  public var app: AppIdentity? { didSet { appKey = app?.key } }
+  /// `app?.key`, built once: the bus thread's cached answers look it up on every call.
+  public private(set) var appKey: String?
   public init(busName: String, pid: UInt32? = nil, uid: UInt32? = nil, exe: String? = nil, app: AppIdentity? = nil) {
     self.busName = busName
     self.pid = pid
     self.uid = uid
     self.exe = exe
     self.app = app
+    self.appKey = app?.key
   }
 }
 

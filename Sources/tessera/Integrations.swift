@@ -23,6 +23,20 @@ struct TokenTarget: ParsableArguments {
   @Option(
     name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds"))
   var minValidity: UInt32?
+
+  /// A token for these options (see helperToken).
+  func token(broker: TesseraBroker, interactive: Bool, deviceCode: Bool = false) throws(TesseraClientError)
+    -> TesseraToken
+  {
+    try helperToken(
+      broker: broker, clientID: target.clientId, scopes: target.scopes, authority: target.authority,
+      account: account, minValidity: minValidity, interactive: interactive, deviceCode: deviceCode)
+  }
+
+  /// Never prompting: for helpers run by other programs (sasl, exec).
+  func silentToken() throws -> TesseraToken {
+    try withBroker { broker throws(TesseraClientError) in try token(broker: broker, interactive: false) }
+  }
 }
 
 /// Prints what the user must do to finish a sign-in, on stderr. What the broker relays may come
@@ -262,10 +276,7 @@ extension Tessera {
       let interactive = info?.spec?.interactive ?? (isatty(0) == 1)
       let t = try withBroker { broker throws(TesseraClientError) -> TesseraToken in
         do throws(TesseraClientError) {
-          return try helperToken(
-            broker: broker, clientID: token.target.clientId, scopes: token.target.scopes,
-            authority: token.target.authority, account: token.account, minValidity: token.minValidity,
-            interactive: interactive, deviceCode: deviceCode)
+          return try token.token(broker: broker, interactive: interactive, deviceCode: deviceCode)
         } catch .broker(let e) where !interactive && (e.code == .interactionRequired || e.code == .noSuchAccount) {
           // Both mean the same to kubectl's user: sign in (exit status 4, as the help says).
           throw .broker(
@@ -314,12 +325,7 @@ extension Tessera {
     }
 
     func run() throws {
-      let t = try withBroker { broker throws(TesseraClientError) in
-        try helperToken(
-          broker: broker, clientID: token.target.clientId, scopes: token.target.scopes,
-          authority: token.target.authority, account: token.account, minValidity: token.minValidity,
-          interactive: false)
-      }
+      let t = try token.silentToken()
       let name = user ?? t.account.username
       guard SafeText.isClean(name), SafeText.isClean(t.accessToken) else {
         printError("tessera sasl: the username or token holds control characters; not usable in SASL.")
@@ -370,12 +376,7 @@ extension Tessera {
     }
 
     func run() throws {
-      let t = try withBroker { broker throws(TesseraClientError) in
-        try helperToken(
-          broker: broker, clientID: token.target.clientId, scopes: token.target.scopes,
-          authority: token.target.authority, account: token.account, minValidity: token.minValidity,
-          interactive: false)
-      }
+      let t = try token.silentToken()
       setenv(env, t.accessToken, 1)
       var argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) }
       argv.append(nil)

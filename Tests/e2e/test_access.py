@@ -154,7 +154,12 @@ def test_a_caller_of_another_user_is_refused(tmp_path):
                  "    o.GetAccounts(dbus.Dictionary({}, signature='sv'), dbus_interface='org.tessera.Broker1')\n"
                  "    print('ALLOWED')\n"
                  "except dbus.exceptions.DBusException as e:\n"
-                 "    print(e.get_dbus_name(), e.get_dbus_message())\n")
+                 "    print(e.get_dbus_name(), e.get_dbus_message())\n"
+                 "try:\n"
+                 "    o.Get('org.tessera.Broker1', 'AttentionNeeded', dbus_interface='org.freedesktop.DBus.Properties')\n"
+                 "    print('PROPERTY READ')\n"
+                 "except dbus.exceptions.DBusException as e:\n"
+                 "    print('PROPERTY', e.get_dbus_name())\n")
 
         def owned():
             return subprocess.run(["busctl", f"--address={address}", "status", "org.tessera.Broker1"],
@@ -164,6 +169,7 @@ def test_a_caller_of_another_user_is_refused(tmp_path):
                              capture_output=True, text=True, timeout=30, cwd="/")
         assert "org.tessera.Broker1.Error.AccessDenied" in out.stdout, out.stdout + out.stderr
         assert "serves user 0 only" in out.stdout
+        assert "PROPERTY org.tessera.Broker1.Error.AccessDenied" in out.stdout, out.stdout
     finally:
         stop_process(daemon)
         stop_process(bus)
