@@ -173,6 +173,26 @@ enum BusCodec {
       }
       try check(sd_bus_message_exit_container(m), "exit aa{sv}")
       return .dicts(dicts)
+    case UInt8(ascii: "a") where contents?.pointee == CChar(UInt8(ascii: "(")):
+      // An array of structs (a portal's a(ss) choices): each member read as any value.
+      let element = String(cString: contents!)
+      try check(sd_bus_message_enter_container(m, type, contents), "enter a\(element)")
+      var rows: [[BusValue]] = []
+      while try hasMore(m) {
+        if rows.count == budget.limits.elements {
+          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+        }
+        var structType: CChar = 0
+        var structContents: UnsafePointer<CChar>?
+        try check(sd_bus_message_peek_type(m, &structType, &structContents), "peek struct")
+        try check(sd_bus_message_enter_container(m, structType, structContents), "enter struct")
+        var row: [BusValue] = []
+        while try hasMore(m) { row.append(try read(m, &budget)) }
+        try check(sd_bus_message_exit_container(m), "exit struct")
+        rows.append(row)
+      }
+      try check(sd_bus_message_exit_container(m), "exit a\(element)")
+      return .structs(elementSignature: element, rows)
     case UInt8(ascii: "a"):
       let signature = "a" + (contents.map { String(cString: $0) } ?? "")
       try check(sd_bus_message_skip(m, nil), "skip")
@@ -214,6 +234,17 @@ enum BusCodec {
       try append(m, dict, adding: nil, nil)
     case .dicts(let dicts):
       try container(m, "a", "a{sv}") { for d in dicts { try append(m, .dict(d)) } }
+    case .objectPath(let path):
+      try check(
+        path.withCString { sd_bus_message_append_basic(m, CChar(UInt8(ascii: "o")), $0) }, "append o")
+    case .structs(let element, let rows):
+      guard element.hasPrefix("("), element.hasSuffix(")") else {
+        throw Failure(errno: EINVAL, what: "cannot send an array of \(element)")
+      }
+      let inner = String(element.dropFirst().dropLast())
+      try dynamicContainer(m, "a", element) {
+        for row in rows { try dynamicContainer(m, "r", inner) { for value in row { try append(m, value) } } }
+      }
     case .other(let signature):
       throw Failure(errno: EINVAL, what: "cannot send a value of type \(signature)")
     }
@@ -224,7 +255,11 @@ enum BusCodec {
     func entry(_ k: String, _ v: BusValue) throws {
       try container(m, "e", "sv") {
         try appendString(m, k)
-        try container(m, "v", v.fixedSignature) { try append(m, v) }
+        if case .structs = v {
+          try dynamicContainer(m, "v", v.signature) { try append(m, v) }
+        } else {
+          try container(m, "v", v.fixedSignature) { try append(m, v) }
+        }
       }
     }
     try container(m, "a", "{sv}") {
@@ -247,6 +282,17 @@ enum BusCodec {
       try check(sd_bus_message_append_string_space(m, bytes.count, &space), "append s")
       if let space, let base = bytes.baseAddress { memcpy(space, base, bytes.count) }
     }
+  }
+
+  /// A container whose contents signature is built at run time (the rare struct arrays).
+  private static func dynamicContainer(
+    _ m: OpaquePointer, _ type: Unicode.Scalar, _ contents: String, _ body: () throws -> Void
+  ) throws {
+    try check(
+      contents.withCString { sd_bus_message_open_container(m, CChar(UInt8(ascii: type)), $0) },
+      "open \(type)\(contents)")
+    try body()
+    try check(sd_bus_message_close_container(m), "close \(type)\(contents)")
   }
 
   private static func container(

@@ -20,7 +20,7 @@ public final class BusServer: @unchecked Sendable {
   private var event: OpaquePointer?
   private var pending: [UInt64: OpaquePointer] = [:]
   private var nextID: UInt64 = 0
-  private var callerCache: [String: CallerInfo] = [:]
+  private var callerCache: [String: (info: CallerInfo, process: (any CallerProcess)?)] = [:]
   private let mailbox = Mutex<[Mail]>([])
   private let eventFD: Int32
   private let eventFDError: Int32
@@ -125,7 +125,7 @@ public final class BusServer: @unchecked Sendable {
   /// Called (on the bus thread) when a unique name leaves the bus.
   private let onCallerGone: @Sendable (String) -> Void
   /// Tells which app a caller is, from its pid and security label; once per connection.
-  private let identify: (@Sendable (UInt32, String?) -> AppIdentity?)?
+  private let identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)?
   private let ownUID = getuid()
 
   /// Identifies a pending call; pass it back to `reply`.
@@ -150,7 +150,7 @@ public final class BusServer: @unchecked Sendable {
     interfaces: [InterfaceDescription], log: @escaping BusLog = { _, _ in }, onCall: @escaping CallHandler,
     onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
     answerAtOnce: (@Sendable (Call) -> FastAnswer?)? = nil,
-    identify: (@Sendable (UInt32, String?) -> AppIdentity?)? = nil
+    identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)? = nil
   ) {
     self.identify = identify
     self.log = log
@@ -442,8 +442,21 @@ public final class BusServer: @unchecked Sendable {
 
   private func callerInfo(_ message: OpaquePointer) -> CallerInfo {
     let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
-    if let cached = callerCache[sender] { return cached }
+    if var cached = callerCache[sender] {
+      // The process that connected has ended, or now runs another program: identified anew.
+      if let process = cached.process, process.recheck() {
+        let before = cached.info.app?.display ?? "unidentified"
+        cached.info.app = process.app
+        callerCache[sender] = cached
+        log(
+          .notice,
+          "Caller \(sender) (pid \(cached.info.pid.map(String.init) ?? "?")) is no longer \(before): \(process.app.map { "it now runs \($0.display)" } ?? "the process that connected has ended")"
+        )
+      }
+      return cached.info
+    }
     var info = CallerInfo(busName: sender)
+    var process: (any CallerProcess)?
     var creds: OpaquePointer?
     let mask = UInt64(
       SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EXE | SD_BUS_CREDS_SELINUX_CONTEXT | SD_BUS_CREDS_AUGMENT)
@@ -458,12 +471,16 @@ public final class BusServer: @unchecked Sendable {
       var label: UnsafePointer<CChar>?
       let hasLabel = sd_bus_creds_get_selinux_context(creds, &label) >= 0 && label != nil
       if let identify, let pid = info.pid {
-        info.app = identify(pid, hasLabel ? String(cString: label!) : nil)
+        process = identify(pid, hasLabel ? String(cString: label!) : nil)
+        info.app = process?.app
       }
       sd_bus_creds_unref(creds)
     }
-    if callerCache.count > 512 { callerCache.removeAll() }
-    callerCache[sender] = info
+    // Entries leave with their callers (NameOwnerChanged). Each pin holds a pidfd: past 4096
+    // connections a caller is still identified once, but not rechecked; a live caller's entry is
+    // never dropped (it would be identified again by a pid that may by then name another).
+    if callerCache.count >= 4096 { process = nil }
+    callerCache[sender] = (info, process)
     return info
   }
 
@@ -824,4 +841,13 @@ private let ownerChanged: sd_bus_message_handler_t = { message, userdata, _ in
 private let mailboxReady: sd_event_io_handler_t = { _, _, _, userdata in
   server(userdata).drainMailbox()
   return 0
+}
+
+/// A caller's process as identified at its connection's first call (TesseraPlatform pins it with
+/// a pidfd), rechecked at every later call.
+public protocol CallerProcess: AnyObject, Sendable {
+  /// Who the process is; nil when it could not be identified or has ended.
+  var app: AppIdentity? { get }
+  /// Looks again; true when `app` changed (the process ended, or exec'd another program).
+  func recheck() -> Bool
 }

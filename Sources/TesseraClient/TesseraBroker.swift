@@ -283,8 +283,21 @@ public final class TesseraBroker {
     return list
   }
 
-  public func grant(app: String, clientID: String, accountID: String) throws(TesseraClientError) {
-    _ = try call("Grant", [.string(app), .string(clientID), .string(accountID)])
+  /// Lets `app` use `clientID` for `accountID` (an id, a username, "*" or "" for the only one),
+  /// narrowed to an authority, scopes and operations when they are given (empty: any).
+  public func grant(
+    app: String, clientID: String, accountID: String, authority: String = "", scopes: [String] = [],
+    operations: [String] = []
+  ) throws(TesseraClientError) {
+    _ = try call(
+      "Grant",
+      [.string(app), .string(clientID), .string(accountID), .string(authority), .strings(scopes), .strings(operations)])
+  }
+
+  /// How many signed-in accounts GetAccounts hides from this program (it holds no grant for them).
+  public func hiddenAccountCount() throws(TesseraClientError) -> UInt32 {
+    guard case .uint32(let n)? = try call("CountHiddenAccounts", []).first else { return 0 }
+    return n
   }
 
   /// Removes the app's grants (for one client id, or all with nil); returns how many.

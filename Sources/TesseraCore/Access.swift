@@ -15,12 +15,11 @@ extension Broker {
     public static let allowed = "0e7c3a4b5d2f4a1e9b6c8d7e1f2a3b4c"
     public static let refused = "7f1e2d3c4b5a49688776a5b4c3d2e1f0"
     public static let granted = "3a9d8c7b6e5f4a3b9c2d1e0f8a7b6c5d"
+    public static let firstUse = "5b8e2f1a9c3d4e7f8a6b5c4d3e2f1a0b"
   }
 
-  /// The operation an app asks for, for the audit and the messages.
-  public enum AccessOperation: String, Sendable {
-    case token, signIn = "sign-in", listAccounts = "list-accounts", signOut = "sign-out"
-  }
+  /// The operation an app asks for (what grants name), for the audit and the messages.
+  public typealias AccessOperation = AccessGrant.Operation
 
   var accessMode: AccessMode { config.accessMode }
 
@@ -28,13 +27,18 @@ extension Broker {
   /// to do. `nil` callers are the daemon's own requests.
   func authorize(
     _ caller: CallerInfo?, clientID: String, accountID: String, username: String, scopes: [String],
-    operation: AccessOperation
+    authority: String, operation: AccessOperation
   ) async throws {
     guard let caller else { return }
     let app = caller.app
-    if let app, cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: accountID) }) {
+    if let app,
+      hasGrant(
+        app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes,
+        operation: operation)
+    {
       audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "grant")
-      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID)
+      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
+      noteFirstUse(app, accountID: accountID, username: username, clientID: clientID)
       return
     }
     // A sign-in is how an app gets its first grant: for a client id no other app holds, or one
@@ -48,7 +52,11 @@ extension Broker {
     }
     if accessMode == .open {
       audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "open mode")
-      if let app { fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID) }
+      if let app {
+        fastPath.noteAllowed(
+          app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
+        noteFirstUse(app, accountID: accountID, username: username, clientID: clientID)
+      }
       return
     }
     if accessMode == .confirm, let app, let prompter = deps.prompter {
@@ -58,17 +66,24 @@ extension Broker {
       {
       case .allowOnce?:
         audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, once")
+        // The user just said yes to this: it is no news to them, but later uses are not new either.
+        noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
         return
       case .allowAlways?:
         audit(
           .allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, always")
-        // The grant is for that account; a sign-in's grant comes when it completes.
+        // The grant is for that account, at that authority, for the scopes the user saw; a
+        // sign-in's grant comes when it completes.
         if accountID != AccessGrant.anyAccount {
+          let resources = ScopeSet.resourceScopes(scopes).sorted()
           try await grant(
             AccessGrant(
               app: app.key, clientID: clientID, accountID: accountID,
-              grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user"), caller: nil)
-          fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID)
+              grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user", authority: authority,
+              scopes: resources.isEmpty ? nil : resources), caller: nil)
+          fastPath.noteAllowed(
+            app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
+          noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
         }
         return
       case .deny?:
@@ -93,6 +108,42 @@ extension Broker {
     audit(
       .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
     throw TesseraError.accessDenied(message)
+  }
+
+  /// Whether one of `app`'s grants covers this use: client, account, authority, operation and
+  /// every requested scope (OpenID Connect's own scopes are always allowed).
+  func hasGrant(
+    app: String, clientID: String, accountID: String, authority: String?, scopes: [String],
+    operation: AccessOperation
+  ) -> Bool {
+    cache.grants.contains { g in
+      g.covers(app: app, clientID: clientID, accountID: accountID, authority: authority, operation: operation)
+        && (g.scopes.map { ScopeSet.covers(granted: $0, requested: scopes) } ?? true)
+    }
+  }
+
+  /// The first time an app uses an account, a notification says so (`notify_first_use`); the
+  /// memory of it is kept in the keyring, so it is said once, not once per daemon start.
+  func noteFirstUse(
+    _ app: AppIdentity, accountID: String, username: String, clientID: String, notify: Bool = true
+  ) {
+    guard accountID != AccessGrant.anyAccount, !cache.hasUsed(app: app.key, accountID: accountID),
+      let operations = cache.noteUse(
+        app: app.key, accountID: accountID, at: Int64(deps.clock.now().timeIntervalSince1970))
+    else { return }
+    if notify && config.notifyFirstUse {
+      deps.events.appFirstUsedAccount(
+        FirstUse(app: app, accountID: accountID, username: username, clientID: clientID))
+      logger.notice(
+        "An app used an account for the first time",
+        metadata: [
+          "MESSAGE_ID": "\(AuditMessage.firstUse)", "app": "\(app.display)", "app_key": "\(app.key)",
+          "account": "\(username)", "client_id": "\(clientID)",
+        ])
+    }
+    // Queued behind earlier writes, not awaited: the token is not kept waiting for the keyring,
+    // and nothing a caller is served changes, so the bus thread's answers stay published.
+    _ = storeWriter.enqueue(operations, retryLater: true)
   }
 
   /// Whether another app holds `clientID`: a grant for it or for a member of its Microsoft family
@@ -158,7 +209,8 @@ extension Broker {
       grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "sign-in")
     do {
       try await apply(cache.upsert(grant: grant))
-      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: account.id)
+      // The user just signed this app in: its use of the account is no news.
+      noteFirstUse(app, accountID: account.id, username: account.username, clientID: clientID, notify: false)
       logger.notice(
         "Access granted: the app that signed in may use this client and account",
         metadata: [
@@ -177,7 +229,7 @@ extension Broker {
   func visibleAccountIDs(_ caller: CallerInfo?) -> Set<String>? {
     guard let caller, accessMode != .open else { return nil }
     guard let app = caller.app else { return [] }
-    let mine = cache.grants.filter { $0.app == app.key }
+    let mine = cache.grants.filter { $0.app == app.key && $0.allows(.listAccounts) }
     if mine.contains(where: { $0.accountID == AccessGrant.anyAccount }) { return nil }
     return Set(mine.map(\.accountID))
   }
@@ -333,16 +385,48 @@ extension Broker {
         "app": .string(g.app), "app_display": .string(AppIdentity(key: g.app)?.display ?? g.app),
         "client_id": .string(g.clientID), "account_id": .string(g.accountID),
         "account": .string(cache.accounts[g.accountID]?.username ?? (g.accountID == AccessGrant.anyAccount ? "*" : "")),
-        "granted_at": .int64(g.grantedAt), "via": .string(g.via),
+        "granted_at": .int64(g.grantedAt), "via": .string(g.via), "authority": .string(g.authority ?? ""),
+        "scopes": .strings(g.scopes ?? []), "operations": .strings((g.operations ?? []).map(\.rawValue)),
       ]
     }
   }
 
-  /// Grant(app, client_id, account_id) from `tessera access grant`: checked, then stored.
-  public func grant(app: String, clientID: String, accountID: String, caller: CallerInfo?) async throws {
+  /// How many signed-in accounts GetAccounts hides from `caller`.
+  public func hiddenAccountCount(_ caller: CallerInfo?) async throws -> Int {
+    try await ensureLoaded()
+    guard let visible = visibleAccountIDs(caller) else { return 0 }
+    return cache.accounts.keys.filter { !visible.contains($0) }.count
+  }
+
+  /// Grant(app, client_id, account_id, authority, scopes, operations) from `tessera access
+  /// grant`: checked, then stored. Empty authority, scopes or operations: any.
+  public func grant(
+    app: String, clientID: String, accountID: String, authority: String = "", scopes: [String] = [],
+    operations: [String] = [], caller: CallerInfo?
+  ) async throws {
     guard AppIdentity(key: app) != nil else { throw Self.notAnAppKey(app) }
     try RequestOptions.checkText(clientID, name: "client_id", max: ArgumentLimits.clientIDBytes, allowSpaces: false)
     guard !clientID.isEmpty else { throw TesseraError.invalidArgument("Grant needs a client id.") }
+    var canonicalAuthority: String?
+    if !authority.isEmpty {
+      do { canonicalAuthority = try resolveAuthority(authority).url } catch {
+        throw TesseraError.invalidArgument(
+          "The grant's authority '\(RequestOptions.clip(authority))' cannot be used: \(TesseraError.wrap(error).message)"
+        )
+      }
+    }
+    let grantedScopes = scopes.isEmpty ? nil : try RequestParser.scopes(scopes)
+    var ops: [AccessOperation]?
+    if !operations.isEmpty {
+      ops = try operations.map { name in
+        guard let op = AccessOperation(rawValue: name) else {
+          throw TesseraError.invalidArgument(
+            "'\(RequestOptions.clip(name))' is not an operation; operations are \(AccessOperation.allCases.map(\.rawValue).joined(separator: ", "))."
+          )
+        }
+        return op
+      }
+    }
     try await ensureLoaded()
     // An id, a username (the caller may not see the accounts it grants), "*", or "" for the only one.
     var resolved = accountID
@@ -364,6 +448,8 @@ extension Broker {
     try await grant(
       AccessGrant(
         app: app, clientID: clientID, accountID: resolved, grantedAt: Int64(deps.clock.now().timeIntervalSince1970),
-        via: "command"), caller: caller)
+        via: "command", authority: canonicalAuthority,
+        scopes: grantedScopes.map { ScopeSet.resourceScopes($0).sorted() },
+        operations: ops), caller: caller)
   }
 }

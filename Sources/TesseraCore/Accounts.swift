@@ -49,14 +49,22 @@ extension Broker {
     // An app may sign out only an account it may use, and of one client only one it holds.
     if let clientID = request.clientID, let caller = request.caller, accessMode != .open,
       !(caller.app.map { app in
-        cache.grants.contains { $0.covers(app: app.key, clientID: clientID, accountID: account.id) }
+        cache.grants.contains {
+          $0.covers(app: app.key, clientID: clientID, accountID: account.id, operation: .signOut)
+        }
       } ?? false)
     {
       throw TesseraError.accessDenied(
         "\(caller.app?.display ?? "This app") holds no grant for client \(clientID), so it may not sign \(account.username) out of it."
       )
     }
-    if let visible = visibleAccountIDs(request.caller), !visible.contains(account.id) {
+    if let caller = request.caller, request.clientID == nil, accessMode != .open,
+      !(caller.app.map { app in
+        cache.grants.contains {
+          $0.covers(app: app.key, clientID: $0.clientID, accountID: account.id, operation: .signOut)
+        }
+      } ?? false)
+    {
       throw TesseraError.accessDenied(
         "\(request.caller?.app?.display ?? "This app") holds no grant for \(account.username), so it may not sign it out. Use `tessera logout`."
       )

@@ -17,6 +17,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var microsoftBroker = true
   /// Per-app access control (issue 11): open, confirm (the default) or strict.
   public var accessMode: AccessMode = .confirm
+  /// Whether a desktop notification says so the first time an app uses an account.
+  public var notifyFirstUse = true
   /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
   public var gitRules: [GitCredentialRule] = []
   /// What the file got wrong that does not stop the daemon (the helpers' tables), with the line.
@@ -28,7 +30,7 @@ public struct BrokerConfig: Sendable, Equatable {
     "default_authority", "default_client_id", "default_scopes", "trusted_authorities", "ca_file",
     "ca_file_for_microsoft",
     "browser", "redirect_port", "allow_insecure_loopback", "log_level", "client_capabilities",
-    "microsoft_broker", "access_mode",
+    "microsoft_broker", "access_mode", "notify_first_use",
   ]
   public static let tableNames = ["git"]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
@@ -122,6 +124,9 @@ public struct BrokerConfig: Sendable, Equatable {
           throw fail("must be one of \(AccessMode.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         config.accessMode = mode
+      case "notify_first_use":
+        guard let b = value.bool else { throw fail("must be true or false") }
+        config.notifyFirstUse = b
       case "log_level":
         guard let s = value.string, logLevels.contains(s) else {
           throw fail("must be one of \(logLevels.joined(separator: ", "))")

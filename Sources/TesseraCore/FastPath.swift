@@ -69,14 +69,18 @@ public final class SilentFastPath: Sendable {
     var app: String
     var clientID: String
     var accountID: String
+    /// A grant may be narrowed to an authority and scopes: what was allowed is exactly these.
+    var authority: String
+    var scopes: [String]
   }
   private let allowed = Mutex<Set<AllowKey>>([])
   let enforcesAccess = Atomic<Bool>(false)
 
-  func noteAllowed(app: String, clientID: String, accountID: String) {
+  func noteAllowed(app: String, clientID: String, accountID: String, authority: String, scopes: [String]) {
     allowed.withLock { set in
       if set.count >= Self.maxEntries { set.removeAll() }
-      set.insert(AllowKey(app: app, clientID: clientID, accountID: accountID))
+      set.insert(
+        AllowKey(app: app, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes))
     }
   }
 
@@ -86,7 +90,10 @@ public final class SilentFastPath: Sendable {
     guard enforcesAccess.load(ordering: .relaxed) else { return true }
     guard let app else { return false }
     return allowed.withLock {
-      $0.contains(AllowKey(app: app, clientID: target.clientID, accountID: target.account.id))
+      $0.contains(
+        AllowKey(
+          app: app, clientID: target.clientID, accountID: target.account.id, authority: target.authority.url,
+          scopes: target.scopes))
     }
   }
 

@@ -176,10 +176,21 @@ public protocol BrokerEvents: Sendable {
   func signInNeeded(_ need: SignInNeed)
   /// The account no longer needs a sign-in (withdraw what `signInNeeded` showed).
   func signInNoLongerNeeded(accountID: String)
+  /// An app used an account for the first time (issue 11): tell the user (`notify_first_use`).
+  func appFirstUsedAccount(_ use: FirstUse)
+}
+
+/// An app's first use of an account, for the notification that says so.
+public struct FirstUse: Sendable, Equatable {
+  public var app: AppIdentity
+  public var accountID: String
+  public var username: String
+  public var clientID: String
 }
 
 extension BrokerEvents {
   public func attentionChanged(_ accountIDs: [String]) {}
   public func signInNeeded(_ need: SignInNeed) {}
   public func signInNoLongerNeeded(accountID: String) {}
+  public func appFirstUsedAccount(_ use: FirstUse) {}
 }

@@ -111,6 +111,8 @@ public struct RequestHandler: Sendable {
       let accounts = try await broker.accounts(matching: parsed)
       metadata["accounts"] = "\(accounts.count)"
       return [.dicts(accounts)]
+    case "CountHiddenAccounts":
+      return [.uint32(UInt32(clamping: try await broker.hiddenAccountCount(caller)))]
     case "SignOut":
       var request = try RequestParser.signOutRequest(accountID: string(0), options: dict(1))
       request.caller = caller
@@ -128,7 +130,9 @@ public struct RequestHandler: Sendable {
     case "Grant":
       metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
       metadata["client_id"] = "\(SafeText.clip(string(1), limit: 300))"
-      try await broker.grant(app: string(0), clientID: string(1), accountID: string(2), caller: caller)
+      try await broker.grant(
+        app: string(0), clientID: string(1), accountID: string(2), authority: string(3), scopes: strings(4),
+        operations: strings(5), caller: caller)
       return []
     case "Revoke":
       metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"

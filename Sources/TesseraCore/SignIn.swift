@@ -22,7 +22,8 @@ extension Broker {
     try await authorize(
       request.caller ?? (caller.busName.isEmpty ? nil : caller), clientID: clientID,
       accountID: knownAccount?.id ?? AccessGrant.anyAccount,
-      username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes, operation: .signIn)
+      username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes,
+      authority: authority.url, operation: .signIn)
     if let ended = try signIns.makeRoom(correlationID: request.correlationID, caller: caller) {
       logger.notice(
         "Ended the oldest sign-in of an app holding \(ended.held) places, to make room for another app's",

@@ -42,7 +42,7 @@ extension Broker {
     let target = SilentTarget(account: account, authority: authority, realm: realm, clientID: clientID, scopes: scopes)
     try await authorize(
       request.caller, clientID: clientID, accountID: account.id, username: account.username, scopes: scopes,
-      operation: .token)
+      authority: authority.url, operation: .token)
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
     // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.

@@ -14,6 +14,8 @@ public struct TokenCache: Sendable {
   public private(set) var appMetadata: [AppKey: AppMetadataRecord] = [:]
   /// Which app may use which client and account (issue 11).
   public private(set) var grants: [AccessGrant] = []
+  /// Which app has used which account (for the first-use notification), as "APP\0ACCOUNT_ID".
+  public private(set) var uses: Set<String> = []
 
   public init() {}
 
@@ -23,6 +25,7 @@ public struct TokenCache: Sendable {
     case accessToken = "access_token"
     case appMetadata = "app_metadata"
     case grant = "access_grant"
+    case use = "app_use"
   }
 
   // MARK: Lookups
@@ -85,6 +88,24 @@ public struct TokenCache: Sendable {
     grants.append(grant)
     return [.save(Self.item(grant))]
   }
+
+  /// Notes that `app` has used `accountID`; nil when it had before.
+  public mutating func noteUse(app: String, accountID: String, at: Int64) -> [StoreOperation]? {
+    guard uses.insert(Self.useKey(app: app, accountID: accountID)).inserted else { return nil }
+    let record = AppUseRecord(app: app, accountID: accountID, firstUsedAt: at)
+    return [
+      .save(
+        StoredItem(
+          attributes: [Self.base: Self.schemaVersion, "kind": Kind.use.rawValue, "app": app, "account_id": accountID],
+          secret: Self.json(record), label: "Tessera: \(app) has used an account"))
+    ]
+  }
+
+  public func hasUsed(app: String, accountID: String) -> Bool {
+    uses.contains(Self.useKey(app: app, accountID: accountID))
+  }
+
+  static func useKey(app: String, accountID: String) -> String { "\(app)\u{0}\(accountID)" }
 
   /// Removes the grants `matching` selects.
   public mutating func removeGrants(where matching: (AccessGrant) -> Bool) -> [StoreOperation] {
@@ -197,6 +218,7 @@ public struct TokenCache: Sendable {
     accounts[accountID] = nil
     // Its grants go with it (their items carry its account_id, so the delete below takes them).
     grants.removeAll { $0.accountID == accountID }
+    uses = uses.filter { !$0.hasSuffix("\u{0}\(accountID)") }
     guard accounts.isEmpty, !appMetadata.isEmpty else { return operations + [.delete(match)] }
     // The last account is gone: what was learned about clients goes too, leaving no Tessera item.
     appMetadata.removeAll()
@@ -213,6 +235,7 @@ public struct TokenCache: Sendable {
       accessTokens.append(token)
     }
     for grant in before.grants where grant.accountID == accountID && !grants.contains(grant) { grants.append(grant) }
+    uses.formUnion(before.uses.filter { $0.hasSuffix("\u{0}\(accountID)") })
     // What the sign-out noted about clients goes back to what it was.
     appMetadata.merge(before.appMetadata) { _, old in old }
   }
@@ -223,7 +246,7 @@ public struct TokenCache: Sendable {
   /// The `kind` attribute of every item type, for stores that load by kind.
   public static let itemKinds = [
     Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
-    Kind.grant.rawValue,
+    Kind.grant.rawValue, Kind.use.rawValue,
   ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
@@ -317,8 +340,21 @@ public struct TokenCache: Sendable {
         }
       case .grant:
         if let g = try? decoder.decode(AccessGrant.self, from: data) { cache.grants.append(g) } else { skipped += 1 }
+      case .use:
+        if let u = try? decoder.decode(AppUseRecord.self, from: data) {
+          cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
+        } else {
+          skipped += 1
+        }
       }
     }
     return (cache, skipped)
   }
+}
+
+/// That an app has used an account, and since when (the first-use notification's memory).
+public struct AppUseRecord: Codable, Sendable, Hashable {
+  public var app: String
+  public var accountID: String
+  public var firstUsedAt: Int64
 }

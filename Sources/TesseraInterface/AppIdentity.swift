@@ -84,7 +84,8 @@ public enum AccessMode: String, Sendable, CaseIterable {
   case strict
 }
 
-/// What one app may use: a client id, with one account or all of them ("*").
+/// What one app may use: a client id, with one account or all of them ("*"), optionally narrowed
+/// to one authority, some scopes and some operations (nil: any).
 public struct AccessGrant: Sendable, Hashable, Codable {
   public var app: String
   public var clientID: String
@@ -92,18 +93,48 @@ public struct AccessGrant: Sendable, Hashable, Codable {
   /// Unix seconds it was given, and how ("sign-in", "user", "command").
   public var grantedAt: Int64
   public var via: String
+  /// The canonical authority URL the grant is for; nil: any the client signs in at.
+  public var authority: String?
+  /// The scopes (or resources) the app may ask for; nil: any. OpenID Connect's own scopes (openid,
+  /// profile, email, offline_access) are always allowed.
+  public var scopes: [String]?
+  /// What the app may do; nil: all of `Operation`.
+  public var operations: [Operation]?
+
+  /// What an app asks for: a token, an interactive sign-in, the account list, a sign-out.
+  public enum Operation: String, Sendable, Codable, CaseIterable {
+    case token
+    case signIn = "sign-in"
+    case listAccounts = "list-accounts"
+    case signOut = "sign-out"
+  }
 
   public static let anyAccount = "*"
 
-  public init(app: String, clientID: String, accountID: String, grantedAt: Int64, via: String) {
+  public init(
+    app: String, clientID: String, accountID: String, grantedAt: Int64, via: String, authority: String? = nil,
+    scopes: [String]? = nil, operations: [Operation]? = nil
+  ) {
     self.app = app
     self.clientID = clientID
     self.accountID = accountID
     self.grantedAt = grantedAt
     self.via = via
+    self.authority = authority
+    self.scopes = scopes
+    self.operations = operations
   }
 
-  public func covers(app other: String, clientID client: String, accountID account: String) -> Bool {
+  /// Whether the grant lets `app` use `client` for `account` (scopes are checked by the engine).
+  public func covers(
+    app other: String, clientID client: String, accountID account: String, authority url: String? = nil,
+    operation: Operation? = nil
+  ) -> Bool {
     app == other && clientID == client && (accountID == Self.anyAccount || accountID == account)
+      && (authority == nil || url == nil || authority == url)
+      && (operations == nil || operation == nil || operations!.contains(operation!))
   }
+
+  /// Whether the grant allows `operation` at all (for the account list and sign-outs).
+  public func allows(_ operation: Operation) -> Bool { operations?.contains(operation) ?? true }
 }

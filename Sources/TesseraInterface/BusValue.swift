@@ -12,12 +12,17 @@ public indirect enum BusValue: Sendable, Equatable {
   case stringMap([String: String])
   case dict([String: BusValue])
   case dicts([[String: BusValue]])
+  /// An object path ("o"): the handles of portal calls.
+  case objectPath(String)
+  /// An array of structs, each of `elementSignature` (like "(ss)"): the portal's choices.
+  case structs(elementSignature: String, [[BusValue]])
   /// A value of a type the broker does not use; carries its D-Bus signature.
   case other(signature: String)
 
   /// The D-Bus type signature of this value.
   public var signature: String {
     if case .other(let signature) = self { return signature }
+    if case .structs(let element, _) = self { return "a" + element }
     return fixedSignature.description
   }
 
@@ -36,7 +41,8 @@ public indirect enum BusValue: Sendable, Equatable {
     case .stringMap: "a{ss}"
     case .dict: "a{sv}"
     case .dicts: "aa{sv}"
-    case .other: "v"
+    case .objectPath: "o"
+    case .structs, .other: "v"
     }
   }
 

@@ -108,11 +108,17 @@ public enum BrokerInterface {
         inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("account_id", "s"), Arg("options", "a{sv}")],
         outputs: [Arg("result", "a{sv}")]),
       Method("GetAccounts", inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")]),
+      Method("CountHiddenAccounts", inputs: [], outputs: [Arg("hidden", "u")]),
       Method("SignOut", inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: []),
       Method("Cancel", inputs: [Arg("correlation_id", "s")], outputs: []),
       Method("GetStatus", inputs: [], outputs: [Arg("status", "a{sv}")]),
       Method("ListGrants", inputs: [], outputs: [Arg("grants", "aa{sv}")]),
-      Method("Grant", inputs: [Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s")], outputs: []),
+      Method(
+        "Grant",
+        inputs: [
+          Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s"), Arg("authority", "s"), Arg("scopes", "as"),
+          Arg("operations", "as"),
+        ], outputs: []),
       Method("Revoke", inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")]),
       Method("GetAccessLog", inputs: [], outputs: [Arg("records", "aa{sv}")]),
     ],

@@ -30,6 +30,8 @@ public struct BrokerSignals: BrokerEvents {
   public func signInNeeded(_ need: SignInNeed) { notifier?.show(need) }
 
   public func signInNoLongerNeeded(accountID: String) { notifier?.withdraw(accountID: accountID) }
+
+  public func appFirstUsedAccount(_ use: FirstUse) { notifier?.showFirstUse(use) }
 }
 
 /// Desktop notifications through org.freedesktop.Notifications: "Sign in again to alice@contoso for
@@ -180,6 +182,29 @@ public final class DesktopNotifier: Sendable {
         self.logger.info(
           "No notification shown (no notification server on the bus?)",
           metadata: ["account_id": "\(need.accountID)", "error": "\(error.name)"])
+      }
+    }
+  }
+
+  /// "org.example.App used alice@example.com": the first time an app uses an account (issue 11),
+  /// with the command that takes it back. Informational: no action, no answer awaited.
+  func showFirstUse(_ use: FirstUse) {
+    let summary =
+      "\(SafeText.clip(use.app.id, limit: 120)) used \(SafeText.clip(use.username, limit: 120)) for the first time"
+    let body = Self.escapeMarkup(
+      "\(SafeText.clip(use.app.display, limit: 300)) got a token of \(SafeText.clip(use.username, limit: 200)) for client \(SafeText.clip(use.clientID, limit: 200)). If that was not you: tessera access revoke --app '\(SafeText.clip(use.app.key, limit: 300))'"
+    )
+    let arguments: [BusValue] = [
+      .string("Tessera"), .uint32(0), .string("dialog-password"), .string(summary), .string(body), .strings([]),
+      .dict(["desktop-entry": .string("tessera"), "category": .string("network")]), .int32(-1),
+    ]
+    server.call(
+      destination: Self.service, path: Self.path, interface: Self.service, member: "Notify", arguments: arguments,
+      timeoutSeconds: 10, autoStart: false
+    ) { [self] result in
+      if case .failure(let error) = result {
+        self.logger.info(
+          "No first-use notification shown (no notification server on the bus?)", metadata: ["error": "\(error.name)"])
       }
     }
   }

@@ -1,5 +1,6 @@
 import CTesseraShim
 import Glibc
+import TesseraBus
 import TesseraCore
 
 /// Tells which app a bus caller is (issue 11), from its process, as xdg-desktop-portal does:
@@ -14,11 +15,21 @@ import TesseraCore
 /// 4. Host apps: the desktop-file id of the `app-…` scope or service it runs in, else the
 ///    executable (with its device and inode when the file is not root's).
 public enum CallerIdentity {
-  /// Identifies the process `pid`; `label` is the security label from the bus credentials.
-  public static func identify(pid: UInt32, label: String?) -> AppIdentity? {
+  /// Identifies the process `pid` and keeps it pinned, so later calls on the same connection
+  /// notice when it has ended or become another program (`PinnedCaller.recheck`).
+  public static func pin(pid: UInt32, label: String?) -> PinnedCaller? {
     let pidfd = tessera_pidfd_open(Int32(bitPattern: pid))
     guard pidfd >= 0 else { return nil }  // already gone
-    defer { close(pidfd) }
+    return PinnedCaller(pidfd: pidfd, pid: pid, label: label)
+  }
+
+  /// Identifies the process `pid`; `label` is the security label from the bus credentials.
+  public static func identify(pid: UInt32, label: String?) -> AppIdentity? {
+    pin(pid: pid, label: label)?.app
+  }
+
+  /// Identifies the process behind `pidfd` (whose pid is `pid`); nil when it ended meanwhile.
+  static func identify(pidfd: Int32, pid: UInt32, label: String?) -> AppIdentity? {
     let proc = "/proc/\(pid)"
     let cgroup = readText(proc + "/cgroup", limit: 64 * 1024) ?? ""
     var identity: AppIdentity?
@@ -44,6 +55,13 @@ public enum CallerIdentity {
     // Everything above was read while the pidfd's process was alive: not a recycled pid.
     guard tessera_pidfd_alive(pidfd) == 0 else { return nil }
     return identity
+  }
+
+  /// The device and inode of the program a process runs (changes when it execs another).
+  static func programStamp(proc: String) -> (dev: UInt64, ino: UInt64)? {
+    var info = stat()
+    guard stat(proc + "/exe", &info) == 0 else { return nil }
+    return (UInt64(info.st_dev), UInt64(info.st_ino))
   }
 
   // MARK: Readers
@@ -184,5 +202,50 @@ public enum CallerIdentity {
       && elements.allSatisfy { e in
         !e.isEmpty && e.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_" || $0 == "-") }
       }
+  }
+}
+
+/// A bus caller's process, pinned by a pidfd from its connection's first call on. Each later call
+/// rechecks it (one pidfd_send_signal and one stat): a process that ended leaves the connection
+/// unidentified for good (whoever holds it now, a child or an heir, is not what connected, and
+/// its pid may name another process), and one that exec'd another program is identified again,
+/// as what it now runs. Used on the bus thread only.
+public final class PinnedCaller: CallerProcess, @unchecked Sendable {
+  private let pidfd: Int32
+  private let pid: UInt32
+  private let label: String?
+  private var stamp: (dev: UInt64, ino: UInt64)?
+  private var gone = false
+  public private(set) var app: AppIdentity?
+
+  init(pidfd: Int32, pid: UInt32, label: String?) {
+    self.pidfd = pidfd
+    self.pid = pid
+    self.label = label
+    stamp = CallerIdentity.programStamp(proc: "/proc/\(pid)")
+    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
+    if tessera_pidfd_alive(pidfd) != 0 { gone = true }
+  }
+
+  deinit { close(pidfd) }
+
+  public func recheck() -> Bool {
+    if gone { return false }
+    guard tessera_pidfd_alive(pidfd) == 0 else {
+      gone = true
+      let changed = app != nil
+      app = nil
+      return changed
+    }
+    let now = CallerIdentity.programStamp(proc: "/proc/\(pid)")
+    if now?.dev == stamp?.dev && now?.ino == stamp?.ino { return false }
+    stamp = now
+    let before = app
+    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
+    if tessera_pidfd_alive(pidfd) != 0 {
+      gone = true
+      app = nil
+    }
+    return app != before
   }
 }

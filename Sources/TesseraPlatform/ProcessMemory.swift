@@ -1,4 +1,5 @@
 import CTesseraShim
+import Glibc
 
 /// glibc's allocator, tuned for a long-running daemon whose threads come and go (one per HTTP
 /// request, per sign-in listener, per keyring call).
@@ -18,5 +19,19 @@ public enum ProcessMemory {
   /// after a big keyring load, and after each maintenance pass.
   public static func releaseFreed() {
     _ = malloc_trim(0)
+  }
+}
+
+/// Descriptor limits for a daemon that keeps one pidfd per calling connection.
+public enum ProcessLimits {
+  /// Raises the soft RLIMIT_NOFILE to the hard limit (systemd gives services 1024 soft, 512 Ki
+  /// hard): 4096 pinned callers plus sockets and the keyring's connection must fit. tesserad
+  /// never uses select(2), whose 1024-descriptor ceiling is why the soft limit stays low.
+  public static func raiseFileLimit() {
+    var limit = rlimit()
+    let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+    guard getrlimit(resource, &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+    limit.rlim_cur = max(limit.rlim_cur, min(limit.rlim_max, 65536))
+    _ = setrlimit(resource, &limit)
   }
 }

@@ -63,8 +63,17 @@ extension Tessera {
         if output.json { return printJSON(grants) }
         if grants.isEmpty { return printError("No grants yet: an app gets one when it completes a sign-in.") }
         for g in grants {
+          // What the grant is narrowed to, when it is: "scopes Mail.Send; token only".
+          var limits: [String] = []
+          if !g.string("authority").isEmpty { limits.append("at \(g.string("authority"))") }
+          if case .strings(let scopes)? = g.values["scopes"], !scopes.isEmpty {
+            limits.append("scopes \(scopes.joined(separator: " "))")
+          }
+          if case .strings(let ops)? = g.values["operations"], !ops.isEmpty {
+            limits.append("only \(ops.joined(separator: ", "))")
+          }
           print(
-            "\(SafeText.clip(g.string("app_display"), limit: 300))\t\(g.string("client_id"))\t\(SafeText.clip(g.string("account"), limit: 200))\t\(g.string("via")) \(rfc3339(g.int("granted_at")))\t\(SafeText.clip(g.string("app"), limit: 300))"
+            "\(SafeText.clip(g.string("app_display"), limit: 300))\t\(g.string("client_id"))\t\(SafeText.clip(g.string("account"), limit: 200))\t\(limits.isEmpty ? "any scope" : SafeText.clip(limits.joined(separator: "; "), limit: 400))\t\(g.string("via")) \(rfc3339(g.int("granted_at")))\t\(SafeText.clip(g.string("app"), limit: 300))"
           )
         }
       }
@@ -75,7 +84,15 @@ extension Tessera {
         abstract: "Let an app use a client id for an account.",
         discussion: """
           The app key is what `tessera access log` and refusals show, e.g. \
-          exe:/usr/bin/python3.11, desktop:org.gnome.Evolution or flatpak:org.example.App.
+          exe:/usr/bin/python3.11, desktop:org.gnome.Evolution or flatpak:org.example.App. \
+          Without --authority, --scope or --operation the app may use the client for anything; \
+          with them, only for that: e.g. --scope Mail.Send --operation token lets a mail \
+          program get tokens to send mail and nothing else. Granting the same app, client and \
+          account again replaces the grant.
+
+          Example:
+            tessera access grant --app flatpak:org.example.Mail --client-id 04b07795-8ddb-461a-bbee-02f9e1bf7b46 \\
+              --account alice@example.com --scope Mail.Send --operation token
           """)
       @Option(name: .long, help: ArgumentHelp("The app's key.", valueName: "key")) var app: String
       @Option(name: .long, help: ArgumentHelp("The client id it may use.", valueName: "id")) var clientId: String
@@ -84,11 +101,29 @@ extension Tessera {
         help: ArgumentHelp(
           "Account id or username, or * for every account (default: the only one).", valueName: "account"))
       var account: String?
+      @Option(
+        name: .long,
+        help: ArgumentHelp("Only at this authority (an https URL, as the app passes it).", valueName: "url"))
+      var authority: String?
+      @Option(
+        name: .customLong("scope"),
+        help: ArgumentHelp(
+          "Only these scopes (repeat the option for more; openid, profile, email and offline_access are always allowed).",
+          valueName: "scope"))
+      var scopes: [String] = []
+      @Option(
+        name: .customLong("operation"),
+        help: ArgumentHelp(
+          "Only these operations: token, sign-in, list-accounts, sign-out (repeat for more; default: all).",
+          valueName: "operation"))
+      var operations: [String] = []
 
       func run() throws {
         // The broker resolves the account: this command may not see the accounts it grants.
         try withBroker { broker throws(TesseraClientError) in
-          try broker.grant(app: app, clientID: clientId, accountID: account ?? "")
+          try broker.grant(
+            app: app, clientID: clientId, accountID: account ?? "", authority: authority ?? "", scopes: scopes,
+            operations: operations)
         }
         let who = account == AccessGrant.anyAccount ? "every account" : (account ?? "the signed-in account")
         print("\(app) may now use \(clientId) for \(who).")

@@ -180,15 +180,21 @@ extension Tessera {
     @OptionGroup var output: Output
 
     func run() throws {
-      let accounts = try withBroker { broker throws(TesseraClientError) in
-        try broker.accounts(clientID: clientId, authority: authority)
+      let (accounts, hidden) = try withBroker { broker throws(TesseraClientError) in
+        (try broker.accounts(clientID: clientId, authority: authority), try broker.hiddenAccountCount())
       }
       if output.json {
         printJSON(accounts)
-      } else if accounts.isEmpty {
+      } else if accounts.isEmpty && hidden == 0 {
         printError("No accounts. Sign in with `tessera login`.")
       } else {
         for a in accounts { print("\(a.username)\t\(a.name)\t\(a.environment)\t\(a.id)") }
+      }
+      // Accounts this program holds no grant for are not listed; say that they exist.
+      if hidden > 0 && !output.json {
+        printError(
+          "\(hidden) more signed-in account\(hidden == 1 ? " is" : "s are") hidden from this program (no grant for \(hidden == 1 ? "it" : "them")). `tessera access list` shows the grants; `tessera access grant --app … ` adds one."
+        )
       }
     }
   }

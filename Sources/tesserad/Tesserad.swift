@@ -48,6 +48,7 @@ struct Tesserad: AsyncParsableCommand {
 
   func run() async throws {
     ProcessMemory.limitArenas()
+    ProcessLimits.raiseFileLimit()
     let environment = ProcessInfo.processInfo.environment
     let path = ConfigLocation.path(option: config, environment: environment)
     var brokerConfig = BrokerConfig()
@@ -109,7 +110,7 @@ struct Tesserad: AsyncParsableCommand {
       onCall: { call, token in requests.dispatch(call, token) },
       onCallerGone: { busName in requests.callerGone(busName) },
       answerAtOnce: { call in requests.answerAtOnce(call) },
-      identify: { pid, label in CallerIdentity.identify(pid: pid, label: label) })
+      identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) })
     let notifier = DesktopNotifier(server: server, logger: logger)
     let broker = Broker(
       config: brokerConfig,
@@ -118,7 +119,8 @@ struct Tesserad: AsyncParsableCommand {
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
         clock: SystemClock(),
-        afterLoad: { ProcessMemory.releaseFreed() }, prompter: notifier),
+        afterLoad: { ProcessMemory.releaseFreed() },
+        prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier)),
       logger: logger)
     requests.install(
       server: server, handler: RequestHandler(broker: broker, logger: logger),

@@ -1,3 +1,4 @@
+import Logging
 import Synchronization
 import XCTest
 
@@ -196,5 +197,104 @@ final class AccessTests: XCTestCase {
     XCTAssertNil(AppIdentity(key: "exe:relative"))
     XCTAssertNil(AppIdentity(key: "other:x"))
     XCTAssertNil(AppIdentity(key: "flatpak:a\nb"))
+  }
+
+  // MARK: Narrowed grants, first use, hidden accounts
+
+  func testAGrantNarrowedToScopesAndOperationsCoversOnlyThose() async throws {
+    let h = await Harness(accessMode: .strict)
+    let signedIn = try await signIn(h, as: first)
+    guard case .dict(let account)? = signedIn["account"], case .string(let accountID)? = account["id"] else {
+      return XCTFail("no account in \(signedIn)")
+    }
+    // Another scope than the one asked for: not covered.
+    try await h.broker.grant(
+      app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", scopes: ["write"], caller: nil)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
+    // Another authority: not covered either.
+    try await h.broker.grant(
+      app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", authority: "https://idp.test/another-tenant",
+      scopes: ["read"], caller: nil)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
+    // That scope, tokens only: it gets tokens, but sees no account and may not sign one out.
+    try await h.broker.grant(
+      app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", authority: FakeIdP.authority, scopes: ["read"],
+      operations: ["token"], caller: nil)
+    let grants = try await h.broker.grants().filter { $0.app == "exe:/usr/bin/second" }
+    XCTAssertEqual(grants.count, 1, "a grant for the same app, client and account replaces the earlier one")
+    XCTAssertEqual(grants.first?.scopes, ["read"])
+    XCTAssertEqual(grants.first?.operations, [.token])
+    let narrowed = try await silent(h, as: second)
+    XCTAssertNotNil(narrowed["access_token"])
+    let seen = try await h.broker.knownAccounts(matching: AccountFilter(caller: second))
+    XCTAssertEqual(seen, [])
+    let hidden = try await h.broker.hiddenAccountCount(second)
+    XCTAssertEqual(hidden, 1)
+    let hiddenFromFirst = try await h.broker.hiddenAccountCount(first)
+    XCTAssertEqual(hiddenFromFirst, 0)
+    await XCTAssertThrowsTessera(.accessDenied) {
+      try await h.broker.signOut(
+        SignOutRequest(accountID: accountID, clientID: nil, correlationID: "c", caller: self.second))
+    }
+    // Bad narrowing is named.
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.grant(
+        app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", operations: ["steal"], caller: nil)
+    }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.grant(
+        app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", authority: "http://x", caller: nil)
+    }
+  }
+
+  func testAnAlwaysAllowFromThePromptCoversTheScopesTheUserSaw() async throws {
+    let prompter = FakePrompter([.allowAlways])
+    let h = await Harness(accessMode: .confirm, prompter: prompter)
+    _ = try await signIn(h, as: first)
+    let allowed = try await silent(h, as: second)
+    XCTAssertNotNil(allowed["access_token"])
+    let all = try await h.broker.grants()
+    let grant = try XCTUnwrap(all.first { $0.app == "exe:/usr/bin/second" })
+    XCTAssertEqual(grant.scopes, ["read"])
+    XCTAssertEqual(grant.authority, FakeIdP.authority)
+    XCTAssertEqual(grant.via, "user")
+  }
+
+  func testTheFirstUseOfAnAccountByAnAppIsToldOnceAcrossRestarts() async throws {
+    let h = await Harness(accessMode: .open)
+    _ = try await signIn(h, as: first)
+    _ = try await silent(h, as: first)
+    XCTAssertEqual(h.events.firstUses.withLock { $0 }, [], "the app that signed in is no news")
+    _ = try await silent(h, as: second)
+    _ = try await silent(h, as: second)
+    let uses = h.events.firstUses.withLock { $0 }
+    XCTAssertEqual(uses.map(\.app.key), ["exe:/usr/bin/second"], "told once, not per call")
+    XCTAssertEqual(uses.first?.username, "alice@idp.test")
+    await h.broker.finishStoreWrites()
+    // A restarted daemon (same keyring) remembers it.
+    let events = RecordingEvents()
+    var config = BrokerConfig()
+    config.defaultAuthority = FakeIdP.authority
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["read"]
+    config.trustedAuthorities = ["https://idp.test"]
+    config.accessMode = .open
+    let restarted = Broker(
+      config: config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: RecordingBrowser(listeners: h.listeners, idp: h.idp),
+        listeners: h.listeners, events: events, clock: h.clock),
+      logger: Logger(label: "test"))
+    var request = try h.request()
+    request.caller = second
+    _ = try await restarted.acquireTokenSilent(request)
+    XCTAssertEqual(events.firstUses.withLock { $0 }, [])
+    // Turned off (notify_first_use = false): not told.
+    var quiet = config
+    quiet.notifyFirstUse = false
+    let q = await Harness(config: quiet, accessMode: .open)
+    _ = try await signIn(q, as: first)
+    _ = try await silent(q, as: second)
+    XCTAssertEqual(q.events.firstUses.withLock { $0 }, [])
   }
 }

@@ -63,6 +63,8 @@ final class RecordingEvents: BrokerEvents, Sendable {
     pending.withLock { $0.append((destination, info.busValue)) }
   }
   func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
+  let firstUses = Mutex<[FirstUse]>([])
+  func appFirstUsedAccount(_ use: FirstUse) { firstUses.withLock { $0.append(use) } }
 }
 
 /// A redirect listener that answers with what the test says, given the authorization URL.
