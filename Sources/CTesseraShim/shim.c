@@ -41,4 +41,3 @@ int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions,
 
 int tessera_pidfd_open(int pid) { return pidfd_open(pid, 0); }
 
-int tessera_pidfd_alive(int pidfd) { return pidfd_send_signal(pidfd, 0, NULL, 0); }

@@ -76,7 +76,9 @@ public actor Broker {
     self.policy = config.authorityPolicy
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
     self.storeWriter = StoreWriter(store: dependencies.store)
-    fastPath.enforcesAccess.store(config.accessMode != .open, ordering: .relaxed)
+    // The bus thread answers only apps the full path allowed: in open mode too when each app's
+    // first use of an account is to be told (the full path sees every app once).
+    fastPath.enforcesAccess.store(config.accessMode != .open || config.notifyFirstUse, ordering: .relaxed)
   }
 
   /// What a token request returns.

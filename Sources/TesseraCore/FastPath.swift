@@ -64,7 +64,8 @@ public final class SilentFastPath: Sendable {
   // MARK: Access (issue 11)
 
   /// Which app may use which client and account, as the full path decided for it: the bus thread
-  /// answers only those, so a cache hit costs one more set lookup. Off in `access_mode = "open"`.
+  /// answers only those, so a cache hit costs one more set lookup. Off in `access_mode = "open"` with
+  /// `notify_first_use = false`.
   struct AllowKey: Hashable, Sendable {
     var app: String
     var clientID: String

@@ -53,8 +53,15 @@ public enum CallerIdentity {
       identity = exe
     }
     // Everything above was read while the pidfd's process was alive: not a recycled pid.
-    guard tessera_pidfd_alive(pidfd) == 0 else { return nil }
+    guard !CallerIdentity.hasEnded(pidfd) else { return nil }
     return identity
+  }
+
+  /// Whether the pidfd's process has ended (a zombie counts: it runs nothing any more). A pidfd
+  /// turns readable when its process exits.
+  static func hasEnded(_ pidfd: Int32) -> Bool {
+    var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+    return poll(&entry, 1, 0) != 0
   }
 
   /// The device and inode of the program a process runs (changes when it execs another).
@@ -224,14 +231,14 @@ public final class PinnedCaller: CallerProcess, @unchecked Sendable {
     self.label = label
     stamp = CallerIdentity.programStamp(proc: "/proc/\(pid)")
     app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
-    if tessera_pidfd_alive(pidfd) != 0 { gone = true }
+    if CallerIdentity.hasEnded(pidfd) { gone = true }
   }
 
   deinit { close(pidfd) }
 
   public func recheck() -> Bool {
     if gone { return false }
-    guard tessera_pidfd_alive(pidfd) == 0 else {
+    guard !CallerIdentity.hasEnded(pidfd) else {
       gone = true
       let changed = app != nil
       app = nil
@@ -242,7 +249,7 @@ public final class PinnedCaller: CallerProcess, @unchecked Sendable {
     stamp = now
     let before = app
     app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
-    if tessera_pidfd_alive(pidfd) != 0 {
+    if CallerIdentity.hasEnded(pidfd) {
       gone = true
       app = nil
     }

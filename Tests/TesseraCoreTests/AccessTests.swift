@@ -261,7 +261,7 @@ final class AccessTests: XCTestCase {
   }
 
   func testTheFirstUseOfAnAccountByAnAppIsToldOnceAcrossRestarts() async throws {
-    let h = await Harness(accessMode: .open)
+    let h = await Harness(accessMode: .open, notifyFirstUse: true)
     _ = try await signIn(h, as: first)
     _ = try await silent(h, as: first)
     XCTAssertEqual(h.events.firstUses.withLock { $0 }, [], "the app that signed in is no news")
@@ -279,6 +279,7 @@ final class AccessTests: XCTestCase {
     config.defaultScopes = ["read"]
     config.trustedAuthorities = ["https://idp.test"]
     config.accessMode = .open
+    config.notifyFirstUse = true
     let restarted = Broker(
       config: config,
       dependencies: BrokerDependencies(
@@ -292,7 +293,7 @@ final class AccessTests: XCTestCase {
     // Turned off (notify_first_use = false): not told.
     var quiet = config
     quiet.notifyFirstUse = false
-    let q = await Harness(config: quiet, accessMode: .open)
+    let q = await Harness(config: quiet, accessMode: .open, notifyFirstUse: false)
     _ = try await signIn(q, as: first)
     _ = try await silent(q, as: second)
     XCTAssertEqual(q.events.firstUses.withLock { $0 }, [])

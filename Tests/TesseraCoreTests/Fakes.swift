@@ -269,7 +269,8 @@ struct Harness {
   let broker: Broker
 
   init(
-    config: BrokerConfig? = nil, accessMode: AccessMode = .open, prompter: (any AccessPrompter)? = nil,
+    config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
+    prompter: (any AccessPrompter)? = nil,
     redirect: (@Sendable (String) -> RedirectParameters)? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
@@ -278,6 +279,8 @@ struct Harness {
     var cfg = config ?? BrokerConfig()
     // The engine's tests call without an identified app; access control has its own (AccessTests).
     cfg.accessMode = accessMode
+    // Off unless a test is about it: it makes the bus thread answer only apps it has seen.
+    cfg.notifyFirstUse = notifyFirstUse
     if config == nil {
       cfg.defaultAuthority = FakeIdP.authority
       cfg.defaultClientID = "app1"

@@ -7,12 +7,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 
+import dbus
 import pytest
 
 from conftest import TESSERA, TESSERAD, Broker, expect_error, run_cli, stop_process, wait_until
-from tessera_session import bus_config
+from tessera_session import bus_config, new_connection
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 GRANT_COMMAND = re.compile(r"tessera access grant --app '([^']+)' --client-id (\S+) --account (\S+)")
 
@@ -218,3 +223,304 @@ def test_confirm_mode_asks_the_user_through_the_desktop(start_daemon, write_conf
         b.close()
     finally:
         notifications.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The portal access dialog, the first-use notification, narrowed grants
+
+PORTAL_NAME = "org.freedesktop.impl.portal.desktop.tessertest"
+
+
+class PortalBackend:
+    """tests/e2e/fake_portal.py: an access-dialog backend the test answers."""
+
+    def __init__(self, tmp_path, run=True):
+        self.dir = tmp_path / "portals"
+        self.dir.mkdir()
+        (self.dir / "tessertest.portal").write_text(
+            "[portal]\nDBusName=%s\nInterfaces=org.freedesktop.impl.portal.Access;\nUseIn=tessertest\n" % PORTAL_NAME)
+        self.record = tmp_path / "portal.jsonl"
+        self.record.write_text("")
+        self.proc = None
+        if run:
+            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_portal.py"), str(self.record)],
+                                         stdout=subprocess.PIPE, text=True)
+            assert self.proc.stdout.readline().strip() == "ready"
+
+    env = property(lambda self: {"XDG_DESKTOP_PORTAL_DIR": str(self.dir), "XDG_CURRENT_DESKTOP": "tessertest"})
+
+    def calls(self, name=None):
+        entries = [json.loads(line) for line in self.record.read_text().splitlines() if line]
+        return [e for e in entries if name is None or e["call"] == name]
+
+    def answer(self, handle, response, remember=False):
+        conn = new_connection()
+        try:
+            obj = conn.get_object(PORTAL_NAME, "/org/freedesktop/portal/desktop")
+            assert obj.Answer(handle, dbus.UInt32(response), remember, dbus_interface="org.tessera.Test")
+        finally:
+            conn.close()
+
+    def close(self):
+        if self.proc:
+            stop_process(self.proc)
+
+
+def test_confirm_mode_asks_through_the_portal_access_dialog_first(start_daemon, write_config, tmp_path):
+    from test_attention import NotificationServer
+    portal = PortalBackend(tmp_path)
+    notifications = NotificationServer(tmp_path)
+    try:
+        start_daemon(write_config(access_mode="confirm"), extra_env=portal.env)
+        b = Broker()
+        b.sign_in()
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: portal.calls("AccessDialog"), what="the portal's access dialog")
+        (dialog,) = portal.calls("AccessDialog")
+        # It names the app (and that it is unverified), the account, the client and the scopes.
+        assert "tessera" in dialog["title"] and "alice" in dialog["title"], dialog
+        assert "(unverified)" in dialog["subtitle"] and "tessera-test" in dialog["subtitle"], dialog
+        assert "cannot verify" in dialog["body"] and "read" in dialog["body"], dialog
+        assert [c["id"] for c in dialog["choices"]] == ["remember"] and dialog["choices"][0]["label"] == "Always allow"
+        assert (dialog["grant_label"], dialog["deny_label"]) == ("Allow", "Deny")
+        assert notifications.calls("Notify") == [], "the portal asks; no notification question besides"
+        # Another caller is served while the dialog is up.
+        assert b.silent(force_refresh=True)["access_token"]
+        portal.answer(dialog["handle"], 0, remember=True)  # Allow, with "Always allow" ticked
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 0, err
+        assert out.strip() == b.silent()["access_token"]
+        grants = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
+        (mine,) = [g for g in grants if g["via"] == "user"]
+        assert mine["scopes"] == ["read"] and mine["authority"], mine
+        assert run_cli("token").returncode == 0 and len(portal.calls("AccessDialog")) == 1, "not asked again"
+
+        # Allow without "Always allow": this once only, so the next call asks again.
+        run_cli("access", "revoke", "--app", mine["app"], check_rc=0)
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: len(portal.calls("AccessDialog")) == 2, what="the second dialog")
+        portal.answer(portal.calls("AccessDialog")[1]["handle"], 0, remember=False)
+        assert asking.wait(timeout=30) == 0
+        assert not any(g["via"] == "user" for g in json.loads(run_cli("access", "list", "--json").stdout))
+        # Deny: refused, and remembered for a while.
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: len(portal.calls("AccessDialog")) == 3, what="the third dialog")
+        portal.answer(portal.calls("AccessDialog")[2]["handle"], 1)
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 12 and "You declined" in err and out == ""
+        log = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+        reasons = [r["reason"] for r in log if r["app_key"] == mine["app"]]
+        assert "user, always" in reasons and "user, once" in reasons and "user" in reasons, reasons
+        b.close()
+    finally:
+        portal.close()
+        notifications.close()
+
+
+def test_a_portal_backend_that_is_not_there_falls_back_to_the_notification(start_daemon, write_config, tmp_path):
+    from test_attention import NotificationServer
+    portal = PortalBackend(tmp_path, run=False)  # its .portal file names a service nobody provides
+    notifications = NotificationServer(tmp_path)
+    try:
+        start_daemon(write_config(access_mode="confirm"), extra_env=portal.env)
+        b = Broker()
+        b.sign_in()
+        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        wait_until(lambda: notifications.calls("Notify"), what="the notification question")
+        notifications.invoke(notifications.calls("Notify")[0]["id"], "allow-once")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 0 and out.strip(), err
+        b.close()
+    finally:
+        notifications.close()
+
+
+def test_the_first_use_of_an_account_by_an_app_is_notified_once(start_daemon, write_config, tmp_path):
+    from test_attention import NotificationServer
+    notifications = NotificationServer(tmp_path)
+    try:
+        config = write_config(access_mode="open", notify_first_use=True)
+        daemon = start_daemon(config)
+        b = Broker()
+        b.sign_in()
+        b.silent()
+        assert notifications.calls("Notify") == [], "the app that signed in is no news to the user"
+        token = run_cli("token", check_rc=0).stdout.strip()
+        wait_until(lambda: notifications.calls("Notify"), what="the first-use notification")
+        (note,) = notifications.calls("Notify")
+        assert "tessera" in note["summary"] and "alice" in note["summary"] and "first time" in note["summary"]
+        assert "tessera access revoke --app 'exe:" in note["body"] and note["actions"] == []
+        assert token not in json.dumps(note)
+        run_cli("token", check_rc=0)
+        # Remembered in the keyring: a restarted daemon does not tell it again.
+        daemon.stop()
+        start_daemon(config)
+        run_cli("token", check_rc=0)
+        time.sleep(0.5)
+        assert len(notifications.calls("Notify")) == 1, notifications.calls("Notify")
+        b.close()
+    finally:
+        notifications.close()
+
+
+def test_a_grant_narrowed_to_scopes_and_operations(start_daemon, write_config):
+    start(start_daemon, write_config, "strict")
+    b = Broker()
+    b.sign_in()
+    key = refused_app_key(run_cli("token"))
+    run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice",
+            "--scope", "write", "--operation", "token", check_rc=0)
+    listed = run_cli("access", "list", check_rc=0).stdout
+    assert "scopes write; only token" in listed, listed
+    assert run_cli("token").returncode == 12, "a grant for other scopes does not cover read"
+    run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice",
+            "--scope", "read", "--operation", "token", check_rc=0)
+    assert run_cli("token", check_rc=0).stdout.strip()
+    # Tokens only: the account list stays closed to it, and says how many it does not see.
+    accounts = run_cli("accounts", check_rc=0)
+    assert accounts.stdout == "" and "1 more signed-in account is hidden" in accounts.stderr, accounts.stderr
+    assert run_cli("logout").returncode != 0
+    bad = run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--operation", "everything")
+    assert bad.returncode != 0 and "is not an operation" in bad.stderr
+    b.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# A Flatpak-like caller, and callers that change under their connection
+
+def cgroup2_root():
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == "cgroup2":
+                return fields[1]
+    return None
+
+
+def flatpak_possible():
+    root = cgroup2_root()
+    return (os.geteuid() == 0 and shutil.which("bwrap") is not None and root is not None
+            and os.access(root, os.W_OK))
+
+
+class Sandbox:
+    """Runs commands as Flatpak runs apps: in a systemd-style scope `app-flatpak-<SCOPE_ID>-N.scope`
+    (a cgroup made here), inside bubblewrap with a root of its own that holds a `.flatpak-info`
+    naming `info_id` (or none)."""
+
+    counter = 0
+
+    def __init__(self, scope_id, info_id):
+        Sandbox.counter += 1
+        self.cgroup = os.path.join(cgroup2_root(), f"app-flatpak-{scope_id}-{os.getpid()}{Sandbox.counter}.scope")
+        os.mkdir(self.cgroup)
+        self.info = None if info_id is None else f"[Application]\nname={info_id}\nruntime=runtime/x/y/z\n"
+
+    def run(self, *argv):
+        bwrap = ["bwrap", "--unshare-pid", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+                 "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                 "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
+                 "--bind", "/tmp", "/tmp"]
+        pass_fds = ()
+        if self.info is not None:
+            r, w = os.pipe()
+            os.write(w, self.info.encode())
+            os.close(w)
+            bwrap += ["--ro-bind-data", str(r), "/.flatpak-info"]
+            pass_fds = (r,)
+        # The shell puts itself in the scope, then becomes bwrap: the app is born inside it.
+        script = f'echo $$ > {self.cgroup}/cgroup.procs && exec "$@"'
+        try:
+            return subprocess.run(["sh", "-c", script, "sh"] + bwrap + ["--"] + list(argv), capture_output=True,
+                                  text=True, timeout=60, pass_fds=pass_fds)
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
+
+    def close(self):
+        for _ in range(50):
+            try:
+                os.rmdir(self.cgroup)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def busctl_token(account_id):
+    return ["busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1", "org.tessera.Broker1",
+            "AcquireTokenSilent", "sassa{sv}", "tessera-test", "1", "read", account_id, "0"]
+
+
+@pytest.mark.skipif(not flatpak_possible(), reason="needs root, bwrap and a writable cgroup2 hierarchy (CI has them)")
+def test_a_flatpak_app_is_identified_by_its_sandbox(start_daemon, write_config):
+    start(start_daemon, write_config, "strict")
+    b = Broker()
+    account = b.sign_in()["account"]["id"]
+    app = Sandbox("org.example.App", "org.example.App")
+    spoof = Sandbox("org.example.Other", "org.example.App")  # its file and its scope disagree
+    bare = Sandbox("org.example.App", None)  # the scope, but no sandbox file
+    try:
+        refused = app.run(*busctl_token(account))
+        assert refused.returncode != 0 and "org.example.App (Flatpak) has no grant" in refused.stderr, refused.stderr
+        assert "--app 'flatpak:org.example.App'" in refused.stderr
+        # It may not grant itself.
+        own = app.run("busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1",
+                      "org.tessera.Broker1", "Grant", "ssssasas", "flatpak:org.example.App", "tessera-test", "*",
+                      "", "0", "0")
+        assert own.returncode != 0 and "runs in a sandbox" in own.stderr, own.stderr
+        run_cli("access", "grant", "--app", "flatpak:org.example.App", "--client-id", "tessera-test",
+                "--account", "alice", check_rc=0)
+        allowed = app.run(*busctl_token(account))
+        assert allowed.returncode == 0 and "access_token" in allowed.stdout, allowed.stderr
+        # A sandbox that claims the app's id from another app's scope, or the app's scope without
+        # a sandbox: neither is the app.
+        for impostor in (spoof, bare):
+            out = impostor.run(*busctl_token(account))
+            assert out.returncode != 0 and "could not identify" in out.stderr, out.stderr
+        log = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+        assert any(r["app_key"] == "flatpak:org.example.App" and r["decision"] == "allowed" for r in log)
+        assert sum(r["app_key"] == "unidentified" and r["decision"] == "refused" for r in log) >= 2
+    finally:
+        for s in (app, spoof, bare):
+            s.close()
+        b.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="copies python to a root-owned path (CI runs as root)")
+def test_a_caller_that_execs_or_hands_its_connection_on_is_identified_anew(start_daemon, write_config, tmp_path):
+    """The connection's first process is pinned (pidfd): after an exec its calls are the new
+    program's, and after it exits, whoever holds the connection is nobody Tessera knows."""
+    start(start_daemon, write_config, "strict")
+    b = Broker()  # this python signs in and holds the grant
+    account = b.sign_in()["account"]["id"]
+    python = os.path.realpath(sys.executable)
+    other = str(tmp_path / "other-program")
+    shutil.copy(python, other)
+    env = dict(os.environ, RAW_CLIENT="tessera-test", RAW_SCOPE="read", RAW_ACCOUNT=account,
+               PYTHONHOME=sys.base_prefix)
+    raw = os.path.join(HERE, "raw_dbus.py")
+
+    def run(*steps):
+        out = subprocess.run([python, raw, "connect", os.environ["DBUS_SESSION_BUS_ADDRESS"], *steps],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    # The granted program calls, then execs another that goes on calling on the same connection.
+    first, after_exec = run("call", "exec", other, "call")
+    assert first.get("ok"), first
+    assert after_exec["error"] == "org.tessera.Broker1.Error.AccessDenied", after_exec
+    assert f"{other} (unverified) has no grant" in after_exec["message"], after_exec
+    # The exec comes before any call: the connection is the new program's from the start.
+    (only,) = run("exec", other, "call")
+    assert f"{other} (unverified) has no grant" in only["message"], only
+    # The granted program calls, forks and exits; its child inherits the connection.
+    first, orphan = run("call", "fork-and-exit", "call")
+    assert first.get("ok") and orphan["pid"] != first["pid"]
+    assert orphan["error"] == "org.tessera.Broker1.Error.AccessDenied", orphan
+    assert "could not identify" in orphan["message"], orphan
+    b.close()

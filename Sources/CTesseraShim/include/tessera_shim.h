@@ -36,12 +36,11 @@ int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions,
 
 // --- pidfd -------------------------------------------------------------------------------------
 // Reason: Debian 12's glibc declares pidfd_open only in <sys/pidfd.h>, outside Swift's Glibc
-// module, and pidfd_send_signal needs siginfo_t from it; both wrap the glibc function as is.
+// module; this wraps the glibc function as is. (Whether the process ended is a poll(2) on the
+// pidfd, which Swift calls directly.)
 
 /// pidfd_open(2) with PIDFD flags 0: a descriptor that stays bound to this process, never to one
 /// that reuses its pid.
 int tessera_pidfd_open(int pid);
-/// pidfd_send_signal(2) with signal 0: 0 while the process is alive, -1 (ESRCH) once it is gone.
-int tessera_pidfd_alive(int pidfd);
 
 #endif
