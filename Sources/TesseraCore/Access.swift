@@ -188,6 +188,11 @@ extension Broker {
       _ = waiting
       return nil
     }
+    if let quiet = unansweredUntil[app.key], quiet > deps.clock.now() {
+      // Its last question went unanswered (dismissed, timed out, or nobody to ask): an app
+      // calling in a loop gets one question a minute, not one per call.
+      return nil
+    }
     let question = AccessQuestion(
       app: app, clientID: clientID, username: username, scopes: scopes, operation: operation.rawValue)
     let task = Task { await prompter.ask(question) }
@@ -195,6 +200,10 @@ extension Broker {
     let answer = await task.value
     pendingQuestions[app.key] = nil
     if answer == .deny { declinedUntil[key] = deps.clock.now().addingTimeInterval(600) }
+    if answer == nil {
+      if unansweredUntil.count > 1024 { unansweredUntil = unansweredUntil.filter { $0.value > deps.clock.now() } }
+      unansweredUntil[app.key] = deps.clock.now().addingTimeInterval(60)
+    }
     if declinedUntil.count > 1024 { declinedUntil = declinedUntil.filter { $0.value > deps.clock.now() } }
     return answer
   }

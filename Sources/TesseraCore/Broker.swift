@@ -59,6 +59,8 @@ public actor Broker {
   /// Questions to the user under way (one per app at a time), and recent refusals by the user.
   var pendingQuestions: [String: Task<AccessAnswer?, Never>] = [:]
   var declinedUntil: [String: Date] = [:]
+  /// Apps whose last question got no answer, until when they are not asked again.
+  var unansweredUntil: [String: Date] = [:]
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.

@@ -1,4 +1,4 @@
-import Foundation
+import Glibc
 import Logging
 import Synchronization
 import TesseraBus
@@ -24,15 +24,19 @@ public final class PortalAccessPrompter: AccessPrompter {
   private let desktops: [String]
   private let nextHandle = Atomic<UInt64>(0)
 
-  public init(
-    server: BusServer, logger: Logger, fallback: (any AccessPrompter)?,
-    environment: [String: String] = ProcessInfo.processInfo.environment
-  ) {
+  public init(server: BusServer, logger: Logger, fallback: (any AccessPrompter)?) {
     self.server = server
     self.logger = logger
     self.fallback = fallback
-    portalDirectory = environment["XDG_DESKTOP_PORTAL_DIR"] ?? "/usr/share/xdg-desktop-portal/portals"
-    desktops = (environment["XDG_CURRENT_DESKTOP"] ?? "").split(separator: ":").map { $0.lowercased() }
+    func env(_ name: String) -> String? { getenv(name).map { String(cString: $0) } }
+    portalDirectory = env("XDG_DESKTOP_PORTAL_DIR") ?? "/usr/share/xdg-desktop-portal/portals"
+    desktops = (env("XDG_CURRENT_DESKTOP") ?? "").split(separator: ":").map { $0.lowercased() }
+  }
+
+  static func trimmed<S: StringProtocol>(_ s: S) -> String {
+    String(
+      s.drop { $0 == " " || $0 == "\t" || $0 == "\r" }.reversed().drop { $0 == " " || $0 == "\t" || $0 == "\r" }
+        .reversed())
   }
 
   /// A portal backend's description (a `*.portal` file's `[portal]` group).
@@ -48,17 +52,16 @@ public final class PortalAccessPrompter: AccessPrompter {
     var group = ""
     var values: [String: String] = [:]
     for raw in text.split(whereSeparator: \.isNewline) {
-      let line = raw.trimmingCharacters(in: .whitespaces)
+      let line = trimmed(raw)
       if line.hasPrefix("#") || line.isEmpty { continue }
       if line.hasPrefix("[") && line.hasSuffix("]") {
         group = String(line.dropFirst().dropLast())
       } else if group == "portal", let eq = line.firstIndex(of: "=") {
-        values[line[..<eq].trimmingCharacters(in: .whitespaces)] = line[line.index(after: eq)...]
-          .trimmingCharacters(in: .whitespaces)
+        values[trimmed(line[..<eq])] = trimmed(line[line.index(after: eq)...])
       }
     }
     func list(_ key: String) -> [String] {
-      (values[key] ?? "").split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+      (values[key] ?? "").split(separator: ";").map { trimmed($0) }.filter { !$0.isEmpty }
     }
     guard let name = values["DBusName"], !name.isEmpty, !name.hasPrefix(":") else { return nil }
     return Backend(
@@ -76,14 +79,21 @@ public final class PortalAccessPrompter: AccessPrompter {
   }
 
   func backend() -> Backend? {
-    guard let files = try? FileManager.default.contentsOfDirectory(atPath: portalDirectory) else { return nil }
-    let backends = files.filter { $0.hasSuffix(".portal") }.compactMap { file -> Backend? in
-      let path = portalDirectory + "/" + file
-      guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-        (attributes[.size] as? Int ?? 0) <= 64 * 1024,
-        let text = try? String(contentsOfFile: path, encoding: .utf8)
-      else { return nil }
-      return Self.parse(text, file: file)
+    guard let dir = opendir(portalDirectory) else { return nil }
+    defer { closedir(dir) }
+    var backends: [Backend] = []
+    while let entry = readdir(dir) {
+      let file = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+        String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+      }
+      guard file.hasSuffix(".portal"), backends.count < 256 else { continue }
+      // Distributions link these files: links are followed (the directory is the system's).
+      let fd = open(portalDirectory + "/" + file, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+      guard fd >= 0 else { continue }
+      let text = CallerIdentity.readAll(fd, limit: 64 * 1024)
+      close(fd)
+      guard let text, let backend = Self.parse(text, file: file) else { continue }
+      backends.append(backend)
     }
     return Self.choose(backends, desktops: desktops)
   }

@@ -164,6 +164,12 @@ final class AccessTests: XCTestCase {
     h.clock.advance(601)
     await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) }  // asked: no answer
     XCTAssertEqual(prompter.asked.withLock { $0.count }, 3)
+    // Unanswered: an app calling in a loop is asked once a minute, not once per call.
+    for _ in 0..<5 { await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) } }
+    XCTAssertEqual(prompter.asked.withLock { $0.count }, 3)
+    h.clock.advance(61)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: third) }
+    XCTAssertEqual(prompter.asked.withLock { $0.count }, 4)
   }
 
   func testAQuestionOnScreenBlocksNobodyElse() async throws {
