@@ -127,6 +127,13 @@ public final class BusServer: @unchecked Sendable {
   /// Tells which app a caller is, from its pid and security label; once per connection.
   private let identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)?
   private let ownUID = getuid()
+  /// How many callers are pinned at once: 4096, or fewer when the descriptor limit is low (256
+  /// kept for sockets, the keyring and HTTP).
+  private let pinLimit: Int = {
+    var limit = rlimit()
+    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 512 }
+    return max(64, min(4096, Int(clamping: limit.rlim_cur) - 256))
+  }()
 
   /// Identifies a pending call; pass it back to `reply`.
   public struct ReplyToken: Sendable {
@@ -476,10 +483,14 @@ public final class BusServer: @unchecked Sendable {
       }
       sd_bus_creds_unref(creds)
     }
-    // Entries leave with their callers (NameOwnerChanged). Each pin holds a pidfd: past 4096
-    // connections a caller is still identified once, but not rechecked; a live caller's entry is
-    // never dropped (it would be identified again by a pid that may by then name another).
-    if callerCache.count >= 4096 { process = nil }
+    // Entries leave with their callers (NameOwnerChanged). Each pin holds a pidfd, so they are
+    // bounded by the descriptors there are: a caller past that is not identified (it could not
+    // be rechecked). A live caller's entry is never dropped: it would be identified again by a
+    // pid that may by then name another process.
+    if callerCache.count >= pinLimit {
+      process = nil
+      info.app = nil
+    }
     callerCache[sender] = (info, process)
     return info
   }

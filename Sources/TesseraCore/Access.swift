@@ -37,25 +37,28 @@ extension Broker {
         operation: operation)
     {
       audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "grant")
-      fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
-      noteFirstUse(app, accountID: accountID, username: username, clientID: clientID)
+      noteAllowedUse(
+        app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
+        operation: operation)
       return
     }
     // A sign-in is how an app gets its first grant: for a client id no other app holds, or one
-    // this app already holds (for another account).
-    if operation == .signIn, let app,
-      cache.grants.contains(where: { $0.app == app.key && $0.clientID == clientID })
-        || !isHeld(clientID, byOtherThan: app.key)
-    {
-      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "first use")
-      return
+    // this app holds without limits (for another account). An app whose grants for the client
+    // are narrowed (scopes, authority, operations) signs in only within them (checked above).
+    if operation == .signIn, let app {
+      let mine = cache.grants.filter { $0.app == app.key && $0.clientID == clientID }
+      let narrowed = mine.contains { $0.authority != nil || $0.scopes != nil || $0.operations != nil }
+      if mine.isEmpty ? !isHeld(clientID, byOtherThan: app.key) : !narrowed {
+        audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "first use")
+        return
+      }
     }
     if accessMode == .open {
       audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "open mode")
       if let app {
-        fastPath.noteAllowed(
-          app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
-        noteFirstUse(app, accountID: accountID, username: username, clientID: clientID)
+        noteAllowedUse(
+          app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
+          operation: operation)
       }
       return
     }
@@ -66,24 +69,26 @@ extension Broker {
       {
       case .allowOnce?:
         audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, once")
-        // The user just said yes to this: it is no news to them, but later uses are not new either.
-        noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
+        // The user just said yes to this: it is no news to them, but later uses are not new either
+        // (unless the account was signed out while the question was up).
+        if operation == .token, cache.accounts[accountID] != nil {
+          noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
+        }
         return
       case .allowAlways?:
         audit(
           .allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, always")
-        // The grant is for that account, at that authority, for the scopes the user saw; a
-        // sign-in's grant comes when it completes.
-        if accountID != AccessGrant.anyAccount {
-          let resources = ScopeSet.resourceScopes(scopes).sorted()
+        // The grant is for that account, at that authority, for the scopes the user saw, added to
+        // what the app was granted before; a sign-in's grant comes when it completes. Nothing is
+        // written for an account signed out while the question was up.
+        if accountID != AccessGrant.anyAccount, cache.accounts[accountID] != nil {
           try await grant(
-            AccessGrant(
-              app: app.key, clientID: clientID, accountID: accountID,
-              grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user", authority: authority,
-              scopes: resources.isEmpty ? nil : resources), caller: nil)
-          fastPath.noteAllowed(
-            app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
-          noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
+            userGrant(
+              app: app, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes,
+              operation: operation), caller: nil)
+          noteAllowedUse(
+            app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
+            operation: operation, notify: false)
         }
         return
       case .deny?:
@@ -108,6 +113,41 @@ extension Broker {
     audit(
       .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
     throw TesseraError.accessDenied(message)
+  }
+
+  /// After an allowed token call: the bus thread may answer this app the same request from now
+  /// on, and its first use of the account is noted. Nothing for sign-ins and the other operations
+  /// (the bus thread answers only tokens; a sign-in's use is no news to the user).
+  func noteAllowedUse(
+    _ app: AppIdentity, clientID: String, accountID: String, username: String, authority: String,
+    scopes: [String], operation: AccessOperation, notify: Bool = true
+  ) {
+    guard operation == .token else { return }
+    fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
+    noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: notify)
+  }
+
+  /// The grant "Always allow" gives: these resource scopes (none: OpenID Connect's only) at this
+  /// authority, merged into the app's grant for the client and account when it has one (scopes
+  /// and operations added, never taken away; two different authorities make it any authority).
+  func userGrant(
+    app: AppIdentity, clientID: String, accountID: String, authority: String, scopes: [String],
+    operation: AccessOperation
+  ) -> AccessGrant {
+    let resources = ScopeSet.resourceScopes(scopes)
+    var grant = AccessGrant(
+      app: app.key, clientID: clientID, accountID: accountID,
+      grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user", authority: authority,
+      scopes: resources.sorted())
+    if let old = cache.grants.first(where: { $0.app == app.key && $0.clientID == clientID && $0.accountID == accountID }
+    ) {
+      grant.scopes = old.scopes.map { resources.union($0).sorted() }
+      grant.operations = old.operations.map { ops in
+        Set(ops + [operation]).sorted { $0.rawValue < $1.rawValue }
+      }
+      grant.authority = old.authority == authority ? authority : nil
+    }
+    return grant
   }
 
   /// Whether one of `app`'s grants covers this use: client, account, authority, operation and
@@ -210,16 +250,16 @@ extension Broker {
 
   /// After an interactive sign-in: the app that completed it may use that client and account.
   func grantAfterSignIn(_ caller: CallerInfo?, clientID: String, account: Account) async {
-    guard let app = caller?.app,
-      !cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: account.id) })
+    guard let app = caller?.app else { return }
+    // The user just signed this app in: its use of the account is no news.
+    noteFirstUse(app, accountID: account.id, username: account.username, clientID: clientID, notify: false)
+    guard !cache.grants.contains(where: { $0.covers(app: app.key, clientID: clientID, accountID: account.id) })
     else { return }
     let grant = AccessGrant(
       app: app.key, clientID: clientID, accountID: account.id,
       grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "sign-in")
     do {
       try await apply(cache.upsert(grant: grant))
-      // The user just signed this app in: its use of the account is no news.
-      noteFirstUse(app, accountID: account.id, username: account.username, clientID: clientID, notify: false)
       logger.notice(
         "Access granted: the app that signed in may use this client and account",
         metadata: [
@@ -394,9 +434,16 @@ extension Broker {
         "app": .string(g.app), "app_display": .string(AppIdentity(key: g.app)?.display ?? g.app),
         "client_id": .string(g.clientID), "account_id": .string(g.accountID),
         "account": .string(cache.accounts[g.accountID]?.username ?? (g.accountID == AccessGrant.anyAccount ? "*" : "")),
-        "granted_at": .int64(g.grantedAt), "via": .string(g.via), "authority": .string(g.authority ?? ""),
-        "scopes": .strings(g.scopes ?? []), "operations": .strings((g.operations ?? []).map(\.rawValue)),
+        "granted_at": .int64(g.grantedAt), "via": .string(g.via),
       ]
+      // Each limit only when there is one: absent means any, and an empty scope list means
+      // OpenID Connect's own scopes only.
+      .merging(
+        [
+          "authority": g.authority.map(BusValue.string), "scopes": g.scopes.map(BusValue.strings),
+          "operations": g.operations.map { .strings($0.map(\.rawValue)) },
+        ].compactMapValues { $0 }
+      ) { $1 }
     }
   }
 

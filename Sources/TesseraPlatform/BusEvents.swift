@@ -192,7 +192,7 @@ public final class DesktopNotifier: Sendable {
     let summary =
       "\(SafeText.clip(use.app.id, limit: 120)) used \(SafeText.clip(use.username, limit: 120)) for the first time"
     let body = Self.escapeMarkup(
-      "\(SafeText.clip(use.app.display, limit: 300)) got a token of \(SafeText.clip(use.username, limit: 200)) for client \(SafeText.clip(use.clientID, limit: 200)). If that was not you: tessera access revoke --app '\(SafeText.clip(use.app.key, limit: 300))'"
+      "\(SafeText.clip(use.app.display, limit: 300)) asked for a token of \(SafeText.clip(use.username, limit: 200)) for client \(SafeText.clip(use.clientID, limit: 200)). If that was not you: tessera access revoke --app '\(SafeText.clip(use.app.key, limit: 300))'"
     )
     let arguments: [BusValue] = [
       .string("Tessera"), .uint32(0), .string("dialog-password"), .string(summary), .string(body), .strings([]),

@@ -41,12 +41,14 @@ public enum CallerIdentity {
       // Both must be there and agree; anything else is not identified.
       guard let info, let scopeApp, flatpakAppID(info: info) == scopeApp else { return nil }
       identity = AppIdentity(kind: .flatpak, id: scopeApp)
+    } else if let label, let snap = snapApp(label: label) {
+      // The kernel's label, which the snap cannot change; snaps run in a mount namespace of
+      // their own, so this comes before the check below.
+      identity = AppIdentity(kind: .snap, id: snap)
     } else if !sameMountNamespace(proc: proc) {
       // Another mount namespace (a container, a user namespace with its own mounts) could show
       // any path as its executable: not identified.
       return nil
-    } else if let label, let snap = snapApp(label: label) {
-      identity = AppIdentity(kind: .snap, id: snap)
     } else if let desktop = desktopID(cgroup: cgroup) {
       identity = AppIdentity(kind: .desktop, id: desktop)
     } else if let exe = executable(proc: proc) {

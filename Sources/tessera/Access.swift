@@ -66,10 +66,10 @@ extension Tessera {
           // What the grant is narrowed to, when it is: "scopes Mail.Send; token only".
           var limits: [String] = []
           if !g.string("authority").isEmpty { limits.append("at \(g.string("authority"))") }
-          if case .strings(let scopes)? = g.values["scopes"], !scopes.isEmpty {
-            limits.append("scopes \(scopes.joined(separator: " "))")
+          if case .strings(let scopes)? = g.values["scopes"] {
+            limits.append(scopes.isEmpty ? "sign-in scopes only" : "scopes \(scopes.joined(separator: " "))")
           }
-          if case .strings(let ops)? = g.values["operations"], !ops.isEmpty {
+          if case .strings(let ops)? = g.values["operations"] {
             limits.append("only \(ops.joined(separator: ", "))")
           }
           print(

@@ -92,6 +92,9 @@ func resolveAccount(_ value: String?, broker: TesseraBroker, authority: String?)
   let matches = accounts.filter { $0.username.lowercased() == value.lowercased() }
   if matches.count == 1 { return matches[0].id }
   if matches.isEmpty {
+    // Accounts this program has no grant for are hidden from it: an id goes to the broker as
+    // given, so its answer says why (not signed in, or not this program's to use).
+    if !value.contains("@"), (try? broker.hiddenAccountCount()) ?? 0 > 0 { return value }
     throw .broker(
       TesseraError(
         .noSuchAccount, "No signed-in account is '\(value)'. Run `tessera accounts` to list them, or `tessera login`."))

@@ -304,4 +304,46 @@ final class AccessTests: XCTestCase {
     _ = try await silent(q, as: second)
     XCTAssertEqual(q.events.firstUses.withLock { $0 }, [])
   }
+
+  func testAnAppWithANarrowedGrantSignsInOnlyWithinIt() async throws {
+    let h = await Harness(accessMode: .strict)
+    _ = try await signIn(h, as: first)
+    try await h.broker.grant(
+      app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", scopes: ["write"], caller: nil)
+    // Holding a grant for the client is not enough: its sign-in asks for "read", outside it.
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.signIn(h, as: self.second) }
+    // A grant for sign-ins only: it may sign in, but a sign-in never opens the bus thread's cache
+    // to it, and tokens are still refused.
+    try await h.broker.grant(
+      app: "exe:/usr/bin/second", clientID: "app1", accountID: "*", operations: ["sign-in"], caller: nil)
+    _ = try await signIn(h, as: second)
+    let arguments: [BusValue] = [.string(""), .strings([]), .string(""), .dict([:])]
+    XCTAssertNil(h.broker.fastPath.answer(arguments, now: h.clock.now().timeIntervalSince1970, app: second.app?.key))
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
+  }
+
+  func testAlwaysAllowAddsToTheGrantTheAppHad() async throws {
+    let h = await Harness(accessMode: .confirm)
+    let signedIn = try await signIn(h, as: first)
+    guard case .dict(let account)? = signedIn["account"], case .string(let accountID)? = account["id"] else {
+      return XCTFail("no account")
+    }
+    let app = try XCTUnwrap(second.app)
+    // OpenID Connect's scopes only: an empty list (only those), not "any scope".
+    let oidcOnly = await h.broker.userGrant(
+      app: app, clientID: "app1", accountID: accountID, authority: FakeIdP.authority,
+      scopes: ["openid", "offline_access"], operation: .token)
+    XCTAssertEqual(oidcOnly.scopes, [])
+    XCTAssertNil(oidcOnly.operations)
+    // Added to a narrowed grant: its scopes and operations grow, none is taken away.
+    try await h.broker.grant(
+      app: app.key, clientID: "app1", accountID: accountID, authority: FakeIdP.authority, scopes: ["Mail.Send"],
+      operations: ["token"], caller: nil)
+    let merged = await h.broker.userGrant(
+      app: app, clientID: "app1", accountID: accountID, authority: FakeIdP.authority, scopes: ["Calendars.Read"],
+      operation: .token)
+    XCTAssertEqual(merged.scopes, ["calendars.read", "mail.send"], "kept as the engine compares them")
+    XCTAssertEqual(merged.operations, [.token])
+    XCTAssertEqual(merged.authority, FakeIdP.authority)
+  }
 }

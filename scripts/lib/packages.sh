@@ -8,10 +8,11 @@ TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
 # To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
 TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin libglib2.0-bin python3-dbus python3-venv
     openssl systemd)
-# The real programs the helpers serve (Tests/e2e/test_integrations.py), and GLib's Python bindings
-# for the test's notification server. kubectl is not in Debian 12 under that name: its
-# kubernetes-client package provides it (tessera_install_kubectl).
-TESSERA_HELPER_PACKAGES=(msmtp python3-gi)
+# The real programs the helpers serve (Tests/e2e/test_integrations.py), GLib's Python bindings
+# for the test's notification server and portal backend, and bubblewrap, the sandbox Flatpak runs
+# apps in (the Flatpak-like caller of Tests/e2e/test_access.py). kubectl is not in Debian 12 under
+# that name: its kubernetes-client package provides it (tessera_install_kubectl).
+TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
