@@ -167,11 +167,13 @@ extension Broker {
   func noteFirstUse(
     _ app: AppIdentity, accountID: String, username: String, clientID: String, notify: Bool = true
   ) {
-    guard accountID != AccessGrant.anyAccount, !cache.hasUsed(app: app.key, accountID: accountID),
+    // Off: nothing is noted either (no item per app and account to keep).
+    guard config.notifyFirstUse, accountID != AccessGrant.anyAccount,
+      !cache.hasUsed(app: app.key, accountID: accountID),
       let operations = cache.noteUse(
         app: app.key, accountID: accountID, at: Int64(deps.clock.now().timeIntervalSince1970))
     else { return }
-    if notify && config.notifyFirstUse {
+    if notify {
       deps.events.appFirstUsedAccount(
         FirstUse(app: app, accountID: accountID, username: username, clientID: clientID))
       logger.notice(
