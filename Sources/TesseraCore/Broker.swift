@@ -13,13 +13,17 @@ public struct BrokerDependencies: Sendable {
   public var afterLoad: @Sendable () -> Void = {}
   /// Asks the user about an app without a grant (access_mode "confirm"); nil: refuse instead.
   public var prompter: (any AccessPrompter)?
+  /// Notes of refreshes in flight, which survive a kill (issue 12); nil: none kept.
+  public var journal: (any RefreshJournal)?
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
     events: any BrokerEvents, clock: any BrokerClock,
-    afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil
+    afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil,
+    journal: (any RefreshJournal)? = nil
   ) {
     self.prompter = prompter
+    self.journal = journal
     self.http = http
     self.store = store
     self.browser = browser
@@ -125,10 +129,23 @@ public actor Broker {
 
   private func finishLoading(_ items: [StoredItem]) {
     fastPath.clear()
-    let (cache, skipped) = TokenCache.load(items)
+    var (cache, skipped) = TokenCache.load(items)
+    // What an interrupted sign-out (or a sign-in killed before its account was stored) left:
+    // items of accounts that are not there. The sign-out is finished now.
+    let leftovers = cache.removeOrphans()
     self.cache = cache
     loaded = true
     loading = nil
+    if !leftovers.accountIDs.isEmpty {
+      logger.notice(
+        "Removing what an interrupted sign-out or sign-in left in the keyring (items of accounts that are not there)",
+        metadata: [
+          "accounts": "\(leftovers.accountIDs.count)", "refresh_tokens": "\(leftovers.refreshTokens.count)",
+        ])
+      enqueueWrite(leftovers.accountIDs.map { .delete([TokenCache.base: TokenCache.schemaVersion, "account_id": $0]) })
+      let tokens = leftovers.refreshTokens
+      Task { for record in tokens { await self.revoke(record, correlationID: CorrelationID.new()) } }
+    }
     logger.info(
       "Loaded the token store",
       metadata: [
@@ -290,7 +307,10 @@ public actor Broker {
     }
     var operations: [TokenCache.StoreOperation] = []
     let isNewAccount = cache.accounts[account.id] == nil
-    if cache.accounts[account.id] != account { operations += cache.upsert(account: account) }
+    // The account item is written after its refresh token (appended below): a kill between the
+    // two leaves a token without an account, which the next start removes and revokes (the
+    // sign-in never finished), never an account without its token.
+    let accountWrites = cache.accounts[account.id] != account ? cache.upsert(account: account) : []
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
     if let newRefreshToken = response.refreshToken {
       // A rotated token is the same grant (RFC 6749 §6: the same scopes); a sign-in's token is
@@ -315,6 +335,7 @@ public actor Broker {
       operations += cache.upsert(
         appMetadata: AppMetadataRecord(environment: authority.environment, clientID: clientID, familyID: response.foci))
     }
+    operations += accountWrites
     let realm = (claims?.tid ?? realm(for: authority, account: account)).lowercased()
     if let tid = claims?.tid, !Self.commonTenants.contains(authority.tenant.lowercased()) {
       tenantRealms[TenantKey(environment: authority.environment, tenant: authority.tenant.lowercased())] =

@@ -137,6 +137,32 @@ extension Broker {
     ]
     if let merged = try claimsParameter(claims) { fields.append(("claims", merged)) }
     let knownInFamily = cache.appMetadata(environment: environment, clientID: target.clientID)?.familyID != nil
+    // Noted before the token leaves, forgotten once the answer is stored or the IdP answered: a
+    // kill in between, or an exchange whose answer never arrived (the IdP may have rotated the
+    // token all the same), leaves the note, and the next start or maintenance pass checks it.
+    let note = RefreshJournalEntry(
+      accountID: account.id, environment: environment, authority: target.authority.url, clientID: target.clientID,
+      scopes: target.scopes, startedAt: Int64(deps.clock.now().timeIntervalSince1970))
+    deps.journal?.begin(note)
+    do {
+      let result = try await exchange(
+        fields, metadata: metadata, tokenAuthority: tokenAuthority, target: target, record: record,
+        knownInFamily: knownInFamily, correlationID: correlationID)
+      deps.journal?.end(note)
+      return result
+    } catch {
+      if TesseraError.wrap(error).code != .network { deps.journal?.end(note) }
+      throw error
+    }
+  }
+
+  /// The refresh request itself, and what a family member refused by the IdP means.
+  private func exchange(
+    _ fields: [(String, String)], metadata: OIDCMetadata, tokenAuthority: Authority, target: SilentTarget,
+    record: RefreshTokenRecord, knownInFamily: Bool, correlationID: String
+  ) async throws -> TokenResult {
+    let account = target.account
+    let environment = target.authority.environment
     do {
       let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: correlationID)
       return try await accept(
@@ -282,8 +308,11 @@ extension Broker {
   /// Runs refresh-ahead every `interval` seconds until the task is cancelled; `afterEachPass`
   /// runs after each (the daemon hands freed memory back to the system there).
   public func runMaintenance(interval: Double = 30, afterEachPass: @Sendable () -> Void = {}) async {
+    // First of all: refreshes a killed run left in flight (their accounts are checked now).
+    await recoverInterruptedRefreshes()
     while !Task.isCancelled {
       do { try await deps.clock.sleep(seconds: interval) } catch { return }
+      await recoverInterruptedRefreshes()
       await refreshAhead()
       afterEachPass()
     }

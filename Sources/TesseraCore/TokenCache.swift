@@ -219,10 +219,43 @@ public struct TokenCache: Sendable {
     // Its grants go with it (their items carry its account_id, so the delete below takes them).
     grants.removeAll { $0.accountID == accountID }
     uses = uses.filter { !$0.hasSuffix("\u{0}\(accountID)") }
-    guard accounts.isEmpty, !appMetadata.isEmpty else { return operations + [.delete(match)] }
+    // The account item goes first: a kill after it leaves items without their account, which the
+    // next start removes (the sign-out is finished), never an account missing its tokens.
+    let accountItem = [Self.base: Self.schemaVersion, "kind": Kind.account.rawValue, "account_id": accountID]
+    guard accounts.isEmpty, !appMetadata.isEmpty else { return [.delete(accountItem)] + operations + [.delete(match)] }
     // The last account is gone: what was learned about clients goes too, leaving no Tessera item.
     appMetadata.removeAll()
-    return [.delete(match), .delete([Self.base: Self.schemaVersion, "kind": Kind.appMetadata.rawValue])]
+    return [
+      .delete(accountItem), .delete(match),
+      .delete([Self.base: Self.schemaVersion, "kind": Kind.appMetadata.rawValue]),
+    ]
+  }
+
+  /// Drops the items of accounts that are not stored (an interrupted sign-out, or a sign-in
+  /// killed between its refresh token and its account); returns those account ids and the
+  /// refresh tokens dropped (to be revoked).
+  public mutating func removeOrphans() -> (accountIDs: Set<String>, refreshTokens: [RefreshTokenRecord]) {
+    var gone = Set<String>()
+    for id in refreshTokens.map(\.accountID) + accessTokens.map(\.accountID) where accounts[id] == nil {
+      gone.insert(id)
+    }
+    for grant in grants where grant.accountID != AccessGrant.anyAccount && accounts[grant.accountID] == nil {
+      gone.insert(grant.accountID)
+    }
+    for use in uses {
+      if let id = use.split(separator: "\u{0}", omittingEmptySubsequences: false).last.map(String.init),
+        accounts[id] == nil
+      {
+        gone.insert(id)
+      }
+    }
+    guard !gone.isEmpty else { return ([], []) }
+    let dropped = refreshTokens.filter { gone.contains($0.accountID) }
+    refreshTokens.removeAll { gone.contains($0.accountID) }
+    accessTokens.removeAll { gone.contains($0.accountID) }
+    grants.removeAll { gone.contains($0.accountID) }
+    uses = uses.filter { use in !gone.contains { use.hasSuffix("\u{0}\($0)") } }
+    return (gone, dropped)
   }
 
   /// Puts back what `remove(accountID:clientID:)` took of one account (a sign-out the store refused).

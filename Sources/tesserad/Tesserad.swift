@@ -120,7 +120,8 @@ struct Tesserad: AsyncParsableCommand {
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
         clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() },
-        prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier)),
+        prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
+        journal: FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
       logger: logger)
     requests.install(
       server: server, handler: RequestHandler(broker: broker, logger: logger),

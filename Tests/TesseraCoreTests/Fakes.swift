@@ -23,6 +23,8 @@ final class FakeClock: BrokerClock, Sendable {
 final class FakeStore: SecretStore, Sendable {
   let items = Mutex<[StoredItem]>([])
   let locked = Mutex(false)
+  /// Every item saved, in order.
+  let saved = Mutex<[StoredItem]>([])
 
   func loadAll() async throws -> [StoredItem] {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
@@ -34,6 +36,7 @@ final class FakeStore: SecretStore, Sendable {
       items.removeAll { $0.attributes == item.attributes }
       items.append(item)
     }
+    saved.withLock { $0.append(item) }
   }
   func delete(matching attributes: [String: String]) async throws {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
@@ -270,7 +273,7 @@ struct Harness {
 
   init(
     config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
-    prompter: (any AccessPrompter)? = nil,
+    prompter: (any AccessPrompter)? = nil, journal: (any RefreshJournal)? = nil,
     redirect: (@Sendable (String) -> RedirectParameters)? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
@@ -292,7 +295,7 @@ struct Harness {
       dependencies: BrokerDependencies(
         http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
         events: events,
-        clock: clock, prompter: prompter),
+        clock: clock, prompter: prompter, journal: journal),
       logger: Logger(label: "test"))
   }
 

@@ -102,7 +102,7 @@ OAUTH2_PROVIDER = {
     "ALLOW_LOCALHOST_LOOPBACK": True,
     "ROTATE_REFRESH_TOKEN": True,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
-    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": int(os.environ.get("TESSERA_IDP_GRACE_SECONDS", "0")),
     # A callable: oauthlib evaluates it per token request (see idp/lifetimes.py).
     "ACCESS_TOKEN_EXPIRE_SECONDS": access_token_expires_in,
     "ID_TOKEN_EXPIRE_SECONDS": 3600,

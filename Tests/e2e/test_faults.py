@@ -1,0 +1,183 @@
+"""Fault injection (issue 12), part 1: SIGKILL of tesserad while a refresh with refresh-token
+rotation and reuse protection is at the test IdP, with and without the IdP's grace period.
+
+Each round forces a refresh, kills tesserad a random 0-40 ms later, looks at where the kill fell
+(before the IdP rotated the token, inside the exchange: rotated but not stored, or after the new
+token was stored), restarts tesserad and checks the invariants:
+
+- the account is still signed in (listed; no account is half-deleted; no keyring item is orphaned);
+- unless the kill fell inside the exchange with no grace period, a silent call succeeds with at
+  most one refresh;
+- when the kill did cost the refresh token, the account is in AttentionNeeded at once, before any
+  caller asks (tesserad's refresh journal makes the restart check it first).
+
+Rounds: $TESSERA_FAULT_ROUNDS (20, the short round the test command runs; `scripts/faults` runs
+100). With $TESSERA_FAULT_REPORT set, each variant's figures are appended there as a JSON line
+(scripts/faults turns them into FAULTS.md)."""
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import IDP_DIR, REPO, Broker, wait_until
+from test_attention import attention_needed
+
+ROUNDS = int(os.environ.get("TESSERA_FAULT_ROUNDS", "20"))
+SEED = int(os.environ.get("TESSERA_FAULT_SEED", "12"))
+REPORT = os.environ.get("TESSERA_FAULT_REPORT")
+
+
+def idp_env(path):
+    values = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].strip().partition("=")
+                values[key] = value.strip("'")
+    return values
+
+
+@pytest.fixture(scope="module")
+def grace_idp(tmp_path_factory):
+    """A second test IdP whose rotated refresh tokens stay valid for 5 s."""
+    directory = tmp_path_factory.mktemp("idp-grace")
+    env = dict(os.environ, TESSERA_IDP_GRACE_SECONDS="5")
+    env.pop("TESSERA_IDP_PORT", None)
+    subprocess.run([os.path.join(REPO, "scripts", "idp"), "start", str(directory)], env=env, check=True,
+                   capture_output=True, timeout=120)
+    yield idp_env(directory / "idp.env")
+    subprocess.run([os.path.join(REPO, "scripts", "idp"), "stop", str(directory)], capture_output=True, timeout=60)
+
+
+def newest_refresh_token(db_path, user="alice", client_id="tessera-test"):
+    """(id, token) of the newest refresh token the IdP issued to this user and client."""
+    conn = sqlite3.connect(db_path, timeout=20)
+    try:
+        row = conn.execute(
+            "SELECT r.id, r.token FROM oauth2_provider_refreshtoken r"
+            " JOIN oauth2_provider_application a ON a.id = r.application_id"
+            " JOIN auth_user u ON u.id = r.user_id"
+            " WHERE a.client_id = ? AND u.username = ? ORDER BY r.id DESC LIMIT 1", (client_id, user)).fetchone()
+        return row or (0, None)
+    finally:
+        conn.close()
+
+
+def stored_refresh_tokens(keyring, client_id="tessera-test"):
+    out = []
+    for path in keyring.item_paths():
+        attributes = keyring.item_attributes_of(path)
+        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == client_id:
+            out.append(json.loads(keyring.secret(path))["secret"])
+    return out
+
+
+def orphans(keyring):
+    """Items whose account is not stored: what a half-done sign-in or sign-out would leave."""
+    items = keyring.item_attributes()
+    accounts = {a["account_id"] for a in items if a.get("kind") == "account"}
+    return [a for a in items if a.get("account_id") not in (None, "*") and a["account_id"] not in accounts]
+
+
+def kill_rounds(daemon, keyring, db_path, grace, state_dir):
+    rng = random.Random(SEED + grace)
+    account = Broker().sign_in()["account"]["id"]
+    rounds = []
+    for number in range(ROUNDS):
+        assert daemon.running
+        before_id, _ = newest_refresh_token(db_path)
+
+        def force_refresh():
+            try:
+                Broker().silent(force_refresh=True)
+            except Exception:  # noqa: BLE001 (the daemon is killed under it)
+                pass
+
+        caller = threading.Thread(target=force_refresh)
+        caller.start()
+        delay = rng.uniform(0, 0.040)
+        time.sleep(delay)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        daemon.proc = None
+        caller.join(30)
+        newest_id, newest = newest_refresh_token(db_path)
+        stored = stored_refresh_tokens(keyring)
+        if newest_id == before_id:
+            phase = "before the exchange"
+        elif newest in stored:
+            phase = "after the store"
+        else:
+            phase = "inside the exchange"
+        journaled = sorted(os.listdir(state_dir)) if os.path.isdir(state_dir) else []
+
+        wait_until(lambda: not daemon.has_owner(), what="the killed daemon's name to be released")
+        started = time.monotonic()
+        daemon.start()
+        # The restart checks the interrupted refresh itself: wait for its note to go, without calling.
+        wait_until(lambda: not os.listdir(state_dir), timeout=30, what="the restart to check the interrupted refresh")
+        reported_after = time.monotonic() - started
+        attention = attention_needed()
+        lost = account in attention
+
+        evidence = (f"round {number} ({phase}, kill {delay * 1000:.1f} ms after the call, grace {grace} s):"
+                    f" attention {attention}, journal at kill {journaled}\n{daemon.log()[-2500:]}")
+        b = Broker()
+        assert [a["id"] for a in b.accounts()] == [account], "the account must stay signed in: " + evidence
+        assert orphans(keyring) == [], "no keyring item may be left without its account: " + evidence
+        assert len(stored_refresh_tokens(keyring)) == 1, "one refresh token per client and account: " + evidence
+        if lost:
+            assert grace == 0 and phase == "inside the exchange", \
+                "a refresh token may be lost only inside the exchange, without a grace period: " + evidence
+            b.sign_in(account_id=account)  # what the loss costs the user: one sign-in
+        else:
+            refreshes_before = newest_refresh_token(db_path)[0]
+            assert b.silent()["access_token"], evidence
+            assert newest_refresh_token(db_path)[0] - refreshes_before <= 1, "at most one refresh: " + evidence
+        rounds.append({"phase": phase, "lost": lost, "delay_ms": round(delay * 1000, 1),
+                       "journaled": bool(journaled), "check_s": round(reported_after, 3)})
+        b.close()
+    return rounds
+
+
+def summarize(name, grace, rounds):
+    phases = {}
+    for r in rounds:
+        phases.setdefault(r["phase"], {"rounds": 0, "lost": 0})
+        phases[r["phase"]]["rounds"] += 1
+        phases[r["phase"]]["lost"] += int(r["lost"])
+    summary = {"fault": name, "grace_s": grace, "rounds": len(rounds), "lost": sum(r["lost"] for r in rounds),
+               "phases": phases, "worst_check_s": max(r["check_s"] for r in rounds),
+               "median_check_s": sorted(r["check_s"] for r in rounds)[len(rounds) // 2]}
+    if REPORT:
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    return summary
+
+
+@pytest.mark.parametrize("grace", [0, 5])
+def test_sigkill_during_refreshes_loses_nothing_outside_the_exchange(start_daemon, write_config, tmp_path, grace,
+                                                                     keyring, request):
+    state = tmp_path / "state"
+    env = {"XDG_STATE_HOME": str(state)}
+    if grace:
+        idp = request.getfixturevalue("grace_idp")
+        config = write_config(default_authority=idp["TESSERA_IDP_AUTHORITY"],
+                              trusted_authorities=[idp["TESSERA_IDP_URL"]], ca_file=idp["TESSERA_IDP_CA"])
+        env["TESSERA_IDP_CA"] = idp["TESSERA_IDP_CA"]
+        db_path = os.path.join(idp["TESSERA_IDP_DIR"], "db.sqlite3")
+    else:
+        config = write_config()
+        db_path = os.path.join(IDP_DIR, "db.sqlite3")
+    daemon = start_daemon(config, extra_env=env)
+    rounds = kill_rounds(daemon, keyring, db_path, grace, str(state / "tessera" / "refreshing"))
+    summary = summarize("SIGKILL during a forced refresh", grace, rounds)
+    print(json.dumps(summary))
+    if grace:
+        assert summary["lost"] == 0, summary
+    assert summary["phases"].get("inside the exchange", {"lost": 0})["lost"] == summary["lost"], summary
