@@ -11,6 +11,10 @@ token was stored; the kills are spread over the time a forced refresh takes), re
 - when the kill did cost the refresh token, the account is in AttentionNeeded at once, before any
   caller asks (tesserad's refresh journal makes the restart check it first).
 
+Part 2: SIGKILL while a sign-in completes and while a sign-out runs. After each restart the
+account is either wholly there (a silent call works) or wholly gone (no keyring item of it), and
+no item is orphaned.
+
 Rounds: $TESSERA_FAULT_ROUNDS (20, the short round the test command runs; `scripts/faults` runs
 100). With $TESSERA_FAULT_REPORT set, each variant's figures are appended there as a JSON line
 (scripts/faults turns them into FAULTS.md)."""
@@ -191,3 +195,93 @@ def test_sigkill_during_refreshes_loses_nothing_outside_the_exchange(start_daemo
     if grace:
         assert summary["lost"] == 0, summary
     assert summary["phases"].get("inside the exchange", {"lost": 0})["lost"] == summary["lost"], summary
+
+
+def kill_at_random(daemon, action, delay):
+    """Runs `action` on a new connection, SIGKILLs tesserad `delay` seconds later, waits for the
+    action's thread, and lets the killed daemon's name go."""
+    def run():
+        try:
+            action(Broker())
+        except Exception:  # noqa: BLE001 (the daemon is killed under it)
+            pass
+    caller = threading.Thread(target=run)
+    caller.start()
+    time.sleep(delay)
+    daemon.proc.kill()
+    daemon.proc.wait()
+    daemon.proc = None
+    caller.join(60)
+    wait_until(lambda: not daemon.has_owner(), what="the killed daemon's name to be released")
+
+
+def settle_after_restart(daemon, keyring):
+    """Restarts tesserad and lets it load the keyring (a call does) and finish its clean-up writes;
+    returns the accounts it lists."""
+    daemon.start()
+    b = Broker()
+    listed = [a["username"] for a in b.accounts()]
+    wait_until(lambda: orphans(keyring) == [], timeout=10, what="the clean-up of items without their account")
+    return b, listed
+
+
+def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemon, write_config, tmp_path, keyring):
+    daemon = start_daemon(write_config(), extra_env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    rng = random.Random(SEED)
+    alice = Broker().sign_in()["account"]["id"]  # alice stays signed in throughout: nothing may touch her
+
+    def sign_in_bob(b):
+        return b.sign_in(user="bob")
+
+    def sign_out_bob(b):
+        bob = [a["id"] for a in b.accounts() if a["username"] == "bob"]
+        b.sign_out(bob[0])
+
+    # Each round runs on a daemon just restarted (no discovery or keys cached yet): measured so.
+    sign_in_spans, sign_out_spans = [], []
+    for _ in range(3):
+        daemon.restart()
+        began = time.monotonic()
+        sign_in_bob(Broker())
+        sign_in_spans.append(time.monotonic() - began)
+        daemon.restart()
+        began = time.monotonic()
+        sign_out_bob(Broker())
+        sign_out_spans.append(time.monotonic() - began)
+    sign_in_span, sign_out_span = sorted(sign_in_spans)[1], sorted(sign_out_spans)[1]
+    outcomes = {"sign-in": {"whole": 0, "none": 0}, "sign-out": {"whole": 0, "none": 0}}
+    for number in range(ROUNDS):
+        for kind in ("sign-in", "sign-out"):
+            b = Broker()
+            present = any(a["username"] == "bob" for a in b.accounts())
+            if kind == "sign-in" and present:
+                sign_out_bob(b)
+            if kind == "sign-out" and not present:
+                b.sign_in(user="bob")
+            b.close()
+            delay = rng.uniform(0, (sign_in_span if kind == "sign-in" else sign_out_span) * 1.2)
+            kill_at_random(daemon, sign_in_bob if kind == "sign-in" else sign_out_bob, delay)
+            b, listed = settle_after_restart(daemon, keyring)
+            evidence = f"round {number} ({kind}, kill {delay * 1000:.1f} ms in): listed {listed}\n{daemon.log()[-2500:]}"
+            assert "alice" in listed, "the other account is untouched: " + evidence
+            assert b.silent(account_id=alice)["access_token"], evidence
+            bob_items = [a for a in keyring.item_attributes() if a.get("kind") == "account"
+                         and any(x["username"] == "bob" and x["id"] == a["account_id"] for x in b.accounts())]
+            if "bob" in listed:
+                bob = next(a for a in b.accounts() if a["username"] == "bob")
+                assert b.silent(account_id=bob["id"])["access_token"], "a listed account works: " + evidence
+                assert bob_items, evidence
+                outcomes[kind]["whole"] += 1
+            else:
+                assert len({a.get("account_id") for a in keyring.item_attributes() if a.get("account_id")}) == 1, \
+                    "nothing of a gone account is left: " + evidence
+                outcomes[kind]["none"] += 1
+            b.close()
+    summary = {"fault": "SIGKILL during sign-ins and sign-outs", "rounds": ROUNDS, "outcomes": outcomes,
+               "sign_in_ms": round(sign_in_span * 1000), "sign_out_ms": round(sign_out_span * 1000),
+               # Restarts that found items of a missing account and finished the job.
+               "cleanups": daemon.log().count("Removing what an interrupted sign-out or sign-in left")}
+    print(json.dumps(summary))
+    if REPORT:
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(summary) + "\n")
