@@ -51,6 +51,8 @@ public actor Broker {
   var loaded = false
   /// Every write to the Secret Service, in order.
   let storeWriter: StoreWriter
+  /// A value each time a write failed and left operations for a retry (see runStoreRetries).
+  let storeWriteFailures: AsyncStream<Void>
   /// Single flight, lanes, refresh-ahead, backoff and throttling.
   var scheduler = RefreshScheduler()
   /// Interactive sign-ins under way.
@@ -81,7 +83,16 @@ public actor Broker {
     self.logger = logger
     self.policy = config.authorityPolicy
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
-    self.storeWriter = StoreWriter(store: dependencies.store)
+    let (failures, failed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    self.storeWriteFailures = failures
+    self.storeWriter = StoreWriter(
+      store: dependencies.store,
+      onDrop: { [logger] operation, error in
+        logger.error(
+          "The keyring refused a write three times while it was unlocked; dropped it so later writes can land",
+          metadata: StoreWriter.describe(operation).merging(["error": "\(error)"]) { $1 })
+      },
+      onPending: { failed.yield() })
     // The bus thread answers only apps the full path allowed: in open mode too when each app's
     // first use of an account is to be told (the full path sees every app once).
     fastPath.enforcesAccess.store(config.accessMode != .open || config.notifyFirstUse, ordering: .relaxed)
@@ -157,6 +168,29 @@ public actor Broker {
   private func flushPending() async throws {
     guard storeWriter.hasPending else { return }
     try await apply([])
+  }
+
+  /// The longest wait between two retries of writes the keyring did not take.
+  static let longestStoreRetryDelay = 10.0
+
+  /// Until cancelled: once a write fails, retries what waits after 1, 2, 4 … 10 s until the keyring
+  /// takes it, so changes made while it was away or locked land soon after it is back, in order,
+  /// whether or not a caller comes (every call also retries first). Sleeps while nothing waits.
+  public func runStoreRetries() async {
+    for await _ in storeWriteFailures {
+      var delay = 1.0
+      while storeWriter.hasPending {
+        do { try await deps.clock.sleep(seconds: delay) } catch { return }
+        do {
+          try await flushPending()
+          if !storeWriter.hasPending {
+            logger.notice("The keyring is back: the changes kept in memory are stored now")
+          }
+        } catch {
+          delay = min(delay * 2, Self.longestStoreRetryDelay)
+        }
+      }
+    }
   }
 
   /// Writes to the Secret Service, in order behind every write queued before (see StoreWriter); with

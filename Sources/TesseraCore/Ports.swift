@@ -97,10 +97,21 @@ public protocol SecretStore: Sendable {
 public struct StoreBatchError: Error {
   public var completed: Int
   public var error: any Error
-  public init(completed: Int, error: any Error) {
+  /// The store was there and unlocked, and refused this one operation (its next operation
+  /// may well succeed); false when the store itself went away or got locked.
+  public var rejected: Bool
+  public init(completed: Int, error: any Error, rejected: Bool = false) {
     self.completed = completed
     self.error = error
+    self.rejected = rejected
   }
+}
+
+/// A store that is there and unlocked refused one operation (the Secret Service answered with an
+/// error of its own, not "gone" or "locked").
+public struct StoreRejectedError: Error, CustomStringConvertible {
+  public var description: String
+  public init(_ description: String) { self.description = description }
 }
 
 extension SecretStore {
@@ -112,7 +123,7 @@ extension SecretStore {
         case .delete(let attributes): try await delete(matching: attributes)
         }
       } catch {
-        throw StoreBatchError(completed: index, error: error)
+        throw StoreBatchError(completed: index, error: error, rejected: error is StoreRejectedError)
       }
     }
   }

@@ -108,7 +108,21 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   /// round trip, per item: seconds for a few thousand.) Our own writes run on the same serial queue,
   /// so none lands between the search and the reads; an item another program deletes meanwhile fails
   /// the load, which is retried on the next request.
+  /// libsecret keeps one service proxy, with its session, for the whole process; once the keyring
+  /// has restarted, both are stale. Forgotten, the next call opens new ones. On the store queue.
+  private static func forgetService() { secret_service_disconnect() }
+
   public func loadAll() async throws -> [StoredItem] {
+    do {
+      return try await loadAllNow()
+    } catch {
+      // The next load (the next request's) starts from a fresh service and session.
+      try? await run { Self.forgetService() }
+      throw error
+    }
+  }
+
+  private func loadAllNow() async throws -> [StoredItem] {
     try await run {
       try self.checkUnlocked()
       var error: UnsafeMutablePointer<GError>?
@@ -248,7 +262,21 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
           case .delete(let attributes): try self.deleteNow(attributes)
           }
         } catch {
-          throw StoreBatchError(completed: index, error: error)
+          // A keyring that restarted since libsecret opened its session fails every write ("The
+          // session wrapping the secret does not exist"): start afresh and try once more.
+          Self.forgetService()
+          do {
+            try self.checkUnlocked()
+            switch operation {
+            case .save(let item): try self.saveNow(item)
+            case .delete(let attributes): try self.deleteNow(attributes)
+            }
+            continue
+          } catch {
+            // Still there and unlocked: the keyring refused this operation, not the store gone.
+            let stillThere = (try? self.checkUnlocked()) != nil
+            throw StoreBatchError(completed: index, error: error, rejected: stillThere)
+          }
         }
       }
     }

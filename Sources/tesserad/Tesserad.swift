@@ -144,6 +144,9 @@ struct Tesserad: AsyncParsableCommand {
     // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
     let maintenance = Task { await broker.runMaintenance(afterEachPass: { ProcessMemory.releaseFreed() }) }
     defer { maintenance.cancel() }
+    // Writes the keyring did not take (it was away or locked) are retried until it takes them.
+    let storeRetries = Task { await broker.runStoreRetries() }
+    defer { storeRetries.cancel() }
     let service = BusService(
       server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName))
     let group = ServiceGroup(

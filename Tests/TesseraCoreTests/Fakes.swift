@@ -30,8 +30,13 @@ final class FakeStore: SecretStore, Sendable {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
     return items.withLock { $0 }
   }
+  /// Items of this kind are refused while the store is unlocked (as a keyring refuses a bad item).
+  let refusedKind = Mutex<String?>(nil)
   func save(_ item: StoredItem) async throws {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    if let kind = refusedKind.withLock({ $0 }), item.attributes["kind"] == kind {
+      throw StoreRejectedError("the keyring refused the \(kind) item")
+    }
     items.withLock { items in
       items.removeAll { $0.attributes == item.attributes }
       items.append(item)

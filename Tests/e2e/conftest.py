@@ -304,10 +304,22 @@ SESSION_COLLECTION = "/org/freedesktop/secrets/aliases/session"
 
 class Keyring:
     def __init__(self):
+        self._connect()
+
+    def _connect(self):
+        self._session = None
         self.conn = new_connection()
         obj = self.conn.get_object(SECRETS, SECRETS_PATH)
         self.service = dbus.Interface(obj, "org.freedesktop.Secret.Service")
         self.gnome = dbus.Interface(obj, "org.gnome.keyring.InternalUnsupportedGuiltRiddenInterface")
+
+    def reconnect(self):
+        """After the keyring daemon was replaced: proxies are bound to the old one's unique name."""
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self._connect()
 
     def item_paths(self):
         unlocked, locked = self.service.SearchItems(dbus.Dictionary({"tessera_schema": "1"}, signature="ss"))

@@ -1,0 +1,356 @@
+"""Fault injection (issue 12), the Secret Service: gnome-keyring killed in the middle of a write and
+restarted (by hand, or by D-Bus activation, which brings it back locked), locked while tokens are
+cached, and absent when tesserad starts, appearing later.
+
+What must hold: callers get StoreUnavailable only while the keyring is gone or locked; tokens
+cached in memory keep being served; no account is ever taken for signed out; and the writes
+tesserad could not make while the keyring was away land, in the order they were made, once it is
+back, without any caller having to come (so the keyring ends up with the refresh token the IdP
+holds, and a restarted tesserad works from it).
+
+Rounds: $TESSERA_FAULT_ROUNDS (20 in the test command, 100 with scripts/faults); figures go to
+$TESSERA_FAULT_REPORT as a JSON line (FAULTS.md)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+
+import dbus
+import dbus.bus
+import pytest
+
+from conftest import (ERROR_PREFIX, IDP_DIR, SECRETS, TESSERA, Broker, Daemon, expect_error, run_cli,
+                      stop_process, wait_until)
+from tessera_session import bus_config, bus_daemon
+from test_faults import newest_refresh_token, orphans
+
+ROUNDS = int(os.environ.get("TESSERA_FAULT_ROUNDS", "20"))
+SEED = int(os.environ.get("TESSERA_FAULT_SEED", "12"))
+REPORT = os.environ.get("TESSERA_FAULT_REPORT")
+DB = os.path.join(IDP_DIR, "db.sqlite3")
+PASSWORD = os.environ["TESSERA_TEST_KEYRING_PASSWORD"]
+# How long the keyring's retry loop may take to store what waited (its longest pause is 10 s).
+LANDING_TIMEOUT = 20
+
+
+def report(summary):
+    print(json.dumps(summary))
+    if REPORT:
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# The session's gnome-keyring
+
+
+def keyring_pid():
+    conn, bus = bus_daemon()
+    try:
+        return int(bus.GetConnectionUnixProcessID(SECRETS))
+    except dbus.exceptions.DBusException:
+        return None  # no keyring on the bus (now)
+    finally:
+        conn.close()
+
+
+def note_keyring_pid():
+    """test-session ends the keyring whose pid it noted: keep it true after a restart."""
+    pid = keyring_pid()
+    if pid:
+        with open(os.path.join(os.environ["TESSERA_SESSION_DIR"], "keyring.pid"), "w") as f:
+            f.write(f"{pid}\n")
+
+
+def kill_keyring():
+    pid = keyring_pid()
+    assert pid, "no keyring to kill"
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: keyring_pid() != pid, timeout=10, what="the killed keyring to leave the bus")
+
+
+def start_keyring_unlocked(keyring):
+    """As a desktop login does: gnome-keyring started (replacing any, e.g. one D-Bus activation
+    started locked) and unlocked with the login password."""
+    proc = subprocess.run(["gnome-keyring-daemon", "--replace", "--unlock", "--components=secrets"],
+                          input=PASSWORD, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    keyring.reconnect()  # the old daemon's session and name are gone with it
+    wait_until(lambda: keyring_pid() and not keyring.locked(), timeout=15, what="the keyring to be back, unlocked")
+    note_keyring_pid()
+
+
+@pytest.fixture
+def restores_keyring(keyring):
+    """The keyring is running and unlocked again after the test, whatever the test did to it."""
+    yield keyring
+    if not keyring_pid() or keyring.locked():
+        start_keyring_unlocked(keyring)
+
+
+def alices_refresh_tokens(keyring):
+    """The refresh tokens the keyring holds for alice (client tessera-test)."""
+    out = []
+    for path in keyring.item_paths():
+        attributes = keyring.item_attributes_of(path)
+        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == "tessera-test":
+            stored = json.loads(keyring.secret(path))
+            if stored.get("account_id", attributes.get("account_id")) == ALICE[0]:
+                out.append(stored["secret"])
+    return out
+
+
+ALICE = [None]  # alice's account id, once signed in
+
+
+def keyring_holds_the_idps_token(keyring):
+    _, newest = newest_refresh_token(DB)
+    try:
+        return alices_refresh_tokens(keyring) == [newest]
+    except dbus.exceptions.DBusException:
+        return False
+
+
+def wait_for_landing(keyring, evidence):
+    """Waits until the keyring holds alice's refresh token the IdP holds; fails with what each holds."""
+    try:
+        wait_until(lambda: keyring_holds_the_idps_token(keyring), timeout=LANDING_TIMEOUT,
+                   what="the refresh token the IdP holds to reach the keyring")
+    except AssertionError:
+        newest_id, newest = newest_refresh_token(DB)
+        try:
+            stored = alices_refresh_tokens(keyring)
+        except dbus.exceptions.DBusException as e:
+            stored = f"unreadable: {e}"
+        pytest.fail(f"the keyring never got the IdP's refresh token #{newest_id} {newest[:6]}...: it holds "
+                    f"{[t[:6] + '...' for t in stored] if isinstance(stored, list) else stored}; {evidence()}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Killed in the middle of a write, and restarted
+
+
+def test_keyring_killed_mid_write_loses_nothing(daemon, restores_keyring, idp):
+    """Each round forces a refresh (whose new refresh token tesserad writes to the keyring) and
+    SIGKILLs gnome-keyring a random moment later. Invariants: the call either succeeds or fails with
+    StoreUnavailable; while the keyring is away the account stays listed and its cached token is
+    served; once the keyring is back (restarted and unlocked by hand in even rounds; in odd rounds
+    brought back locked by D-Bus activation, then unlocked) the keyring holds the refresh token the
+    IdP holds, without any caller asking, and a restarted tesserad works from the keyring."""
+    keyring = restores_keyring
+    rng = random.Random(SEED)
+    b = Broker()
+    account = ALICE[0] = b.sign_in()["account"]["id"]
+    spans = []
+    for _ in range(5):
+        began = time.monotonic()
+        Broker().silent(force_refresh=True)  # as the rounds call: from a new connection
+        spans.append(time.monotonic() - began)
+    span = sorted(spans)[2] * 1.5
+    outcomes = {"ok": 0, "StoreUnavailable": 0}
+    landings = []
+    for number in range(ROUNDS):
+        result = {}
+
+        def force_refresh():
+            try:
+                Broker().silent(force_refresh=True, call_timeout=40)
+                result["outcome"] = "ok"
+            except dbus.exceptions.DBusException as e:
+                result["outcome"] = e.get_dbus_name().removeprefix(ERROR_PREFIX)
+                result["message"] = e.get_dbus_message()
+
+        caller = threading.Thread(target=force_refresh)
+        caller.start()
+        delay = rng.uniform(0, span)
+        time.sleep(delay)
+        kill_keyring()
+        caller.join(60)
+        evidence = lambda: (f"round {number}: kill {delay * 1000:.1f} ms after the call, call {result}\n"  # noqa: E731
+                            f"{daemon.log()[-2500:]}")
+        assert result.get("outcome") in outcomes, "only StoreUnavailable while the keyring is gone: " + evidence()
+        outcomes[result["outcome"]] += 1
+        # Away (or back locked, by activation): never "signed out", and the cached token serves.
+        assert [a["id"] for a in b.accounts()] == [account], "the account stays listed: " + evidence()
+        assert b.silent()["access_token"], evidence()
+        if number % 2:
+            # The next program to ask for the keyring (the test, if tesserad has not yet) has D-Bus
+            # activation start it: locked, as it cannot know the password.
+            keyring.reconnect()
+            assert keyring.locked(), "an activated keyring cannot know the password: " + evidence()
+            came_back = time.monotonic()
+            keyring.unlock()
+            note_keyring_pid()
+        else:
+            came_back = time.monotonic()
+            start_keyring_unlocked(keyring)
+        wait_for_landing(keyring, evidence)
+        landings.append(time.monotonic() - came_back)
+        assert orphans(keyring) == [], evidence()
+        if number % 5 == 4:
+            daemon.restart()
+            b.close()
+            b = Broker()
+            mark = newest_refresh_token(DB)[0]
+            assert b.silent(force_refresh=True)["access_token"], "the keyring's token works: " + evidence()
+            assert newest_refresh_token(DB)[0] == mark + 1, evidence()
+    b.close()
+    landings.sort()
+    report({"fault": "keyring killed mid-write", "rounds": ROUNDS, "outcomes": outcomes,
+            "landing_median_s": round(landings[len(landings) // 2], 2), "landing_worst_s": round(landings[-1], 2),
+            "lost": 0})
+
+
+# ----------------------------------------------------------------------------------------------
+# Locked while tokens are cached
+
+
+def test_writes_made_while_the_keyring_is_locked_land_in_order(daemon, broker, restores_keyring, idp):
+    """Locked with alice signed in: the cached token is still served (no IdP request), the account
+    stays listed, each forced refresh (each rotates the refresh token at the IdP) fails with
+    StoreUnavailable and a message saying to unlock, and a sign-in of bob fails the same way but is
+    kept in memory (the user's sign-in is not thrown away). Once unlocked, with no caller, the writes
+    land in order: the keyring ends with alice's newest refresh token and all of bob, and a
+    restarted tesserad serves both from the keyring."""
+    keyring = restores_keyring
+    signed_in = broker.sign_in()
+    account = ALICE[0] = signed_in["account"]["id"]
+    keyring.lock()
+    mark = idp.mark()
+    assert broker.silent()["access_token"] == signed_in["access_token"]
+    assert idp.requests(mark) == [], "a cached token is served without the keyring"
+    before = newest_refresh_token(DB)[0]
+    for _ in range(3):
+        message = expect_error("StoreUnavailable", broker.silent, force_refresh=True, call_timeout=20)
+        assert "unlock" in message.lower()
+    assert newest_refresh_token(DB)[0] == before + 3, "each refresh rotated the token at the IdP"
+    expect_error("StoreUnavailable", broker.sign_in, user="bob")
+    accounts = {a["username"]: a["id"] for a in broker.accounts()}
+    assert accounts.keys() == {"alice", "bob"} and accounts["alice"] == account, accounts
+    status = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+    assert {a["username"]: a["state"] for a in status["accounts"]}["alice"] == "store_locked", status
+    assert keyring_items_of(keyring, accounts["bob"]) == 0
+    unlocked = time.monotonic()
+    keyring.unlock()
+    wait_for_landing(keyring, lambda: daemon.log()[-2500:])
+    wait_until(lambda: keyring_items_of(keyring, accounts["bob"]) >= 3, timeout=LANDING_TIMEOUT,
+               what="bob's account, refresh token and access token to reach the keyring")
+    landed = time.monotonic() - unlocked
+    assert orphans(keyring) == []
+    daemon.restart()
+    b = Broker()
+    mark = idp.mark()
+    assert {a["username"] for a in b.accounts()} == {"alice", "bob"}
+    assert b.silent(account_id=accounts["bob"])["account"]["username"] == "bob"
+    assert idp.requests(mark) == [], "bob's stored access token is served from the keyring"
+    assert b.silent(account_id=account, force_refresh=True)["account"]["id"] == account
+    b.close()
+    report({"fault": "keyring locked while tokens are cached", "refreshes_while_locked": 3,
+            "sign_ins_while_locked": 1, "landing_s": round(landed, 2)})
+
+
+def keyring_items_of(keyring, account_id):
+    return sum(1 for a in keyring.item_attributes() if a.get("account_id") == account_id)
+
+
+# ----------------------------------------------------------------------------------------------
+# Absent when tesserad starts, appearing later
+
+
+class PrivateSession:
+    """A bus of its own with no D-Bus activation (so nothing starts a keyring behind the test's
+    back), and a gnome-keyring for it with its own data directory."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path
+        (tmp_path / "bus.conf").write_text(bus_config("session", tmp_path / "bus"))
+        self.bus = subprocess.Popen(["dbus-daemon", f"--config-file={tmp_path}/bus.conf", "--nofork", "--print-address"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.address = self.bus.stdout.readline().strip()
+        assert self.address, "dbus-daemon did not start"
+        for name in ("home", "data", "run"):
+            (tmp_path / name).mkdir(mode=0o700)
+        self.env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS=self.address, XDG_RUNTIME_DIR=str(tmp_path / "run"),
+                        XDG_DATA_HOME=str(tmp_path / "data"), XDG_STATE_HOME=str(tmp_path / "state"))
+        self.env.pop("GNOME_KEYRING_CONTROL", None)
+        self.keyring = None
+
+    def connection(self):
+        return dbus.bus.BusConnection(self.address)
+
+    def start_keyring(self):
+        self.keyring = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env=self.env)
+        self.keyring.stdin.write(PASSWORD.encode())
+        self.keyring.stdin.close()
+        conn = self.connection()
+        try:
+            bus = dbus.Interface(conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"), "org.freedesktop.DBus")
+            wait_until(lambda: bus.NameHasOwner(SECRETS), timeout=15, what="the private keyring to start")
+            props = dbus.Interface(conn.get_object(SECRETS, "/org/freedesktop/secrets/collection/login"),
+                                   "org.freedesktop.DBus.Properties")
+            wait_until(lambda: not props.Get("org.freedesktop.Secret.Collection", "Locked"), timeout=15,
+                       what="the private keyring to unlock")
+        finally:
+            conn.close()
+
+    def stop_keyring(self):
+        if self.keyring is not None:
+            self.keyring.kill()
+            self.keyring.wait()
+            self.keyring = None
+
+    def daemon(self, config, log_path):
+        d = Daemon(config, log_path, dict(self.env))
+        d._conn.close()
+        d._conn = self.connection()
+        d._dbus = dbus.Interface(d._conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"),
+                                 "org.freedesktop.DBus")
+        return d
+
+    def close(self):
+        self.stop_keyring()
+        stop_process(self.bus)
+
+
+@pytest.fixture
+def private_session(tmp_path):
+    session = PrivateSession(tmp_path)
+    yield session
+    session.close()
+
+
+def test_keyring_absent_at_start_then_appearing(private_session, write_config, browser, tmp_path):
+    """tesserad starts with no Secret Service on its bus: calls fail with StoreUnavailable saying
+    to start the keyring, `tessera status` says so and succeeds, and the daemon stays up. When the
+    keyring appears, the next call, with no restart, finds the account signed in earlier and serves
+    its stored token."""
+    s = private_session
+    config = write_config()
+    s.start_keyring()
+    s.env["TESSERA_TEST_BROWSER_FILE"] = browser.path
+    first = s.daemon(config, str(tmp_path / "first.log")).start()
+    b = Broker(s.connection())
+    signed_in = b.sign_in()
+    first.close()
+    s.stop_keyring()
+
+    d = s.daemon(config, str(tmp_path / "second.log")).start()
+    try:
+        message = expect_error("StoreUnavailable", b.accounts)
+        assert "Secret Service" in message and "Start" in message, message
+        expect_error("StoreUnavailable", b.silent)
+        status = subprocess.run([TESSERA, "status", "--json"], capture_output=True, text=True, env=s.env, timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["store"] == "unavailable"
+        assert d.running
+        s.start_keyring()
+        assert [a["id"] for a in b.accounts()] == [signed_in["account"]["id"]], "found without a restart"
+        assert b.silent()["access_token"] == signed_in["access_token"], "its stored token is served"
+    finally:
+        b.close()
+        d.close()
