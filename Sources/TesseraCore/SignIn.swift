@@ -9,6 +9,10 @@ extension Broker {
 
   /// An interactive sign-in (browser or device code), for any front.
   public func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
+    // Visible to Cancel (and to the caller leaving) from here, before the first suspension.
+    signIns.announce(correlationID: request.correlationID, caller: caller.busName)
+    var registered = false
+    defer { if !registered { signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) } }
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -24,6 +28,10 @@ extension Broker {
       accountID: knownAccount?.id ?? AccessGrant.anyAccount,
       username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes,
       authority: authority.url, operation: .signIn)
+    // Cancelled (or its caller gone) while the store loaded or the user was asked about the app.
+    if signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) {
+      throw TesseraError.cancelled("The sign-in was cancelled (by Cancel, or because the caller left the bus).")
+    }
     if let ended = try signIns.makeRoom(correlationID: request.correlationID, caller: caller) {
       logger.notice(
         "Ended the oldest sign-in of an app holding \(ended.held) places, to make room for another app's",
@@ -55,6 +63,7 @@ extension Broker {
       }
     }
     signIns.register(correlationID: request.correlationID, caller: caller, task: task)
+    registered = true
     do {
       let result = try await task.value
       signIns.remove(correlationID: request.correlationID)
@@ -71,9 +80,20 @@ extension Broker {
   }
 
   /// Cancel(correlation_id): ends the caller's own interactive sign-in with `Cancelled`.
-  public func cancel(correlationID: String, caller: CallerInfo) throws {
+  ///
+  /// A caller may send Cancel right behind its AcquireToken, and the two calls reach this actor in
+  /// no set order: a Cancel for an id this caller has no sign-in with waits up to
+  /// `cancelGraceSeconds` for one to begin before it is refused.
+  public func cancel(correlationID: String, caller: CallerInfo) async throws {
+    var waited = 0.0
+    while !signIns.knows(correlationID: correlationID, caller: caller.busName), waited < Self.cancelGraceSeconds {
+      try await deps.clock.sleep(seconds: 0.01)
+      waited += 0.01
+    }
     try signIns.cancel(correlationID: correlationID, caller: caller.busName)
   }
+
+  static let cancelGraceSeconds = 1.0
 
   /// Cancels the caller's interactive sign-ins: the one with `correlationID` when it has one by
   /// that id, else all of them. Returns the correlation ids cancelled.

@@ -26,6 +26,13 @@ struct SignInRegistry {
 
   /// By correlation id.
   private(set) var flows: [String: Flow] = [:]
+  /// Sign-ins that have begun but are not registered yet (loading the store, asking the user about
+  /// the app), by caller and correlation id: true once Cancel asked to end them.
+  private var announced: [AnnouncedKey: Bool] = [:]
+  struct AnnouncedKey: Hashable {
+    var caller: String
+    var correlationID: String
+  }
   private var departed: Set<String> = []
   private var departedOrder: [String] = []
   private var sequence: UInt64 = 0
@@ -73,12 +80,32 @@ struct SignInRegistry {
     return (victimID, victim.app, count)
   }
 
-  /// Registers a started sign-in; one whose caller already left the bus is cancelled at once.
+  /// Notes a sign-in from its first moment, before anything suspends, so a Cancel that comes while
+  /// it is still being prepared ends it too.
+  mutating func announce(correlationID: String, caller: String) {
+    announced[AnnouncedKey(caller: caller, correlationID: correlationID)] = false
+  }
+
+  /// Forgets an announcement; returns whether Cancel asked to end that sign-in meanwhile.
+  @discardableResult
+  mutating func withdraw(correlationID: String, caller: String) -> Bool {
+    announced.removeValue(forKey: AnnouncedKey(caller: caller, correlationID: correlationID)) ?? false
+  }
+
+  /// Registers a started sign-in; one whose caller already left the bus, or which its caller
+  /// cancelled while it was being prepared, is cancelled at once.
   mutating func register(correlationID: String, caller: CallerInfo, task: Task<Broker.TokenResult, any Error>) {
     sequence &+= 1
     flows[correlationID] = Flow(
       caller: caller.busName, app: Self.app(of: caller), sequence: sequence, task: task, endedBecause: nil)
-    if departed.contains(caller.busName) { task.cancel() }
+    let cancelledEarly = withdraw(correlationID: correlationID, caller: caller.busName)
+    if departed.contains(caller.busName) || cancelledEarly { task.cancel() }
+  }
+
+  /// Is a sign-in with this id, from this caller, running or being prepared?
+  func knows(correlationID: String, caller: String) -> Bool {
+    flows[correlationID]?.caller == caller
+      || announced[AnnouncedKey(caller: caller, correlationID: correlationID)] != nil
   }
 
   /// Removes a finished sign-in; returns why the broker ended it, if it did.
@@ -87,23 +114,33 @@ struct SignInRegistry {
     flows.removeValue(forKey: correlationID)?.endedBecause
   }
 
-  /// Cancels the caller's own sign-in; throws when it has none with that id.
-  func cancel(correlationID: String, caller: String) throws {
-    guard let flow = flows[correlationID], flow.caller == caller else {
+  /// Cancels the caller's own sign-in (running, or still being prepared); throws when it has none
+  /// with that id.
+  mutating func cancel(correlationID: String, caller: String) throws {
+    if let flow = flows[correlationID], flow.caller == caller {
+      flow.task.cancel()
+      return
+    }
+    let key = AnnouncedKey(caller: caller, correlationID: correlationID)
+    guard announced[key] != nil else {
       throw TesseraError.invalidArgument(
         "No interactive sign-in with correlation id '\(RequestOptions.clip(correlationID))' is running for this caller. Only the caller that started a sign-in can cancel it."
       )
     }
-    flow.task.cancel()
+    announced[key] = true
   }
 
   /// Cancels every sign-in the caller started (Microsoft's cancelInteractiveFlow names none).
   /// Returns the correlation ids cancelled.
-  func cancelAll(caller: String) -> [String] {
+  mutating func cancelAll(caller: String) -> [String] {
     var cancelled: [String] = []
     for (correlationID, flow) in flows where flow.caller == caller {
       flow.task.cancel()
       cancelled.append(correlationID)
+    }
+    for key in announced.keys where key.caller == caller {
+      announced[key] = true
+      cancelled.append(key.correlationID)
     }
     return cancelled
   }

@@ -17,6 +17,24 @@ final class SignInRegistryTests: XCTestCase {
     }
   }
 
+  func testACancelThatOvertakesItsSignInEndsItWhenItRegisters() throws {
+    var registry = SignInRegistry()
+    let me = caller("/usr/bin/app", 1)
+    // AcquireToken has begun (loading the store, asking about the app); Cancel comes first.
+    registry.announce(correlationID: "c1", caller: me.busName)
+    XCTAssertThrowsError(try registry.cancel(correlationID: "c1", caller: "someone-else"))
+    try registry.cancel(correlationID: "c1", caller: me.busName)
+    let task = waiting()
+    registry.register(correlationID: "c1", caller: me, task: task)
+    XCTAssertTrue(task.isCancelled, "the sign-in ends as soon as it starts")
+    // An id nobody announced is still refused.
+    XCTAssertThrowsError(try registry.cancel(correlationID: "never", caller: me.busName))
+    // A withdrawn announcement (the sign-in failed before it started) is forgotten.
+    registry.announce(correlationID: "c2", caller: me.busName)
+    XCTAssertFalse(registry.withdraw(correlationID: "c2", caller: me.busName))
+    XCTAssertThrowsError(try registry.cancel(correlationID: "c2", caller: me.busName))
+  }
+
   func testOneAppManyConnectionsGetsFourPlaces() throws {
     var registry = SignInRegistry()
     for i in 0..<4 {
