@@ -386,7 +386,7 @@ public actor Broker {
         ?? cache.accessToken(
           accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?
         .idToken,
-      extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn)
+      extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn, cachedAt: now)
     let accessTokenWrites = cache.insert(accessToken: accessToken)
     if isNewAccount { deps.events.accountsChanged() }
     noteSuccess(

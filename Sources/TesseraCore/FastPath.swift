@@ -31,16 +31,19 @@ public final class SilentFastPath: Sendable {
     let reply: ReplyTemplate
     let expiresOn: Double
     let refreshOn: Double
+    /// The token's lifetime, for its serving margin (nil: unknown).
+    let lifetime: Int64?
     let target: SilentTarget
     /// `target.key`, computed once (it normalises the scopes).
     let targetKey: SilentTarget.Key
     /// The second of the last use recorded for refresh-ahead: uses are recorded once a second.
     let lastUse = Atomic<Int64>(0)
 
-    init(reply: ReplyTemplate, expiresOn: Double, refreshOn: Double, target: SilentTarget) {
+    init(reply: ReplyTemplate, token: AccessTokenRecord, target: SilentTarget) {
       self.reply = reply
-      self.expiresOn = expiresOn
-      self.refreshOn = refreshOn
+      self.expiresOn = Double(token.expiresOn)
+      self.refreshOn = Double(token.refreshOn ?? token.expiresOn)
+      self.lifetime = token.cachedAt.map { token.expiresOn - $0 }
       self.target = target
       self.targetKey = target.key
     }
@@ -113,7 +116,8 @@ public final class SilentFastPath: Sendable {
     }
     guard !request.forceRefresh, request.claims == nil, request.accessTokenToRenew == nil,
       let entry = entries.withLock({ $0[Key(request)] }),
-      entry.expiresOn - now >= Double(request.minValidity), now < entry.refreshOn,
+      entry.expiresOn - now >= TokenLifetimes.servingMargin(request.minValidity, lifetime: entry.lifetime),
+      now < entry.refreshOn,
       mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)
@@ -126,10 +130,7 @@ public final class SilentFastPath: Sendable {
   func publish(_ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue]) {
     var body = reply
     body[TokenInfo.correlationIDKey] = nil
-    let entry = Entry(
-      reply: ReplyTemplate(body), expiresOn: Double(token.expiresOn),
-      refreshOn: Double(token.refreshOn ?? token.expiresOn),
-      target: target)
+    let entry = Entry(reply: ReplyTemplate(body), token: token, target: target)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }
       $0[Key(request)] = entry
@@ -146,6 +147,7 @@ public final class SilentFastPath: Sendable {
     let answer: String
     let expiresOn: Double
     let refreshOn: Double
+    let lifetime: Int64?
     let target: SilentTarget
     let targetKey: SilentTarget.Key
     let lastUse = Atomic<Int64>(0)
@@ -157,6 +159,7 @@ public final class SilentFastPath: Sendable {
       self.answer = answer
       expiresOn = Double(token.expiresOn)
       refreshOn = Double(token.refreshOn ?? token.expiresOn)
+      lifetime = token.cachedAt.map { token.expiresOn - $0 }
       self.target = target
       targetKey = target.key
       clientID = target.clientID
@@ -174,7 +177,9 @@ public final class SilentFastPath: Sendable {
   /// min_validity of expiry).
   func microsoftAnswer(_ requestJSON: String, now: Double, app: String? = nil) -> MicrosoftEntry? {
     guard let entry = microsoft.withLock({ $0.entries[requestJSON] }),
-      entry.expiresOn - now >= Double(RequestOptions.defaultMinValidity), now < entry.refreshOn,
+      entry.expiresOn - now
+        >= TokenLifetimes.servingMargin(nil, lifetime: entry.lifetime),
+      now < entry.refreshOn,
       mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)

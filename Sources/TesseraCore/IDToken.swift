@@ -136,17 +136,28 @@ public actor OIDCDirectory {
     return collection
   }
 
+  /// Fetches the IdP's signing keys unless they are known. A refresh calls this before its refresh
+  /// token leaves: keys the IdP cannot serve then fail the refresh before the IdP rotates the token,
+  /// not after, when the answer carrying the new token could not be checked and would be dropped.
+  public func prepareKeys(for metadata: OIDCMetadata) async throws {
+    _ = try await keyCollection(metadata.jwksURI, refresh: false)
+  }
+
   /// Validates an id_token: signature against the IdP's JWKS (refetched once on an unknown key),
-  /// then iss, aud, exp, iat and nonce.
+  /// then iss, aud, exp, iat and nonce. Keys that cannot be fetched or read fail as such (Network,
+  /// Provider), not as a bad signature.
   public func validate(
     idToken: String, metadata: OIDCMetadata, clientID: String, nonce: String?
   ) async throws -> IDTokenClaims {
     var claims: IDTokenClaims
     do {
       claims = try await keyCollection(metadata.jwksURI, refresh: false).verify(idToken, as: IDTokenClaims.self)
+    } catch let error as TesseraError {
+      throw error
     } catch {
+      let keys = try await keyCollection(metadata.jwksURI, refresh: true)
       do {
-        claims = try await keyCollection(metadata.jwksURI, refresh: true).verify(idToken, as: IDTokenClaims.self)
+        claims = try await keys.verify(idToken, as: IDTokenClaims.self)
       } catch {
         throw TesseraError.provider(
           "The id_token from the identity provider failed signature validation. Sign-in was refused; check the authority."

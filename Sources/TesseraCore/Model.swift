@@ -104,11 +104,15 @@ public struct AccessTokenRecord: Codable, Sendable, Equatable {
   public var extExpiresOn: Int64? = nil
   /// When to refresh it ahead of expiry (`refresh_in`, else a default; see TokenLifetimes).
   public var refreshOn: Int64? = nil
+  /// When it arrived (Unix seconds); nil in records stored before this was kept.
+  public var cachedAt: Int64? = nil
 
   public init(
     accountID: String, environment: String, realm: String, clientID: String, scopes: [String], secret: String,
-    tokenType: String, expiresOn: Int64, idToken: String?, extExpiresOn: Int64? = nil, refreshOn: Int64? = nil
+    tokenType: String, expiresOn: Int64, idToken: String?, extExpiresOn: Int64? = nil, refreshOn: Int64? = nil,
+    cachedAt: Int64? = nil
   ) {
+    self.cachedAt = cachedAt
     self.accountID = accountID
     self.environment = environment
     self.realm = realm
@@ -120,6 +124,11 @@ public struct AccessTokenRecord: Codable, Sendable, Equatable {
     self.idToken = idToken
     self.extExpiresOn = extExpiresOn
     self.refreshOn = refreshOn
+  }
+
+  /// How long this token must still be valid to answer a request (TokenLifetimes.servingMargin).
+  public func servingMargin(_ minValidity: UInt32?) -> Double {
+    TokenLifetimes.servingMargin(minValidity, lifetime: cachedAt.map { expiresOn - $0 })
   }
 }
 

@@ -104,6 +104,12 @@ public struct TokenResponse: Sendable {
     }
   }
 
+  /// The `refresh_token` of a JSON object, whatever else it holds or lacks.
+  public static func refreshToken(in body: [UInt8]) -> String? {
+    struct Only: Decodable { var refresh_token: String? }
+    return (try? JSONDecoder().decode(Only.self, from: Data(body)))?.refresh_token.flatMap { $0.isEmpty ? nil : $0 }
+  }
+
   public static func parse(_ body: [UInt8], endpoint: String) throws -> TokenResponse {
     guard let wire = try? JSONDecoder().decode(Wire.self, from: Data(body)) else {
       throw TesseraError.provider(

@@ -131,7 +131,9 @@ struct RefreshScheduler {
 
   /// Is a cached token due for a refresh ahead of its expiry?
   static func isDue(_ token: AccessTokenRecord, now: Int64) -> Bool {
-    (token.refreshOn.map { now >= $0 } ?? false) || token.expiresOn - now < TokenLifetimes.refreshAheadMargin
+    (token.refreshOn.map { now >= $0 } ?? false)
+      || Double(token.expiresOn - now)
+        < min(Double(TokenLifetimes.refreshAheadMargin), token.servingMargin(nil) + 60)
   }
 
   /// A background refresh still running, if any.

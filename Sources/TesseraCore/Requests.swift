@@ -29,7 +29,8 @@ public struct TokenRequest: Sendable, Equatable {
   /// An access token the caller found rejected: when it is the cached one, a new one is fetched.
   public var accessTokenToRenew: String?
   /// Seconds an access token must still be valid to be served from the cache.
-  public var minValidity: UInt32 = RequestOptions.defaultMinValidity
+  /// nil: not given, and then the default applies (see TokenLifetimes.servingMargin).
+  public var minValidity: UInt32? = nil
   /// Seconds an interactive flow may take.
   public var timeout: UInt32?
   /// Who asks (both fronts set it); nil for the daemon's own requests. Access control decides

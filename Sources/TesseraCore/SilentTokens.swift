@@ -51,8 +51,9 @@ extension Broker {
     if usesCache, let cached = cachedToken(target) {
       let remaining = Double(cached.expiresOn) - now.timeIntervalSince1970
       // Expiry was computed from expires_in by this machine's clock when the token arrived, so the
-      // IdP's clock plays no part; min_validity (default 300 s) is the whole margin.
-      if remaining >= Double(request.minValidity) {
+      // IdP's clock plays no part; min_validity (by default 300 s, less for short-lived tokens:
+      // TokenLifetimes.servingMargin) is the whole margin.
+      if remaining >= cached.servingMargin(request.minValidity) {
         scheduler.noteUse(target, at: now)
         if let refreshOn = cached.refreshOn, now.timeIntervalSince1970 >= Double(refreshOn) {
           startBackgroundRefresh(target)
@@ -131,6 +132,9 @@ extension Broker {
       ? target.authority : try Authority(parsing: record.authority)
     try checkStillTrusted(tokenAuthority, account: account)
     let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
+    // The keys that check the answer's id_token, fetched now if unknown: keys the IdP cannot serve
+    // must fail the refresh before the token endpoint rotates the refresh token, not after.
+    try await directory.prepareKeys(for: metadata)
     var fields = [
       ("grant_type", "refresh_token"), ("client_id", target.clientID), ("refresh_token", record.secret),
       ("scope", Self.requestScopes(target.scopes)), ("client_info", "1"),
@@ -164,10 +168,22 @@ extension Broker {
     let account = target.account
     let environment = target.authority.environment
     do {
-      let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: correlationID)
-      return try await accept(
-        response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
-        requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
+      // The refresh token the IdP sent back: once it has rotated, the one sent is dead, so the new
+      // one is kept even when the rest of the answer is refused (a missing access_token, an
+      // id_token that fails validation). The account then still works once the IdP answers right.
+      var rotated: String?
+      do {
+        let response = try await postToken(
+          metadata.tokenEndpoint, fields, correlationID: correlationID,
+          unreadableAnswer: { rotated = TokenResponse.refreshToken(in: $0) })
+        rotated = response.refreshToken
+        return try await accept(
+          response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
+          requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
+      } catch {
+        if let rotated { await keepRotatedRefreshToken(rotated, replacing: record, correlationID: correlationID) }
+        throw error
+      }
     } catch let error as TesseraError
       where record.familyID != nil && !knownInFamily
       && (error.code == .interactionRequired || error.code == .invalidArgument)
@@ -181,6 +197,20 @@ extension Broker {
         "Client \(target.clientID) cannot use the family sign-in of \(account.username) (\(error.message)). Run an interactive sign-in for it."
       )
     }
+  }
+
+  /// After an answer that was refused: stores the refresh token it carried in place of the one
+  /// redeemed, unless the answer was stored after all or the account has gone meanwhile.
+  func keepRotatedRefreshToken(_ secret: String, replacing old: RefreshTokenRecord, correlationID: String) async {
+    guard !secret.isEmpty, secret != old.secret, cache.accounts[old.accountID] != nil,
+      cache.refreshTokens.contains(old)
+    else { return }
+    var record = old
+    record.secret = secret
+    logger.notice(
+      "The identity provider's answer was refused, but the new refresh token it carried is kept",
+      metadata: ["correlation_id": "\(correlationID)", "account_id": "\(old.accountID)"])
+    try? await apply(cache.upsert(refreshToken: record, replacing: old))
   }
 
   /// The trust policy is the configuration's, which may have changed since the account signed in:
@@ -209,9 +239,10 @@ extension Broker {
   }
 
   /// POSTs to a token endpoint, honouring Retry-After from earlier answers.
-  func postToken(_ endpoint: String, _ fields: [(String, String)], correlationID: String) async throws
-    -> TokenResponse
-  {
+  func postToken(
+    _ endpoint: String, _ fields: [(String, String)], correlationID: String,
+    unreadableAnswer: (([UInt8]) -> Void)? = nil
+  ) async throws -> TokenResponse {
     if let wait = scheduler.throttleRemaining(endpoint, now: deps.clock.now()) {
       throw TesseraError(
         .network, "The identity provider asked for a pause; retry in \(Int(wait.rounded(.up))) s.",
@@ -229,7 +260,13 @@ extension Broker {
       throw OAuthErrorResponse.map(
         status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
     }
-    return try TokenResponse.parse(response.body, endpoint: endpoint)
+    do {
+      return try TokenResponse.parse(response.body, endpoint: endpoint)
+    } catch {
+      // A 200 that is not a usable token response may still carry a rotated refresh token.
+      unreadableAnswer?(response.body)
+      throw error
+    }
   }
 
   // MARK: - Refresh-ahead

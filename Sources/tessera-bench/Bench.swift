@@ -8,12 +8,20 @@ import TesseraPlatform
   import Glibc
 #endif
 
-/// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)
-/// and measures a tesserad binary against the D-Bus floor. See BENCHMARKS.md for how to read it.
+/// `tessera-bench [measure] …` (the benchmark) and `tessera-bench soak …` (the fault suite's soak).
 @main
-struct Bench: ParsableCommand {
+struct BenchCommand: ParsableCommand {
   static let configuration = CommandConfiguration(
     commandName: "tessera-bench",
+    abstract: "Measure tesserad (the default), or hold it under a long load (soak).",
+    subcommands: [Bench.self, Soak.self], defaultSubcommand: Bench.self)
+}
+
+/// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)
+/// and measures a tesserad binary against the D-Bus floor. See BENCHMARKS.md for how to read it.
+struct Bench: ParsableCommand {
+  static let configuration = CommandConfiguration(
+    commandName: "measure",
     abstract:
       "Measure tesserad: silent latency and throughput against the D-Bus floor, single-flight, refresh cost, memory, start-up.",
     discussion: "Run it through scripts/bench, which sets up the session bus, keyring and test IdP it needs.")

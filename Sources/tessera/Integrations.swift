@@ -21,7 +21,10 @@ struct TokenTarget: ParsableArguments {
     name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
   var account: String?
   @Option(
-    name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds"))
+    name: .long,
+    help: ArgumentHelp(
+      "Seconds the token must still be valid (default 300, or a quarter of the token's lifetime when shorter).",
+      valueName: "seconds"))
   var minValidity: UInt32?
 
   /// A token for these options (see helperToken).

@@ -156,7 +156,10 @@ extension Tessera {
     var account: String?
     @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
     @Option(
-      name: .long, help: ArgumentHelp("Seconds the token must still be valid (default 300).", valueName: "seconds"))
+      name: .long,
+      help: ArgumentHelp(
+        "Seconds the token must still be valid (default 300, or a quarter of the token's lifetime when shorter).",
+        valueName: "seconds"))
     var minValidity: UInt32?
     @OptionGroup var output: Output
 

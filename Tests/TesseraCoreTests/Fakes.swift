@@ -129,6 +129,8 @@ final class FakeIdP: HTTPClient, Sendable {
   /// Answers for token-endpoint POSTs, in order; when empty, a fresh token is issued.
   let scriptedTokenAnswers = Mutex<[HTTPResponse]>([])
   let tokenCounter = Mutex(0)
+  /// expires_in of every access token issued.
+  let accessTokenSeconds = Mutex(3600)
   /// Awaited before answering a token request (to hold concurrent requests in flight).
   let tokenDelay = Mutex<Double>(0)
   let subject = Mutex("alice-sub")
@@ -260,7 +262,7 @@ final class FakeIdP: HTTPClient, Sendable {
         tenant == nil
         ? "" : #","client_info":"\#(Base64URL.encode(Array(clientInfoJSON.withLock { $0 }.utf8)))""#
       let body =
-        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":\#(accessTokenSeconds.withLock { $0 }),"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])

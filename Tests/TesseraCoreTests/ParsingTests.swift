@@ -306,7 +306,10 @@ final class OptionTableUseTests: XCTestCase {
   func testEnumerationsMatchTheTable() {
     XCTAssertEqual(Prompt.allCases.map(\.rawValue), RequestOptions.prompt.values)
     XCTAssertEqual(InteractiveFlow.allCases.map(\.rawValue), RequestOptions.flow.values)
-    XCTAssertEqual(
-      TokenRequest(clientID: "", scopes: [], correlationID: "c").minValidity, RequestOptions.defaultMinValidity)
+    // min_validity not given: the documented default, for tokens that live 20 minutes or more.
+    XCTAssertNil(TokenRequest(clientID: "", scopes: [], correlationID: "c").minValidity)
+    XCTAssertEqual(TokenLifetimes.servingMargin(nil, lifetime: 3600), Double(RequestOptions.defaultMinValidity))
+    XCTAssertEqual(TokenLifetimes.servingMargin(nil, lifetime: 120), 30)
+    XCTAssertEqual(TokenLifetimes.servingMargin(60, lifetime: 120), 60)
   }
 }

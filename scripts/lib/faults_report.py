@@ -116,9 +116,35 @@ def main():
     print(f"wrote {out}")
 
 
+def idp_section(records):
+    text = ("## The identity provider misbehaving (Tests/e2e/test_faults_idp.py)\n\n"
+            "A fault-injecting HTTPS proxy the test owns stands between tesserad and the test IdP (tesserad's\n"
+            "authority is the proxy). Alice signs in through it; then the proxy refuses, resets, stays silent,\n"
+            "trickles, shows a certificate no CA signed, answers an error status or garbage, or changes the\n"
+            "IdP's real answer, and alice asks for a token: a forced refresh (for discovery and signing-key\n"
+            "faults on a restarted tesserad, which fetches them again). Invariants: the documented error,\n"
+            "within the documented time (10 s per request, 5 s to connect, plus 4 s of margin), the account\n"
+            "kept (listed, keyring items and refresh token unchanged, no AttentionNeeded, no token in the\n"
+            "log), and once the fault is gone a silent call works (the refresh token was not lost). After\n"
+            "429 or 503 with Retry-After no request reaches the token endpoint before the wait is over.\n"
+            "*Token requests* counts the requests that reached the proxy's token endpoint during the call.\n\n"
+            "| fault | endpoint | error | answered in | account kept | token requests | works again |\n"
+            "|---|---|---|---|---|---|---|\n")
+    for r in records:
+        error = r["error"] if r["error"] == r["expected"] else f"{r['error']} (documented: {r['expected']})"
+        works = {True: "yes", False: "no: needs a sign-in", None: "not checked"}[r["works_again"]]
+        text += (f"| {r['fault']} | {r['endpoint']} | {error} | {r['answered_s']:.2f} s | "
+                 f"{'yes' if r['account_kept'] else 'no'} | {r['token_requests']} | {works} |\n")
+    return text.rstrip("\n")
+
+
 def later_sections(runs):
     """(renderer, records) of the sections parts 3 to 6 add."""
-    return []
+    sections = []
+    idp = [r for r in runs if r.get("section") == "idp"]
+    if idp:
+        sections.append((idp_section, idp))
+    return sections
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 DEFAULT_ACCESS_TOKEN_SECONDS = 3600
 # client_id -> access-token lifetime in seconds
-ACCESS_TOKEN_SECONDS = {"tessera-short": 3}
+ACCESS_TOKEN_SECONDS = {"tessera-short": 3, "tessera-soak": 120}
 
 
 def access_token_expires_in(request):

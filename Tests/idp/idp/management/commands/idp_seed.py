@@ -18,6 +18,7 @@ APPS = [  # client_id, grant type, skip consent screen
     ("tessera-test", AUTH_CODE, True),
     ("tessera-other", AUTH_CODE, True),
     ("tessera-short", AUTH_CODE, True),  # access tokens live 3 s (idp/lifetimes.py)
+    ("tessera-soak", AUTH_CODE, True),  # access tokens live 2 minutes (the fault suite's soak)
     ("tessera-consent", AUTH_CODE, False),  # shows the consent screen
     ("tessera-device", DEVICE, True),  # DOT allows one grant type per application
 ]
