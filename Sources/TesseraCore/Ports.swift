@@ -7,7 +7,25 @@ public protocol BrokerClock: Sendable {
   func now() -> Date
   /// Sleeps for `seconds`; throws CancellationError when the task is cancelled.
   func sleep(seconds: Double) async throws
+  /// Seconds awake, and seconds elapsed (see the default implementations); fakes move them.
+  func awake() -> Double
+  func elapsed() -> Double
 }
+
+extension BrokerClock {
+  /// Seconds the machine has been awake since the process started (CLOCK_MONOTONIC: stops while
+  /// suspended). Setting the wall clock moves neither this nor `elapsed()`.
+  public func awake() -> Double { Self.seconds(SuspendingClock.now - processOrigin.awake) }
+  /// Seconds since the process started, suspended time included (CLOCK_BOOTTIME). Against
+  /// `now()` it tells the wall clock being set; against `awake()`, a suspend.
+  public func elapsed() -> Double { Self.seconds(ContinuousClock.now - processOrigin.elapsed) }
+
+  private static func seconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+  }
+}
+
+private let processOrigin = (awake: SuspendingClock.now, elapsed: ContinuousClock.now)
 
 public struct SystemClock: BrokerClock {
   public init() {}

@@ -113,6 +113,20 @@ struct RefreshScheduler {
     return delay
   }
 
+  /// The wall clock jumped by `delta` seconds (suspend, or a clock set): every time kept here moves
+  /// with it, so uses stay as recent, and backoffs and Retry-After pauses as long, as they were.
+  /// (Set back an hour, a 30 s backoff would otherwise last an hour and a half.)
+  mutating func clockJumped(by delta: Double) {
+    for (key, use) in recentUse { recentUse[key] = (use.target, use.lastUsed.addingTimeInterval(delta)) }
+    for (key, wait) in backoff { backoff[key] = (wait.failures, wait.notBefore.addingTimeInterval(delta)) }
+    for (endpoint, until) in throttledUntil { throttledUntil[endpoint] = until.addingTimeInterval(delta) }
+  }
+
+  /// Moves the recorded uses by `seconds` (a suspend: recent use is counted in time awake).
+  mutating func shiftUses(by seconds: Double) {
+    for (key, use) in recentUse { recentUse[key] = (use.target, use.lastUsed.addingTimeInterval(seconds)) }
+  }
+
   /// Forgets every backoff (the machine woke up or the network came back: old failures say nothing).
   mutating func clearBackoff() { backoff.removeAll() }
 

@@ -347,11 +347,67 @@ extension Broker {
   public func runMaintenance(interval: Double = 30, afterEachPass: @Sendable () -> Void = {}) async {
     // First of all: refreshes a killed run left in flight (their accounts are checked now).
     await recoverInterruptedRefreshes()
+    var last = ClockReading(deps.clock)
     while !Task.isCancelled {
       do { try await deps.clock.sleep(seconds: interval) } catch { return }
+      let now = ClockReading(deps.clock)
+      let (set, slept) = now.since(last)
+      last = now
+      if abs(set) > Self.clockJumpThreshold { clockSet(by: set) }
+      if slept > Self.clockJumpThreshold { await suspended(for: slept) }
       await recoverInterruptedRefreshes()
       await refreshAhead()
       afterEachPass()
     }
+  }
+
+  /// A wall-clock move larger than this between two maintenance passes, beyond the time that
+  /// passed, is the clock being set; a gap this long between time awake and time passed is a
+  /// suspend. NTP's slewing never comes near.
+  static let clockJumpThreshold = 60.0
+
+  /// The three clocks at one moment (see BrokerClock).
+  struct ClockReading {
+    var wall: Date
+    var awake: Double
+    var elapsed: Double
+    init(_ clock: any BrokerClock) {
+      wall = clock.now()
+      awake = clock.awake()
+      elapsed = clock.elapsed()
+    }
+    /// Since `earlier`: how far the wall clock was set, and how long the machine slept.
+    func since(_ earlier: ClockReading) -> (set: Double, slept: Double) {
+      let passed = elapsed - earlier.elapsed
+      return (wall.timeIntervalSince(earlier.wall) - passed, passed - (awake - earlier.awake))
+    }
+  }
+
+  /// The wall clock was set by `delta` seconds (by hand, or NTP stepping a wrong clock): every time
+  /// kept on it moves with it. Access tokens keep the real time they have left, so none is served
+  /// past its real expiry after the clock is set back; backoffs and Retry-After pauses keep their
+  /// length; uses stay as recent as they were.
+  func clockSet(by delta: Double) {
+    logger.notice(
+      "The wall clock was set; token times follow it",
+      metadata: ["seconds": "\(Int(delta.rounded()))", "direction": "\(delta > 0 ? "forward" : "backward")"])
+    // Uses the bus thread recorded are on the old clock too: counted before everything moves.
+    for (target, time) in fastPath.takeUses() {
+      scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
+    }
+    scheduler.clockJumped(by: delta)
+    cache.clockSet(by: delta)
+    fastPath.clear()
+  }
+
+  /// The machine slept `seconds` (seen without logind's signal, or as well as it): tokens have
+  /// really aged, so their times stay; uses before the sleep count as recent (recent means awake
+  /// time), and the tokens in recent use are refreshed now, as after a resume.
+  func suspended(for seconds: Double) async {
+    for (target, time) in fastPath.takeUses() {
+      scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
+    }
+    scheduler.shiftUses(by: seconds)
+    await machineResumed(reason: "suspend")
   }
 }

@@ -6,6 +6,18 @@ public struct TokenCache: Sendable {
   public private(set) var accounts: [String: Account] = [:]
   public private(set) var refreshTokens: [RefreshTokenRecord] = []
   public private(set) var accessTokens: [AccessTokenRecord] = []
+
+  /// The wall clock was set by `delta` seconds: access tokens' times move with it, so each keeps
+  /// the real time it has left (their expiry was counted on the clock before it was set).
+  public mutating func clockSet(by delta: Double) {
+    let shift = Int64(delta.rounded())
+    for index in accessTokens.indices {
+      accessTokens[index].expiresOn += shift
+      accessTokens[index].refreshOn = accessTokens[index].refreshOn.map { $0 + shift }
+      accessTokens[index].extExpiresOn = accessTokens[index].extExpiresOn.map { $0 + shift }
+      accessTokens[index].cachedAt = accessTokens[index].cachedAt.map { $0 + shift }
+    }
+  }
   /// A client id at one identity provider.
   public struct AppKey: Hashable, Sendable {
     public var environment: String

@@ -9,8 +9,23 @@ import XCTest
 final class FakeClock: BrokerClock, Sendable {
   let current = Mutex<Date>(Date(timeIntervalSince1970: 1_800_000_000))
   let sleeps = Mutex<[Double]>([])
+  /// Seconds awake, and elapsed: both move with `advance` and `sleep`; `suspend` moves the wall
+  /// clock and elapsed time only, `jump` (the clock set) the wall clock only.
+  let awakeSeconds = Mutex<Double>(0)
+  let elapsedSeconds = Mutex<Double>(0)
   func now() -> Date { current.withLock { $0 } }
-  func advance(_ seconds: Double) { current.withLock { $0 = $0.addingTimeInterval(seconds) } }
+  func awake() -> Double { awakeSeconds.withLock { $0 } }
+  func elapsed() -> Double { elapsedSeconds.withLock { $0 } }
+  func advance(_ seconds: Double) {
+    current.withLock { $0 = $0.addingTimeInterval(seconds) }
+    awakeSeconds.withLock { $0 += seconds }
+    elapsedSeconds.withLock { $0 += seconds }
+  }
+  func suspend(_ seconds: Double) {
+    current.withLock { $0 = $0.addingTimeInterval(seconds) }
+    elapsedSeconds.withLock { $0 += seconds }
+  }
+  func jump(_ seconds: Double) { current.withLock { $0 = $0.addingTimeInterval(seconds) } }
   func sleep(seconds: Double) async throws {
     try Task.checkCancellation()
     sleeps.withLock { $0.append(seconds) }

@@ -512,4 +512,64 @@ final class MultiTenantTests: XCTestCase {
     let sent = String(decoding: h.idp.tokenRequests.last?.body ?? [UInt8](), as: UTF8.self)
     XCTAssertTrue(sent.contains("refresh_token=rt-rotated"), "the next refresh sends the kept token: \(sent)")
   }
+
+  /// Issue 12, the clock. A suspend: no token is served past its expiry, and the tokens in recent
+  /// use are refreshed at once, as after a resume (recent in time awake). The clock set back: a
+  /// token keeps the real time it had left, and a backoff its length.
+  func testAfterASuspendTokensInUseAreRefreshedAndNoneIsServedExpired() async throws {
+    let h = await Harness()
+    let first = try await h.signIn()
+    _ = try await h.broker.acquireTokenSilent(try h.request())
+    let before = h.idp.tokenRequests.count
+    let last = Broker.ClockReading(h.clock)
+    h.clock.suspend(3 * 3600)  // asleep for three hours: the 1-hour token has expired
+    h.clock.advance(30)
+    let (set, slept) = Broker.ClockReading(h.clock).since(last)
+    XCTAssertEqual(set, 0, accuracy: 0.001)
+    XCTAssertEqual(slept, 3 * 3600, accuracy: 0.001)
+    await h.broker.suspended(for: slept)
+    XCTAssertEqual(h.idp.tokenRequests.count, before + 1, "the token in use before the sleep is refreshed at once")
+    let after = try await h.broker.acquireTokenSilent(try h.request())
+    guard case .string(let token)? = after["access_token"], case .string(let old)? = first["access_token"],
+      case .int64(let expiresOn)? = after["expires_on"]
+    else { return XCTFail("no token") }
+    XCTAssertNotEqual(token, old)
+    XCTAssertGreaterThan(Double(expiresOn), h.clock.now().timeIntervalSince1970 + 300)
+    XCTAssertEqual(h.idp.tokenRequests.count, before + 1, "served from the refreshed cache")
+  }
+
+  func testTheClockSetBackKeepsTokensRealExpiryAndBackoffsLength() async throws {
+    let h = await Harness()
+    h.idp.accessTokenSeconds.withLock { $0 = 600 }
+    try await h.signIn()
+    h.clock.advance(300)  // at refresh_on (half-life of a 10-minute token)
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 500, body: [])] }
+    _ = try await h.broker.acquireTokenSilent(try h.request())  // served; its background refresh fails
+    await h.broker.waitForBackgroundRefreshes()
+    let failed = h.idp.tokenRequests.count
+    let last = Broker.ClockReading(h.clock)
+    h.clock.jump(-3600)  // the clock is set back an hour
+    let (set, slept) = Broker.ClockReading(h.clock).since(last)
+    XCTAssertEqual(set, -3600, accuracy: 0.001)
+    XCTAssertEqual(slept, 0, accuracy: 0.001)
+    await h.broker.clockSet(by: set)
+    h.clock.advance(Double(RefreshScheduler.firstBackoff) + 1)
+    _ = try await h.broker.acquireTokenSilent(try h.request())
+    await h.broker.waitForBackgroundRefreshes()
+    XCTAssertEqual(h.idp.tokenRequests.count, failed + 1, "the 30 s backoff did not become an hour and a half")
+  }
+
+  func testATokenIsNeverServedPastItsRealExpiryAfterTheClockIsSetBack() async throws {
+    let h = await Harness()
+    h.idp.accessTokenSeconds.withLock { $0 = 600 }
+    try await h.signIn()
+    h.clock.advance(100)
+    let last = Broker.ClockReading(h.clock)
+    h.clock.jump(-3600)
+    await h.broker.clockSet(by: Broker.ClockReading(h.clock).since(last).set)
+    // 600 s after it arrived the token is gone for real, though the clock says 3,000 s before that.
+    h.clock.advance(500)
+    h.idp.scriptedTokenAnswers.withLock { $0 = [HTTPResponse(status: 500, body: [])] }
+    await XCTAssertThrowsTessera(.network) { _ = try await h.broker.acquireTokenSilent(try h.request()) }
+  }
 }

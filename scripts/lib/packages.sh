@@ -11,8 +11,9 @@ TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbu
 # The real programs the helpers serve (Tests/e2e/test_integrations.py), GLib's Python bindings
 # for the test's notification server and portal backend, and bubblewrap, the sandbox Flatpak runs
 # apps in (the Flatpak-like caller of Tests/e2e/test_access.py). kubectl is not in Debian 12 under
-# that name: its kubernetes-client package provides it (tessera_install_kubectl).
-TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap)
+# that name: its kubernetes-client package provides it (tessera_install_kubectl). libfaketime
+# (faketime) sets tesserad's wall clock alone, for the clock faults (Tests/e2e/test_faults_clock.py).
+TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap faketime)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
