@@ -69,6 +69,8 @@ public actor Broker {
   var unansweredUntil: [String: Date] = [:]
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
+  /// The clocks at the last look (see checkClock).
+  var lastClock: ClockReading
   /// A tenant as callers name it (a domain, a GUID in any case) at one identity provider.
   struct TenantKey: Hashable {
     var environment: String
@@ -83,6 +85,7 @@ public actor Broker {
     self.logger = logger
     self.policy = config.authorityPolicy
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
+    self.lastClock = ClockReading(dependencies.clock)
     let (failures, failed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     self.storeWriteFailures = failures
     self.storeWriter = StoreWriter(
@@ -92,7 +95,7 @@ public actor Broker {
           "The keyring refused a write three times while it was unlocked; dropped it so later writes can land",
           metadata: StoreWriter.describe(operation).merging(["error": "\(error)"]) { $1 })
       },
-      onPending: { failed.yield() })
+      onPending: { failed.yield() }, time: { [clock = dependencies.clock] in clock.awake() })
     // The bus thread answers only apps the full path allowed: in open mode too when each app's
     // first use of an account is to be told (the full path sees every app once).
     fastPath.enforcesAccess.store(config.accessMode != .open || config.notifyFirstUse, ordering: .relaxed)
@@ -115,6 +118,7 @@ public actor Broker {
   // MARK: - Store
 
   func ensureLoaded() async throws {
+    checkClock()
     if loaded {
       // Earlier writes that failed are retried; a still-unavailable store must not fail a cache hit.
       do { try await flushPending() } catch {

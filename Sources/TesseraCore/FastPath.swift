@@ -33,14 +33,18 @@ public final class SilentFastPath: Sendable {
     let refreshOn: Double
     /// The token's lifetime, for its serving margin (nil: unknown).
     let lifetime: Int64?
+    /// Wall clock minus elapsed time when published: a wall clock set since then (until the
+    /// engine has moved token times with it) leaves the answer to the full path.
+    let clockOffset: Double?
     let target: SilentTarget
     /// `target.key`, computed once (it normalises the scopes).
     let targetKey: SilentTarget.Key
     /// The second of the last use recorded for refresh-ahead: uses are recorded once a second.
     let lastUse = Atomic<Int64>(0)
 
-    init(reply: ReplyTemplate, token: AccessTokenRecord, target: SilentTarget) {
+    init(reply: ReplyTemplate, token: AccessTokenRecord, target: SilentTarget, clockOffset: Double? = nil) {
       self.reply = reply
+      self.clockOffset = clockOffset
       self.expiresOn = Double(token.expiresOn)
       self.refreshOn = Double(token.refreshOn ?? token.expiresOn)
       self.lifetime = token.cachedAt.map { token.expiresOn - $0 }
@@ -103,7 +107,7 @@ public final class SilentFastPath: Sendable {
 
   /// The answer for these AcquireTokenSilent arguments, or nil when the full path must answer.
   /// `app`: the caller's AppIdentity key; only an app the full path allowed is answered here.
-  public func answer(_ arguments: [BusValue], now: Double, app: String? = nil) -> Answer? {
+  public func answer(_ arguments: [BusValue], now: Double, elapsed: Double? = nil, app: String? = nil) -> Answer? {
     guard arguments.count == 4, case .string(let clientID) = arguments[0], case .strings(let scopes) = arguments[1],
       case .string(let accountID) = arguments[2], case .dict(let options) = arguments[3]
     else { return nil }
@@ -117,7 +121,7 @@ public final class SilentFastPath: Sendable {
     guard !request.forceRefresh, request.claims == nil, request.accessTokenToRenew == nil,
       let entry = entries.withLock({ $0[Key(request)] }),
       entry.expiresOn - now >= TokenLifetimes.servingMargin(request.minValidity, lifetime: entry.lifetime),
-      now < entry.refreshOn,
+      now < entry.refreshOn, Self.clockKept(entry.clockOffset, now: now, elapsed: elapsed),
       mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)
@@ -127,10 +131,20 @@ public final class SilentFastPath: Sendable {
     return .reply(entry.reply, correlationID: request.correlationID)
   }
 
-  func publish(_ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue]) {
+  /// Has the wall clock kept pace with elapsed time since an entry was published (within
+  /// Broker.clockJumpThreshold)? Unknown counts as yes.
+  static func clockKept(_ offset: Double?, now: Double, elapsed: Double?) -> Bool {
+    guard let offset, let elapsed else { return true }
+    return abs(now - elapsed - offset) <= Broker.clockJumpThreshold
+  }
+
+  func publish(
+    _ request: TokenRequest, target: SilentTarget, token: AccessTokenRecord, reply: [String: BusValue],
+    clockOffset: Double? = nil
+  ) {
     var body = reply
     body[TokenInfo.correlationIDKey] = nil
-    let entry = Entry(reply: ReplyTemplate(body), token: token, target: target)
+    let entry = Entry(reply: ReplyTemplate(body), token: token, target: target, clockOffset: clockOffset)
     entries.withLock {
       if $0.count >= Self.maxEntries { $0.removeAll() }
       $0[Key(request)] = entry
@@ -148,6 +162,7 @@ public final class SilentFastPath: Sendable {
     let expiresOn: Double
     let refreshOn: Double
     let lifetime: Int64?
+    let clockOffset: Double?
     let target: SilentTarget
     let targetKey: SilentTarget.Key
     let lastUse = Atomic<Int64>(0)
@@ -155,8 +170,9 @@ public final class SilentFastPath: Sendable {
     let clientID: String
     let scopes: String
 
-    init(answer: String, token: AccessTokenRecord, target: SilentTarget, scopes: [String]) {
+    init(answer: String, token: AccessTokenRecord, target: SilentTarget, scopes: [String], clockOffset: Double? = nil) {
       self.answer = answer
+      self.clockOffset = clockOffset
       expiresOn = Double(token.expiresOn)
       refreshOn = Double(token.refreshOn ?? token.expiresOn)
       lifetime = token.cachedAt.map { token.expiresOn - $0 }
@@ -175,11 +191,13 @@ public final class SilentFastPath: Sendable {
   /// The published answer to this acquireTokenSilently requestJson, or nil when the full path
   /// must answer (nothing published, the token past its refresh time or within the default
   /// min_validity of expiry).
-  func microsoftAnswer(_ requestJSON: String, now: Double, app: String? = nil) -> MicrosoftEntry? {
+  func microsoftAnswer(_ requestJSON: String, now: Double, elapsed: Double? = nil, app: String? = nil)
+    -> MicrosoftEntry?
+  {
     guard let entry = microsoft.withLock({ $0.entries[requestJSON] }),
       entry.expiresOn - now
         >= TokenLifetimes.servingMargin(nil, lifetime: entry.lifetime),
-      now < entry.refreshOn,
+      now < entry.refreshOn, Self.clockKept(entry.clockOffset, now: now, elapsed: elapsed),
       mayAnswer(app: app, target: entry.target)
     else { return nil }
     let second = Int64(now)

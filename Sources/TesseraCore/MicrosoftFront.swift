@@ -29,7 +29,7 @@ public struct MicrosoftFront: Sendable {
       case .string(let requestText) = arguments[2],
       (try? Self.checkProtocolVersion(version)) != nil, let correlationID = try? Self.correlationID(correlation),
       let entry = broker.fastPath.microsoftAnswer(
-        requestText, now: clock.now().timeIntervalSince1970, app: caller.appKey)
+        requestText, now: clock.now().timeIntervalSince1970, elapsed: clock.elapsed(), app: caller.appKey)
     else { return nil }
     if logger.logLevel <= .info {
       var metadata = RequestHandler.callerMetadata(method, caller)
@@ -233,7 +233,10 @@ public struct MicrosoftFront: Sendable {
           let answer = MicrosoftToken.json(result, requestedScopes: scopes)
           if publish {
             broker.fastPath.publishMicrosoft(
-              request.text, entry: .init(answer: answer, token: result.accessToken, target: target, scopes: scopes))
+              request.text,
+              entry: .init(
+                answer: answer, token: result.accessToken, target: target, scopes: scopes,
+                clockOffset: broker.clockOffset))
           }
           return answer
         }

@@ -122,9 +122,12 @@ struct RefreshScheduler {
     for (endpoint, until) in throttledUntil { throttledUntil[endpoint] = until.addingTimeInterval(delta) }
   }
 
-  /// Moves the recorded uses by `seconds` (a suspend: recent use is counted in time awake).
-  mutating func shiftUses(by seconds: Double) {
-    for (key, use) in recentUse { recentUse[key] = (use.target, use.lastUsed.addingTimeInterval(seconds)) }
+  /// Moves the recorded uses by `seconds` (a suspend: recent use is counted in time awake), none
+  /// past `now` (uses recorded since the wake need no move).
+  mutating func shiftUses(by seconds: Double, notPast now: Date) {
+    for (key, use) in recentUse {
+      recentUse[key] = (use.target, min(use.lastUsed.addingTimeInterval(seconds), now))
+    }
   }
 
   /// Forgets every backoff (the machine woke up or the network came back: old failures say nothing).

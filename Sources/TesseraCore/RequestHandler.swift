@@ -18,7 +18,8 @@ public struct RequestHandler: Sendable {
   /// full path must answer. Logged like any other request.
   public func answerAtOnce(method: String, arguments: [BusValue], caller: CallerInfo) -> FastAnswer? {
     guard method == "AcquireTokenSilent",
-      let answer = broker.fastPath.answer(arguments, now: clock.now().timeIntervalSince1970, app: caller.appKey)
+      let answer = broker.fastPath.answer(
+        arguments, now: clock.now().timeIntervalSince1970, elapsed: clock.elapsed(), app: caller.appKey)
     else { return nil }
     switch answer {
     case .reply(let template, let correlationID):

@@ -27,8 +27,9 @@ struct SignInRegistry {
   /// By correlation id.
   private(set) var flows: [String: Flow] = [:]
   /// Sign-ins that have begun but are not registered yet (loading the store, asking the user about
-  /// the app), by caller and correlation id: true once Cancel asked to end them.
-  private var announced: [AnnouncedKey: Bool] = [:]
+  /// the app), by caller and correlation id: how many (a caller may reuse an id; all but one will
+  /// be refused as duplicates), and whether Cancel asked to end them.
+  private var announced: [AnnouncedKey: (count: Int, cancelled: Bool)] = [:]
   struct AnnouncedKey: Hashable {
     var caller: String
     var correlationID: String
@@ -83,13 +84,18 @@ struct SignInRegistry {
   /// Notes a sign-in from its first moment, before anything suspends, so a Cancel that comes while
   /// it is still being prepared ends it too.
   mutating func announce(correlationID: String, caller: String) {
-    announced[AnnouncedKey(caller: caller, correlationID: correlationID)] = false
+    let key = AnnouncedKey(caller: caller, correlationID: correlationID)
+    let earlier = announced[key]
+    announced[key] = ((earlier?.count ?? 0) + 1, earlier?.cancelled ?? false)
   }
 
   /// Forgets an announcement; returns whether Cancel asked to end that sign-in meanwhile.
   @discardableResult
   mutating func withdraw(correlationID: String, caller: String) -> Bool {
-    announced.removeValue(forKey: AnnouncedKey(caller: caller, correlationID: correlationID)) ?? false
+    let key = AnnouncedKey(caller: caller, correlationID: correlationID)
+    guard let entry = announced[key] else { return false }
+    announced[key] = entry.count > 1 ? (entry.count - 1, entry.cancelled) : nil
+    return entry.cancelled
   }
 
   /// Registers a started sign-in; one whose caller already left the bus, or which its caller
@@ -122,12 +128,12 @@ struct SignInRegistry {
       return
     }
     let key = AnnouncedKey(caller: caller, correlationID: correlationID)
-    guard announced[key] != nil else {
+    guard let entry = announced[key] else {
       throw TesseraError.invalidArgument(
         "No interactive sign-in with correlation id '\(RequestOptions.clip(correlationID))' is running for this caller. Only the caller that started a sign-in can cancel it."
       )
     }
-    announced[key] = true
+    announced[key] = (entry.count, true)
   }
 
   /// Cancels every sign-in the caller started (Microsoft's cancelInteractiveFlow names none).
@@ -138,8 +144,8 @@ struct SignInRegistry {
       flow.task.cancel()
       cancelled.append(correlationID)
     }
-    for key in announced.keys where key.caller == caller {
-      announced[key] = true
+    for (key, entry) in announced where key.caller == caller {
+      announced[key] = (entry.count, true)
       cancelled.append(key.correlationID)
     }
     return cancelled

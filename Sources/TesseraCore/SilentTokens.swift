@@ -8,8 +8,9 @@ extension Broker {
   public func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
     try await silentToken(request) { result, target in
       fastPath.publish(
-        request, target: target, token: result.accessToken, reply: result.busValue(correlationID: request.correlationID)
-      )
+        request, target: target, token: result.accessToken,
+        reply: result.busValue(correlationID: request.correlationID),
+        clockOffset: clockOffset)
     }
     .busValue(correlationID: request.correlationID)
   }
@@ -168,18 +169,29 @@ extension Broker {
     let account = target.account
     let environment = target.authority.environment
     do {
-      // The refresh token the IdP sent back: once it has rotated, the one sent is dead, so the new
-      // one is kept even when the rest of the answer is refused (a missing access_token, an
-      // id_token that fails validation). The account then still works once the IdP answers right.
+      // An answer that cannot be read as a token response (no access_token, a bad expires_in) may
+      // still carry the refresh token the IdP rotated to; the one sent is dead then, so the new one
+      // is kept (it continues this account's own grant, and nothing in the answer says otherwise).
       var rotated: String?
       do {
         let response = try await postToken(
           metadata.tokenEndpoint, fields, correlationID: correlationID,
           unreadableAnswer: { rotated = TokenResponse.refreshToken(in: $0) })
-        rotated = response.refreshToken
-        return try await accept(
-          response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
-          requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
+        do {
+          return try await accept(
+            response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
+            requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
+        } catch {
+          // Read, but refused: its id_token failed validation or names another user. Its refresh
+          // token is not trusted with this account (an IdP that sends no id_token on later refreshes
+          // would never be checked again): it is revoked, so no live token is left behind.
+          if let new = response.refreshToken, new != record.secret, cache.refreshTokens.contains(record) {
+            var refused = record
+            refused.secret = new
+            Task { await self.revoke(refused, correlationID: correlationID) }
+          }
+          throw error
+        }
       } catch {
         if let rotated { await keepRotatedRefreshToken(rotated, replacing: record, correlationID: correlationID) }
         throw error
@@ -317,6 +329,9 @@ extension Broker {
   /// often it comes: a resume that finds the network still down must not hold back the refresh
   /// when the network comes back a few seconds later.
   public func machineResumed(reason: String) async {
+    // logind's resume signal comes before the next maintenance pass: the uses from before the
+    // sleep are moved now, or they would look too old to refresh.
+    checkClock()
     let now = deps.clock.now()
     if let last = lastMachineEvent[reason], now.timeIntervalSince(last) < 60, now >= last {
       logger.debug(
@@ -347,14 +362,9 @@ extension Broker {
   public func runMaintenance(interval: Double = 30, afterEachPass: @Sendable () -> Void = {}) async {
     // First of all: refreshes a killed run left in flight (their accounts are checked now).
     await recoverInterruptedRefreshes()
-    var last = ClockReading(deps.clock)
     while !Task.isCancelled {
       do { try await deps.clock.sleep(seconds: interval) } catch { return }
-      let now = ClockReading(deps.clock)
-      let (set, slept) = now.since(last)
-      last = now
-      if abs(set) > Self.clockJumpThreshold { clockSet(by: set) }
-      if slept > Self.clockJumpThreshold { await suspended(for: slept) }
+      if checkClock() > Self.clockJumpThreshold { await machineResumed(reason: "resume") }
       await recoverInterruptedRefreshes()
       await refreshAhead()
       afterEachPass()
@@ -383,10 +393,12 @@ extension Broker {
     }
   }
 
-  /// The wall clock was set by `delta` seconds (by hand, or NTP stepping a wrong clock): every time
-  /// kept on it moves with it. Access tokens keep the real time they have left, so none is served
-  /// past its real expiry after the clock is set back; backoffs and Retry-After pauses keep their
-  /// length; uses stay as recent as they were.
+  /// The wall clock was set by `delta` seconds (by hand, or NTP stepping a wrong clock): the times
+  /// kept on it move with it. Access tokens keep the real time they have left (in memory and in the
+  /// keyring), so none is served past its real expiry after the clock is set back; backoffs,
+  /// Retry-After pauses and the pauses after the user's answers about apps keep their length; uses
+  /// stay as recent as they were. (Account health dates and the IdP metadata cache do not move:
+  /// they only say when something happened, or when to fetch again.)
   func clockSet(by delta: Double) {
     logger.notice(
       "The wall clock was set; token times follow it",
@@ -396,18 +408,31 @@ extension Broker {
       scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
     }
     scheduler.clockJumped(by: delta)
-    cache.clockSet(by: delta)
-    fastPath.clear()
+    // Written back too, so a restart keeps the real expiries.
+    enqueueWrite(cache.clockSet(by: delta))
+    // The user's answers about apps keep their length as well.
+    for (app, until) in declinedUntil { declinedUntil[app] = until.addingTimeInterval(delta) }
+    for (app, until) in unansweredUntil { unansweredUntil[app] = until.addingTimeInterval(delta) }
   }
 
-  /// The machine slept `seconds` (seen without logind's signal, or as well as it): tokens have
-  /// really aged, so their times stay; uses before the sleep count as recent (recent means awake
-  /// time), and the tokens in recent use are refreshed now, as after a resume.
-  func suspended(for seconds: Double) async {
+  /// Wall clock minus elapsed time: what the bus thread's answers are published with (FastPath).
+  nonisolated var clockOffset: Double { deps.clock.now().timeIntervalSince1970 - deps.clock.elapsed() }
+
+  /// Compares the clocks with their last reading (each request, each maintenance pass, each
+  /// resume): a wall clock set is followed at once (clockSet), before any token is looked at; a
+  /// suspend moves the uses recorded before it by the time slept (recent use counts time awake).
+  /// Returns how long the machine slept (0 when it did not, or when that was seen already).
+  @discardableResult
+  func checkClock() -> Double {
+    let now = ClockReading(deps.clock)
+    let (set, slept) = now.since(lastClock)
+    lastClock = now
+    if abs(set) > Self.clockJumpThreshold { clockSet(by: set) }
+    guard slept > Self.clockJumpThreshold else { return 0 }
     for (target, time) in fastPath.takeUses() {
       scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
     }
-    scheduler.shiftUses(by: seconds)
-    await machineResumed(reason: "suspend")
+    scheduler.shiftUses(by: slept, notPast: now.wall)
+    return slept
   }
 }

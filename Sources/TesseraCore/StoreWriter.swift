@@ -7,20 +7,23 @@ import Synchronization
 /// back instead. Queueing never suspends, so writes land in the order the token actor asks for them.
 ///
 /// A store that is away (gone, locked) keeps everything queued for as long as it takes. A store that
-/// is there but refuses one operation (`StoreBatchError.rejected`) gets it again at the next two
-/// writes; the third refusal drops it (`onDrop` says which), so one bad item never holds back every
-/// later write.
+/// is there but refuses one operation (`StoreBatchError.rejected`) gets it again at later writes;
+/// the third refusal, at least `refusalSpacing` seconds after the one before, drops it (`onDrop`
+/// says which), so one bad item never holds back every later write, and a burst of calls (each
+/// retries first) cannot use the three chances up in a moment.
 final class StoreWriter: Sendable {
   /// Refusals by a store that is there before an operation is dropped.
   static let refusalsBeforeDropping = 3
+  /// Refusals closer together than this count once.
+  static let refusalSpacing = 1.0
 
   private struct Queued {
     var operation: TokenCache.StoreOperation
     /// Kept for a retry when it fails (false: the caller rolls its change back instead).
     var keep: Bool
-    /// Queued by this write (not left over from an earlier one).
-    var own = false
     var refusals = 0
+    /// When the last refusal counted (seconds on `time`).
+    var lastRefusal: Double? = nil
   }
 
   private struct State {
@@ -33,17 +36,20 @@ final class StoreWriter: Sendable {
   private let store: any SecretStore
   private let onDrop: @Sendable (TokenCache.StoreOperation, any Error) -> Void
   private let onPending: @Sendable () -> Void
+  /// Seconds on a steady clock, for the spacing of refusals.
+  private let time: @Sendable () -> Double
   private let state = Mutex(State())
 
   /// `onDrop` hears of each operation dropped after its last refusal; `onPending`, of each write
   /// that failed and left operations waiting for a retry.
   init(
     store: any SecretStore, onDrop: @escaping @Sendable (TokenCache.StoreOperation, any Error) -> Void = { _, _ in },
-    onPending: @escaping @Sendable () -> Void = {}
+    onPending: @escaping @Sendable () -> Void = {}, time: @escaping @Sendable () -> Double = { SystemClock().awake() }
   ) {
     self.store = store
     self.onDrop = onDrop
     self.onPending = onPending
+    self.time = time
   }
 
   /// Are there failed operations waiting for a retry?
@@ -77,9 +83,7 @@ final class StoreWriter: Sendable {
       defer { state.pending = [] }
       return state.pending
     }
-    var queue = older + operations.map { Queued(operation: $0, keep: retryLater, own: true) }
-    // The error of an operation of this write that was dropped: the caller hears of it.
-    var ownFailure: (any Error)?
+    var queue = older + operations.map { Queued(operation: $0, keep: retryLater) }
     while !queue.isEmpty {
       do {
         try await store.apply(queue.map(\.operation))
@@ -90,24 +94,25 @@ final class StoreWriter: Sendable {
         let done = min(batch?.completed ?? 0, queue.count)
         queue.removeFirst(done)
         if batch?.rejected == true, let first = queue.first, first.keep {
-          queue[0].refusals += 1
+          let now = time()
+          if first.lastRefusal.map({ now - $0 >= Self.refusalSpacing }) ?? true {
+            queue[0].refusals += 1
+            queue[0].lastRefusal = now
+          }
           if queue[0].refusals >= Self.refusalsBeforeDropping {
             // Refused again by a store that is there: drop it and write the rest.
-            let dropped = queue.removeFirst()
-            onDrop(dropped.operation, cause)
-            if dropped.own { ownFailure = cause }
+            onDrop(queue.removeFirst().operation, cause)
             continue
           }
         }
         // Away, or refused too few times yet: keep what may be retried, in order.
         // (An operation of a caller that rolls back is never retried.)
-        let kept = queue.filter(\.keep).map { Queued(operation: $0.operation, keep: true, refusals: $0.refusals) }
+        let kept = queue.filter(\.keep)
         state.withLock { $0.pending = kept }
         if !kept.isEmpty { onPending() }
         throw cause
       }
     }
-    if let ownFailure { throw ownFailure }
   }
 
   /// What the log may say of an operation: its item's kind and ids, never its secret or label.

@@ -8,8 +8,9 @@ public struct TokenCache: Sendable {
   public private(set) var accessTokens: [AccessTokenRecord] = []
 
   /// The wall clock was set by `delta` seconds: access tokens' times move with it, so each keeps
-  /// the real time it has left (their expiry was counted on the clock before it was set).
-  public mutating func clockSet(by delta: Double) {
+  /// the real time it has left (their expiry was counted on the clock before it was set). Returns
+  /// the writes that keep the keyring's copies in step.
+  public mutating func clockSet(by delta: Double) -> [StoreOperation] {
     let shift = Int64(delta.rounded())
     for index in accessTokens.indices {
       accessTokens[index].expiresOn += shift
@@ -17,6 +18,7 @@ public struct TokenCache: Sendable {
       accessTokens[index].extExpiresOn = accessTokens[index].extExpiresOn.map { $0 + shift }
       accessTokens[index].cachedAt = accessTokens[index].cachedAt.map { $0 + shift }
     }
+    return accessTokens.map { .save(Self.item($0)) }
   }
   /// A client id at one identity provider.
   public struct AppKey: Hashable, Sendable {

@@ -103,15 +103,15 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     }
   }
 
-  /// Loads every Tessera item in a few D-Bus calls: one search per kind (item paths only), then one
-  /// GetSecrets per `secretsPerBatch` items. (libsecret's item search would make a proxy, and a D-Bus
-  /// round trip, per item: seconds for a few thousand.) Our own writes run on the same serial queue,
-  /// so none lands between the search and the reads; an item another program deletes meanwhile fails
-  /// the load, which is retried on the next request.
   /// libsecret keeps one service proxy, with its session, for the whole process; once the keyring
   /// has restarted, both are stale. Forgotten, the next call opens new ones. On the store queue.
   private static func forgetService() { secret_service_disconnect() }
 
+  /// Loads every Tessera item in a few D-Bus calls: one search per kind (item paths only), then one
+  /// GetSecrets per `secretsPerBatch` items. (libsecret's item search would make a proxy, and a D-Bus
+  /// round trip, per item: seconds for a few thousand.) Our own writes run on the same serial queue,
+  /// so none lands between the search and the reads; an item another program deletes meanwhile fails
+  /// the load, which is retried on the next request (with a fresh libsecret service and session).
   public func loadAll() async throws -> [StoredItem] {
     do {
       return try await loadAllNow()
@@ -224,7 +224,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
       // Checked first: storing into a locked collection would ask the keyring to prompt for the
       // password, which could hold the store queue until someone answers.
       try self.checkUnlocked()
-      try self.saveNow(item)
+      do { try self.saveNow(item) } catch let away as KeyringAway { throw away.error }
     }
   }
 
@@ -234,7 +234,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     defer { g_hash_table_unref(attributes) }
     var error: UnsafeMutablePointer<GError>?
     if secret_password_storev_sync(schema, attributes, collection, item.label, item.secret, nil, &error) == 0 {
-      throw Self.unavailable(Self.take(error))
+      throw Self.failure(error)
     }
   }
 
@@ -244,7 +244,32 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     defer { g_hash_table_unref(table) }
     var error: UnsafeMutablePointer<GError>?
     _ = secret_password_clearv_sync(schema, table, nil, &error)
-    if let error { throw Self.unavailable(Self.take(error)) }
+    if let error { throw Self.failure(error) }
+  }
+
+  /// A write that failed because the keyring did not answer (a timeout, no reply, gone from the
+  /// bus): the keyring is away, however unlocked it says it is; never a refusal of the item.
+  struct KeyringAway: Error {
+    var error: TesseraError
+  }
+
+  /// The error of a failed write: KeyringAway for a keyring that did not answer, else unavailable.
+  private static func failure(_ error: UnsafeMutablePointer<GError>?) -> any Error {
+    var away = false
+    if let error {
+      if g_error_matches(error, g_io_error_quark(), Int32(G_IO_ERROR_TIMED_OUT.rawValue)) != 0 { away = true }
+      if let remote = g_dbus_error_get_remote_error(error) {
+        let name = String(cString: remote)
+        g_free(remote)
+        away =
+          away
+          || ["NoReply", "Timeout", "TimedOut", "ServiceUnknown", "NameHasNoOwner", "Disconnected"].contains {
+            name == "org.freedesktop.DBus.Error.\($0)"
+          }
+      }
+    }
+    let unavailable = Self.unavailable(Self.take(error))
+    return away ? KeyringAway(error: unavailable) : unavailable
   }
 
   /// One hop to the store queue and one lock check for the whole batch.
@@ -272,6 +297,8 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
             case .delete(let attributes): try self.deleteNow(attributes)
             }
             continue
+          } catch let away as KeyringAway {
+            throw StoreBatchError(completed: index, error: away.error)
           } catch {
             // Still there and unlocked: the keyring refused this operation, not the store gone.
             let stillThere = (try? self.checkUnlocked()) != nil
@@ -285,7 +312,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   public func delete(matching attributes: [String: String]) async throws {
     try await run {
       try self.checkUnlocked()
-      try self.deleteNow(attributes)
+      do { try self.deleteNow(attributes) } catch let away as KeyringAway { throw away.error }
     }
   }
 

@@ -41,7 +41,10 @@ final class StoreWriterTests: XCTestCase {
     let store = FakeStore()
     store.refusedKind.withLock { $0 = "bad" }
     let dropped = Mutex<[TokenCache.StoreOperation]>([])
-    let writer = StoreWriter(store: store, onDrop: { operation, _ in dropped.withLock { $0.append(operation) } })
+    let seconds = Mutex(0.0)
+    let writer = StoreWriter(
+      store: store, onDrop: { operation, _ in dropped.withLock { $0.append(operation) } },
+      time: { seconds.withLock { $0 } })
     // The refused item's own caller hears of it; the good one behind it waits for the retries.
     do {
       try await writer.enqueue([.save(item("bad", 1)), .save(item("good", 2))]).value
@@ -49,11 +52,17 @@ final class StoreWriterTests: XCTestCase {
     } catch {}
     XCTAssertEqual(savedNames(store), [])
     XCTAssertEqual(writer.pendingCount, 2)
-    // Second refusal: still kept (a keyring that failed once may take it next time).
+    // Refusals in the same second count once: a burst of calls cannot use the chances up.
+    for _ in 0..<5 { do { try await writer.enqueue([]).value } catch {} }
+    XCTAssertEqual(writer.pendingCount, 2)
+    XCTAssertTrue(dropped.withLock { $0.isEmpty })
+    // Second refusal, a second later: still kept (a keyring that failed once may take it next time).
+    seconds.withLock { $0 += 1 }
     do { try await writer.enqueue([.save(item("good", 3))]).value } catch {}
     XCTAssertEqual(savedNames(store), [])
     XCTAssertEqual(writer.pendingCount, 3)
     // Third: dropped, and everything behind it lands, in order, and this caller's write succeeds.
+    seconds.withLock { $0 += 1 }
     try await writer.enqueue([.save(item("good", 4))]).value
     XCTAssertEqual(savedNames(store), ["good2", "good3", "good4"])
     XCTAssertEqual(dropped.withLock { $0 }, [.save(item("bad", 1))])
