@@ -116,7 +116,7 @@ struct RefreshScheduler {
   /// The wall clock jumped by `delta` seconds (suspend, or a clock set): every time kept here moves
   /// with it, so uses stay as recent, and backoffs and Retry-After pauses as long, as they were.
   /// (Set back an hour, a 30 s backoff would otherwise last an hour and a half.)
-  mutating func clockJumped(by delta: Double) {
+  mutating func clockSet(by delta: Double) {
     for (key, use) in recentUse { recentUse[key] = (use.target, use.lastUsed.addingTimeInterval(delta)) }
     for (key, wait) in backoff { backoff[key] = (wait.failures, wait.notBefore.addingTimeInterval(delta)) }
     for (endpoint, until) in throttledUntil { throttledUntil[endpoint] = until.addingTimeInterval(delta) }

@@ -85,10 +85,14 @@ extension Broker {
   /// no set order: a Cancel for an id this caller has no sign-in with waits up to
   /// `cancelGraceSeconds` for one to begin before it is refused.
   public func cancel(correlationID: String, caller: CallerInfo) async throws {
+    // Looked for again after 5, 10, 20 … ms: a handful of wake-ups, however many Cancels come.
     var waited = 0.0
+    var pause = 0.005
     while !signIns.knows(correlationID: correlationID, caller: caller.busName), waited < Self.cancelGraceSeconds {
-      try await deps.clock.sleep(seconds: 0.01)
-      waited += 0.01
+      let step = min(pause, Self.cancelGraceSeconds - waited)
+      try await deps.clock.sleep(seconds: step)
+      waited += step
+      pause *= 2
     }
     try signIns.cancel(correlationID: correlationID, caller: caller.busName)
   }

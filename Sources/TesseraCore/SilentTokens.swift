@@ -407,7 +407,7 @@ extension Broker {
     for (target, time) in fastPath.takeUses() {
       scheduler.noteUse(target, at: Date(timeIntervalSince1970: time))
     }
-    scheduler.clockJumped(by: delta)
+    scheduler.clockSet(by: delta)
     // Written back too, so a restart keeps the real expiries.
     enqueueWrite(cache.clockSet(by: delta))
     // The user's answers about apps keep their length as well.

@@ -53,7 +53,7 @@ final class StoreWriter: Sendable {
   }
 
   /// Are there failed operations waiting for a retry?
-  var hasPending: Bool { state.withLock { !$0.pending.isEmpty } }
+  var hasPending: Bool { pendingCount > 0 }
 
   /// How many operations wait for a retry.
   var pendingCount: Int { state.withLock { $0.pending.count } }

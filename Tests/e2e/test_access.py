@@ -181,6 +181,12 @@ def test_a_caller_of_another_user_is_refused(tmp_path):
         shutil.rmtree(shared, ignore_errors=True)
 
 
+def token_in_background():
+    """`tessera token`, started and not waited for (its app is being asked about)."""
+    return subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+
 def test_confirm_mode_asks_the_user_through_the_desktop(start_daemon, write_config, tmp_path):
     from test_attention import NotificationServer
     notifications = NotificationServer(tmp_path)
@@ -189,8 +195,7 @@ def test_confirm_mode_asks_the_user_through_the_desktop(start_daemon, write_conf
         b = Broker()
         token = b.sign_in()["access_token"]
         # The tessera command asks: the question is shown, and its call waits for the answer.
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: notifications.calls("Notify"), what="the access question")
         (question,) = notifications.calls("Notify")
         assert question["actions"][0::2] == ["allow-once", "allow-always", "deny"]
@@ -208,8 +213,7 @@ def test_confirm_mode_asks_the_user_through_the_desktop(start_daemon, write_conf
         # Deny: refused, and not asked again for a while.
         key = next(g["app"] for g in json.loads(run_cli("access", "list", "--json").stdout) if g["via"] == "user")
         run_cli("access", "revoke", "--app", key, check_rc=0)
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: len(notifications.calls("Notify")) == 2, what="the second question")
         notifications.invoke(notifications.calls("Notify")[1]["id"], "deny")
         out, err = asking.communicate(timeout=30)
@@ -274,8 +278,7 @@ def test_confirm_mode_asks_through_the_portal_access_dialog_first(start_daemon, 
         start_daemon(write_config(access_mode="confirm"), extra_env=portal.env)
         b = Broker()
         b.sign_in()
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: portal.calls("AccessDialog"), what="the portal's access dialog")
         (dialog,) = portal.calls("AccessDialog")
         # It names the app (and that it is unverified), the account, the client and the scopes.
@@ -298,15 +301,13 @@ def test_confirm_mode_asks_through_the_portal_access_dialog_first(start_daemon, 
 
         # Allow without "Always allow": this once only, so the next call asks again.
         run_cli("access", "revoke", "--app", mine["app"], check_rc=0)
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: len(portal.calls("AccessDialog")) == 2, what="the second dialog")
         portal.answer(portal.calls("AccessDialog")[1]["handle"], 0, remember=False)
         assert asking.wait(timeout=30) == 0
         assert not any(g["via"] == "user" for g in json.loads(run_cli("access", "list", "--json").stdout))
         # Deny: refused, and remembered for a while.
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: len(portal.calls("AccessDialog")) == 3, what="the third dialog")
         portal.answer(portal.calls("AccessDialog")[2]["handle"], 1)
         out, err = asking.communicate(timeout=30)
@@ -328,8 +329,7 @@ def test_a_portal_backend_that_is_not_there_falls_back_to_the_notification(start
         start_daemon(write_config(access_mode="confirm"), extra_env=portal.env)
         b = Broker()
         b.sign_in()
-        asking = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  stdin=subprocess.DEVNULL)
+        asking = token_in_background()
         wait_until(lambda: notifications.calls("Notify"), what="the notification question")
         notifications.invoke(notifications.calls("Notify")[0]["id"], "allow-once")
         out, err = asking.communicate(timeout=30)

@@ -36,6 +36,15 @@ SEED = int(os.environ.get("TESSERA_FAULT_SEED", "12"))
 REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 
 
+def report(summary):
+    """Prints a fault's figures and, with $TESSERA_FAULT_REPORT set, appends them there as a JSON
+    line (scripts/faults turns them into FAULTS.md)."""
+    print(json.dumps(summary))
+    if REPORT:
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+
+
 def idp_env(path):
     values = {}
     with open(path) as f:
@@ -72,11 +81,12 @@ def newest_refresh_token(db_path, user="alice", client_id="tessera-test"):
         conn.close()
 
 
-def stored_refresh_tokens(keyring, client_id="tessera-test"):
+def stored_refresh_tokens(keyring, client_id="tessera-test", account_id=None):
     out = []
     for path in keyring.item_paths():
         attributes = keyring.item_attributes_of(path)
-        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == client_id:
+        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == client_id \
+                and account_id in (None, attributes.get("account_id")):
             out.append(json.loads(keyring.secret(path))["secret"])
     return out
 
@@ -168,9 +178,6 @@ def summarize(name, grace, rounds):
     summary = {"fault": name, "grace_s": grace, "rounds": len(rounds), "lost": sum(r["lost"] for r in rounds),
                "phases": phases, "worst_check_s": max(r["check_s"] for r in rounds),
                "median_check_s": sorted(r["check_s"] for r in rounds)[len(rounds) // 2]}
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
     return summary
 
 
@@ -191,7 +198,7 @@ def test_sigkill_during_refreshes_loses_nothing_outside_the_exchange(start_daemo
     daemon = start_daemon(config, extra_env=env)
     rounds = kill_rounds(daemon, keyring, db_path, grace, str(state / "tessera" / "refreshing"))
     summary = summarize("SIGKILL during a forced refresh", grace, rounds)
-    print(json.dumps(summary))
+    report(summary)
     if grace:
         assert summary["lost"] == 0, summary
     assert summary["phases"].get("inside the exchange", {"lost": 0})["lost"] == summary["lost"], summary
@@ -281,7 +288,4 @@ def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemo
                "sign_in_ms": round(sign_in_span * 1000), "sign_out_ms": round(sign_out_span * 1000),
                # Restarts that found items of a missing account and finished the job.
                "cleanups": daemon.log().count("Removing what an interrupted sign-out or sign-in left")}
-    print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
+    report(summary)

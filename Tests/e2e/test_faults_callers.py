@@ -9,7 +9,6 @@ measured while each fault runs), no call goes unanswered, and the daemon's memor
 The floods use bare-socket clients (raw_dbus.py) so that many calls can be in flight per
 connection and a connection can be dropped at any byte. Figures go to $TESSERA_FAULT_REPORT
 (FAULTS.md)."""
-import json
 import os
 import socket
 import struct
@@ -23,18 +22,11 @@ import raw_dbus
 from conftest import ERROR_PREFIX, Broker, bus_address, expect_error
 from test_attacks import rss_kib
 from test_engine import start_sign_in
+from test_faults import report
 
-REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 # The D-Bus specification's (and dbus-daemon's, and sd-bus's) largest message: 128 MiB.
 BUS_MESSAGE_LIMIT = 128 * 1024 * 1024
 MEMORY_SLACK_KIB = 1024
-
-
-def report(summary):
-    print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
 
 
 def empty_silent_body(client, account):

@@ -8,7 +8,6 @@ jump at its next maintenance pass (within 30 s). A suspend, which moves the wall
 boot clock but not the monotonic one, cannot be faked this way: the engine's tests cover it with
 their fake clock (TokenEngineTests), and logind's resume signal is covered by test_attention.py."""
 import datetime
-import json
 import os
 import sqlite3
 import subprocess
@@ -17,8 +16,8 @@ import time
 import pytest
 
 from conftest import IDP_DIR, Broker, wait_until
+from test_faults import report
 
-REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 LIFETIME = 3  # tessera-short's access tokens (Tests/idp/idp/lifetimes.py)
 
@@ -99,8 +98,5 @@ def test_the_clock_set_back_or_forward(faked_daemon, jump):
     b.close()
     summary = {"fault": "clock set", "jump_s": jump, "noticed_after_s": round(noticed_after, 1), "calls": calls,
                "served_expired": 0}
-    print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
+    report(summary)
     assert noticed

@@ -25,22 +25,14 @@ import pytest
 from conftest import (ERROR_PREFIX, IDP_DIR, SECRETS, TESSERA, Broker, Daemon, expect_error, run_cli,
                       stop_process, wait_until)
 from tessera_session import bus_config, bus_daemon
-from test_faults import newest_refresh_token, orphans
+from test_faults import newest_refresh_token, orphans, report, stored_refresh_tokens
 
 ROUNDS = int(os.environ.get("TESSERA_FAULT_ROUNDS", "20"))
 SEED = int(os.environ.get("TESSERA_FAULT_SEED", "12"))
-REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 DB = os.path.join(IDP_DIR, "db.sqlite3")
 PASSWORD = os.environ["TESSERA_TEST_KEYRING_PASSWORD"]
 # How long the keyring's retry loop may take to store what waited (its longest pause is 10 s).
 LANDING_TIMEOUT = 20
-
-
-def report(summary):
-    print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,38 +83,24 @@ def restores_keyring(keyring):
         start_keyring_unlocked(keyring)
 
 
-def alices_refresh_tokens(keyring):
-    """The refresh tokens the keyring holds for alice (client tessera-test)."""
-    out = []
-    for path in keyring.item_paths():
-        attributes = keyring.item_attributes_of(path)
-        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == "tessera-test":
-            stored = json.loads(keyring.secret(path))
-            if stored.get("account_id", attributes.get("account_id")) == ALICE[0]:
-                out.append(stored["secret"])
-    return out
-
-
-ALICE = [None]  # alice's account id, once signed in
-
-
-def keyring_holds_the_idps_token(keyring):
+def keyring_holds_the_idps_token(keyring, account):
     _, newest = newest_refresh_token(DB)
     try:
-        return alices_refresh_tokens(keyring) == [newest]
+        return stored_refresh_tokens(keyring, account_id=account) == [newest]
     except dbus.exceptions.DBusException:
         return False
 
 
-def wait_for_landing(keyring, evidence):
-    """Waits until the keyring holds alice's refresh token the IdP holds; fails with what each holds."""
+def wait_for_landing(keyring, account, evidence):
+    """Waits until the keyring holds the account's refresh token the IdP holds; fails with what each
+    holds."""
     try:
-        wait_until(lambda: keyring_holds_the_idps_token(keyring), timeout=LANDING_TIMEOUT,
+        wait_until(lambda: keyring_holds_the_idps_token(keyring, account), timeout=LANDING_TIMEOUT,
                    what="the refresh token the IdP holds to reach the keyring")
     except AssertionError:
         newest_id, newest = newest_refresh_token(DB)
         try:
-            stored = alices_refresh_tokens(keyring)
+            stored = stored_refresh_tokens(keyring, account_id=account)
         except dbus.exceptions.DBusException as e:
             stored = f"unreadable: {e}"
         pytest.fail(f"the keyring never got the IdP's refresh token #{newest_id} {newest[:6]}...: it holds "
@@ -143,7 +121,7 @@ def test_keyring_killed_mid_write_loses_nothing(daemon, restores_keyring, idp):
     keyring = restores_keyring
     rng = random.Random(SEED)
     b = Broker()
-    account = ALICE[0] = b.sign_in()["account"]["id"]
+    account = b.sign_in()["account"]["id"]
     spans = []
     for _ in range(5):
         began = time.monotonic()
@@ -187,7 +165,7 @@ def test_keyring_killed_mid_write_loses_nothing(daemon, restores_keyring, idp):
         else:
             came_back = time.monotonic()
             start_keyring_unlocked(keyring)
-        wait_for_landing(keyring, evidence)
+        wait_for_landing(keyring, account, evidence)
         landings.append(time.monotonic() - came_back)
         assert orphans(keyring) == [], evidence()
         if number % 5 == 4:
@@ -217,7 +195,7 @@ def test_writes_made_while_the_keyring_is_locked_land_in_order(daemon, broker, r
     restarted tesserad serves both from the keyring."""
     keyring = restores_keyring
     signed_in = broker.sign_in()
-    account = ALICE[0] = signed_in["account"]["id"]
+    account = signed_in["account"]["id"]
     keyring.lock()
     mark = idp.mark()
     assert broker.silent()["access_token"] == signed_in["access_token"]
@@ -235,7 +213,7 @@ def test_writes_made_while_the_keyring_is_locked_land_in_order(daemon, broker, r
     assert keyring_items_of(keyring, accounts["bob"]) == 0
     unlocked = time.monotonic()
     keyring.unlock()
-    wait_for_landing(keyring, lambda: daemon.log()[-2500:])
+    wait_for_landing(keyring, account, lambda: daemon.log()[-2500:])
     wait_until(lambda: keyring_items_of(keyring, accounts["bob"]) >= 3, timeout=LANDING_TIMEOUT,
                what="bob's account, refresh token and access token to reach the keyring")
     landed = time.monotonic() - unlocked

@@ -18,10 +18,10 @@ import time
 
 from conftest import BIN_DIR, Broker
 from test_attacks import rss_kib
+from test_faults import report
 
 CALLS = int(os.environ.get("TESSERA_SOAK_CALLS", "2000"))
 CLIENTS = 16
-REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 BENCH = os.path.join(BIN_DIR, "tessera-bench")
 TOKEN_SECONDS = 120  # Tests/idp/idp/lifetimes.py
 
@@ -85,7 +85,4 @@ def test_soak_silent_calls_with_refresh_ahead(daemon, broker, idp):
                "seconds": round(result["seconds"], 1), "calls_per_second": round(result["calls_per_second"]),
                "p50_us": round(result["p50_us"]), "p99_us": round(result["p99_us"]), "refreshes": refreshes,
                "memory_kib": rss_kib(pid) - memory, "fds": [fds, descriptors(pid)], "threads": [tasks, threads(pid)]}
-    print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "a") as f:
-            f.write(json.dumps(summary) + "\n")
+    report(summary)
