@@ -346,11 +346,11 @@ extension Broker {
     _ kind: AuditKind, _ caller: CallerInfo, clientID: String, username: String, scopes: [String],
     _ operation: AccessOperation, reason: String
   ) {
-    let key = "\(caller.app?.key ?? "unidentified")"
+    let key = caller.appKey ?? "unidentified"
     let count = auditCounts.note(key, allowed: kind == .allowed)
     auditLog.append(
       AuditRecord(
-        at: Int64(deps.clock.now().timeIntervalSince1970), app: caller.app?.display ?? "unidentified", appKey: key,
+        at: Int64(deps.clock.now().timeIntervalSince1970), app: caller.app, appKey: key,
         clientID: clientID, account: username, scopes: scopes, operation: operation.rawValue,
         decision: kind == .allowed ? "allowed" : "refused", reason: reason, count: count))
     let metadata: Logger.Metadata = [
@@ -384,10 +384,12 @@ struct AuditCounts {
   }
 }
 
-/// One audited decision, as GetAccessLog returns it (never a token).
+/// One audited decision, as GetAccessLog returns it (never a token). It keeps the caller's own
+/// values (its pinned identity and key) rather than text built for it, so the strings of a
+/// thousand records from a few apps are stored a few times, not a thousand.
 struct AuditRecord: Sendable {
   var at: Int64
-  var app: String
+  var app: AppIdentity?
   var appKey: String
   var clientID: String
   var account: String
@@ -399,7 +401,8 @@ struct AuditRecord: Sendable {
 
   var busValue: [String: BusValue] {
     [
-      "at": .int64(at), "app": .string(app), "app_key": .string(appKey), "client_id": .string(clientID),
+      "at": .int64(at), "app": .string(app?.display ?? "unidentified"), "app_key": .string(appKey),
+      "client_id": .string(clientID),
       "account": .string(account), "scopes": .strings(scopes), "operation": .string(operation),
       "decision": .string(decision), "reason": .string(reason), "app_decisions": .uint32(UInt32(clamping: count)),
     ]
@@ -413,6 +416,9 @@ struct AuditLog {
 
   mutating func append(_ record: AuditRecord) {
     if records.count >= Self.capacity { records.removeFirst(records.count - Self.capacity + 1) }
+    var record = record
+    // A caller's calls repeat their scopes: the array the record before holds serves again.
+    if let last = records.last, last.scopes == record.scopes { record.scopes = last.scopes }
     records.append(record)
   }
 }

@@ -6,12 +6,21 @@ import TesseraBus
 import TesseraCore
 
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so each request runs on an OS thread of its
-/// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused.
+/// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused within a
+/// burst (a sign-in's discovery, token and keys requests; a maintenance pass refreshing several
+/// accounts), and closed once idle (`closeIdleConnections`).
 public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   // Invariant for @unchecked Sendable: a pooled handle is used by one request at a time (taken from
   // and returned to `idle` under its mutex); `caBundle` is immutable.
   private struct Handle: @unchecked Sendable { let pointer: UnsafeMutableRawPointer }
-  private let idle = Mutex<[Handle]>([])
+  /// Idle handles, the most recently used last, each with when it was returned.
+  private let idle = Mutex<[(handle: Handle, since: ContinuousClock.Instant)]>([])
+  /// How long a pooled handle may sit unused before `closeIdleConnections` closes it. Each holds
+  /// an open connection with its TLS state and its own copy of the trusted CAs (about 350 KiB
+  /// with Debian's bundle): kept forever, a few handles from one burst of concurrent refreshes
+  /// held over 1 MiB for the rest of the daemon's life. A minute covers a burst; curl itself
+  /// stops reusing a connection idle for 118 s.
+  public static let idleConnectionLimit: Duration = .seconds(60)
   private let caBundle: [UInt8]?
   /// Whether ca_file also applies to Microsoft's hosts (else they are checked against the
   /// system's trust store only: an internal CA cannot vouch for login.microsoftonline.com).
@@ -64,7 +73,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
 
   private func perform(_ request: HTTPRequest) throws -> HTTPResponse {
     let lib = try CurlLibrary.shared()
-    let handle = idle.withLock { $0.popLast() } ?? lib.easyInit().map { Handle(pointer: $0) }
+    let handle = idle.withLock { $0.popLast()?.handle } ?? lib.easyInit().map { Handle(pointer: $0) }
     guard let handle else {
       throw TesseraError.environment("libcurl could not create a handle (out of memory?). Retry.")
     }
@@ -80,7 +89,12 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
       lib.easyReset(curl)
       explicit_bzero(bodyBuffer.baseAddress!, bodyBuffer.count)
       bodyBuffer.deallocate()
-      idle.withLock { if $0.count < 8 { $0.append(handle) } else { lib.easyCleanup(handle.pointer) } }
+      let kept = idle.withLock {
+        guard $0.count < 8 else { return false }
+        $0.append((handle, .now))
+        return true
+      }
+      if !kept { lib.easyCleanup(handle.pointer) }
     }
 
     var headerList: UnsafeMutablePointer<curl_slist>?
@@ -162,6 +176,25 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     _ = tessera_curl_getinfo_long(lib.easyGetinfo, curl, CURLINFO_RESPONSE_CODE, &status)
     return HTTPResponse(status: status, headers: exchange.headers, body: exchange.body)
   }
+
+  /// Closes the pooled handles unused for longer than `limit`, with their connections: an idle
+  /// daemon holds no TLS state. Returns how many were closed. Blocks (a TLS close), so it runs on
+  /// a thread of its own, never on Swift's cooperative pool.
+  @discardableResult
+  public func closeIdleConnections(olderThan limit: Duration = idleConnectionLimit) -> Int {
+    guard let lib = try? CurlLibrary.shared() else { return 0 }
+    let now = ContinuousClock.now
+    let stale = idle.withLock { pool in
+      let stale = pool.filter { now - $0.since > limit }.map(\.handle)
+      pool.removeAll { now - $0.since > limit }
+      return stale
+    }
+    for handle in stale { lib.easyCleanup(handle.pointer) }
+    return stale.count
+  }
+
+  /// Handles in the pool now (for tests).
+  var idleHandles: Int { idle.withLock { $0.count } }
 
   /// Whether ca_file may vouch for this URL's host: any host but Microsoft's, unless configured.
   static func trustsCAFile(for url: String, caFileForMicrosoft: Bool) -> Bool {

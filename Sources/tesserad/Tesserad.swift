@@ -141,8 +141,20 @@ struct Tesserad: AsyncParsableCommand {
     MachineEvents.watch(server: server, logger: logger) { reason in
       Task { await broker.machineResumed(reason: reason) }
     }
-    // Refresh-ahead: tokens in steady use are renewed before callers would have to wait.
-    let maintenance = Task { await broker.runMaintenance(afterEachPass: { ProcessMemory.releaseFreed() }) }
+    // Refresh-ahead: tokens in steady use are renewed before callers would have to wait. After
+    // each pass, idle connections are closed and freed memory goes back to the system (both block:
+    // a thread of their own).
+    let maintenance = Task {
+      await broker.runMaintenance(afterEachPass: {
+        try? startThread(name: "tessera-tidy") {
+          let closed = http.closeIdleConnections()
+          ProcessMemory.releaseFreed()
+          if closed > 0 {
+            logger.debug("Closed idle connections to identity providers", metadata: ["count": "\(closed)"])
+          }
+        }
+      })
+    }
     defer { maintenance.cancel() }
     // Writes the keyring did not take (it was away or locked) are retried until it takes them.
     let storeRetries = Task { await broker.runStoreRetries() }

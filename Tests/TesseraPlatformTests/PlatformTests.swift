@@ -345,4 +345,92 @@ final class CurlHTTPClientTests: XCTestCase {
   func testUnreadableCAFileIsAConfigurationError() {
     XCTAssertThrowsError(try CurlHTTPClient(caFile: "/nonexistent/ca.pem", allowInsecureLoopback: false))
   }
+
+  /// Requests in a burst share one connection; once idle past the limit, the connection is closed
+  /// (the server sees it end) and the next request opens a new one. An idle daemon holds no TLS
+  /// state: a burst of concurrent refreshes once left over 1 MiB held for the daemon's lifetime.
+  func testIdleConnectionsAreReusedThenClosed() async throws {
+    let server = try KeepAliveServer()
+    let client = try CurlHTTPClient(caFile: nil, allowInsecureLoopback: true)
+    let url = "http://127.0.0.1:\(server.port)/x"
+    for _ in 0..<3 {
+      let response = try await client.send(HTTPRequest(method: "GET", url: url, timeout: 5))
+      XCTAssertEqual(response.status, 200)
+    }
+    XCTAssertEqual(server.counts.accepted, 1, "requests in a row reuse the connection")
+    XCTAssertEqual(client.idleHandles, 1)
+
+    XCTAssertEqual(client.closeIdleConnections(), 0, "a connection used just now is kept")
+    XCTAssertEqual(server.counts.closed, 0)
+
+    XCTAssertEqual(client.closeIdleConnections(olderThan: .zero), 1)
+    XCTAssertEqual(client.idleHandles, 0)
+    let deadline = ContinuousClock.now + .seconds(5)
+    while server.counts.closed < 1, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+    XCTAssertEqual(server.counts.closed, 1, "the server saw the idle connection end")
+
+    let again = try await client.send(HTTPRequest(method: "GET", url: url, timeout: 5))
+    XCTAssertEqual(again.status, 200)
+    XCTAssertEqual(server.counts.accepted, 2, "the next request opens a new connection")
+  }
+}
+
+/// A plain-HTTP/1.1 server on 127.0.0.1 that keeps connections alive, answering every request
+/// "200 ok", and counts connections accepted and ended by the client.
+final class KeepAliveServer: @unchecked Sendable {
+  // Invariant for @unchecked Sendable: `listener` and `port` are immutable; counts are under a lock.
+  let port: UInt16
+  private let listener: Int32
+  private let lock = NSLock()
+  private var accepted = 0
+  private var closed = 0
+
+  var counts: (accepted: Int, closed: Int) { lock.withLock { (accepted, closed) } }
+
+  init() throws {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    listener = fd
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        bind(fd, $0, length) == 0 && listen(fd, 8) == 0 && getsockname(fd, $0, &length) == 0
+      }
+    }
+    guard bound else { throw POSIXError(.EADDRNOTAVAIL) }
+    port = UInt16(bigEndian: address.sin_port)
+    Thread.detachNewThread { [self] in acceptLoop() }
+  }
+
+  deinit { shutdown(listener, Int32(SHUT_RDWR)) }
+
+  private func acceptLoop() {
+    while true {
+      let fd = accept(listener, nil, nil)
+      guard fd >= 0 else { return }
+      lock.withLock { accepted += 1 }
+      Thread.detachNewThread { [self] in serve(fd) }
+    }
+  }
+
+  private func serve(_ fd: Int32) {
+    defer { close(fd) }
+    var pending: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+      let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+      guard n > 0 else {
+        lock.withLock { closed += 1 }
+        return
+      }
+      pending += buffer[0..<n]
+      while let end = pending.firstRange(of: Array("\r\n\r\n".utf8)) {
+        pending.removeSubrange(..<end.upperBound)
+        let answer = Array("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".utf8)
+        _ = answer.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+      }
+    }
+  }
 }
