@@ -169,9 +169,10 @@ def callers_section(records):
 def soak_section(records):
     text = ("## Soak (Tests/e2e/test_faults_soak.py)\n\n"
             "16 connections make silent calls back to back (`tessera-bench soak`, debug build) for an account\n"
-            "whose access tokens live 2 minutes, so refresh-ahead renews them while the calls run. After the\n"
-            "same load once (the baseline), the daemon's anonymous memory must end within 1 MiB, with no more\n"
-            "descriptors or threads.\n\n"
+            "whose access tokens live 2 minutes, so refresh-ahead renews them while the calls run. The\n"
+            "baseline is taken after the same load once and one refresh; the daemon's anonymous memory\n"
+            "(RssAnon: heap, arenas, stacks) must end within 1 MiB of it once a maintenance pass has handed\n"
+            "freed memory back, with no more descriptors or threads.\n\n"
             "| calls | errors | time | calls/s | p50 | p99 | refreshes | memory | descriptors | threads |\n"
             "|---|---|---|---|---|---|---|---|---|---|\n")
     for r in records:
