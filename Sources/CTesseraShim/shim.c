@@ -1,8 +1,9 @@
-#define _GNU_SOURCE  // pipe2, accept4, posix_spawn_file_actions_addclosefrom_np
+#define _GNU_SOURCE  // pipe2, accept4, posix_spawn_file_actions_addclosefrom_np, memfd_create, F_ADD_SEALS
 #include <sys/pidfd.h>
 #include "tessera_shim.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 typedef CURLcode (*tessera_easy_setopt_fn)(CURL *, CURLoption, ...);
@@ -37,6 +38,12 @@ int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int fla
 
 int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from) {
   return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
+
+int tessera_memfd_create(const char *name) { return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
+
+int tessera_memfd_seal(int fd) {
+  return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
 }
 
 int tessera_pidfd_open(int pid) { return pidfd_open(pid, 0); }

@@ -2,6 +2,7 @@ import CCurl
 import CTesseraShim
 import Glibc
 import Synchronization
+import SystemPackage
 import TesseraBus
 import TesseraCore
 
@@ -21,7 +22,15 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   /// held over 1 MiB for the rest of the daemon's life. A minute covers a burst; curl itself
   /// stops reusing a connection idle for 118 s.
   public static let idleConnectionLimit: Duration = .seconds(60)
+  /// The trusted CAs libcurl reads by path: ca_file with the system's bundle (a sealed file in
+  /// memory), or the system's bundle alone. Given by path, libcurl parses it once per pooled
+  /// handle and keeps it (CURLOPT_CA_CACHE_TIMEOUT), where a CA blob or a CA directory is parsed
+  /// again at every new connection: about 300 KiB allocated and freed per refresh.
+  let caPath: String?
+  /// ca_file with the system's bundle as a blob, where a file in memory could not be made.
   private let caBundle: [UInt8]?
+  /// The system's bundle, for hosts ca_file may not vouch for (nil: libcurl's defaults).
+  private let systemCAPath: String?
   /// Whether ca_file also applies to Microsoft's hosts (else they are checked against the
   /// system's trust store only: an internal CA cannot vouch for login.microsoftonline.com).
   private let caFileForMicrosoft: Bool
@@ -38,18 +47,43 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   /// and only when `allowInsecureLoopback` is set (the broker checks hosts before calling).
   public init(caFile: String?, caFileForMicrosoft: Bool = false, allowInsecureLoopback: Bool) throws {
     self.caFileForMicrosoft = caFileForMicrosoft
+    systemCAPath = Self.systemBundles.first { access($0, R_OK) == 0 }
     if let caFile {
       guard let extra = readFile(caFile) else {
         throw SetupError(description: "ca_file \(caFile) cannot be read. Fix the path in config.toml.")
       }
-      let system =
-        ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"].lazy.compactMap { readFile($0) }
-        .first ?? []
-      caBundle = system + [UInt8(ascii: "\n")] + extra
+      let system = systemCAPath.flatMap { readFile($0) } ?? []
+      let bundle = system + [UInt8(ascii: "\n")] + extra
+      if let path = Self.sealedFile(bundle) {
+        caPath = path
+        caBundle = nil
+      } else {
+        caPath = nil
+        caBundle = bundle
+      }
     } else {
+      caPath = nil
       caBundle = nil
     }
     protocols = allowInsecureLoopback ? "https,http" : "https"
+  }
+
+  /// Where distributions keep the system's CA bundle (Debian and derivatives; Fedora and RHEL).
+  static let systemBundles = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
+
+  /// `bytes` in a sealed file in memory (nothing on disk, no process can change it, closed on
+  /// exec), as a path libcurl can open: /proc/self/fd/N. Nil when it cannot be made.
+  static func sealedFile(_ bytes: [UInt8]) -> String? {
+    let fd = tessera_memfd_create("tessera-ca-bundle")
+    guard fd >= 0 else { return nil }
+    let file = FileDescriptor(rawValue: fd)
+    guard (try? file.writeAll(bytes)) == bytes.count, tessera_memfd_seal(fd) == 0,
+      readFile("/proc/self/fd/\(fd)")?.count == bytes.count
+    else {
+      try? file.close()
+      return nil
+    }
+    return "/proc/self/fd/\(fd)"
   }
 
   final class Exchange {
@@ -149,7 +183,13 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
           try set(
             tessera_curl_setopt_pointer(setopt, curl, CURLOPT_POSTFIELDS, bodyBuffer.baseAddress), "CURLOPT_POSTFIELDS")
         }
-        if let caBundle, Self.trustsCAFile(for: request.url, caFileForMicrosoft: caFileForMicrosoft) {
+        let trustsCAFile = Self.trustsCAFile(for: request.url, caFileForMicrosoft: caFileForMicrosoft)
+        if let path = trustsCAFile ? caPath ?? (caBundle == nil ? systemCAPath : nil) : systemCAPath {
+          // One bundle, no CA directory: the parsed store is cached with the handle.
+          try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_CAINFO, path), "CURLOPT_CAINFO")
+          try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_CAPATH, nil), "CURLOPT_CAPATH")
+        }
+        if let caBundle, trustsCAFile {
           return try caBundle.withUnsafeBytes { bytes in
             var blob = curl_blob(
               data: UnsafeMutableRawPointer(mutating: bytes.baseAddress), len: bytes.count,

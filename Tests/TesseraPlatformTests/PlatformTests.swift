@@ -346,6 +346,24 @@ final class CurlHTTPClientTests: XCTestCase {
     XCTAssertThrowsError(try CurlHTTPClient(caFile: "/nonexistent/ca.pem", allowInsecureLoopback: false))
   }
 
+  /// ca_file goes to libcurl with the system's bundle as one file it reads by path (so the parsed
+  /// store is cached with the handle, not parsed again at each connection): a sealed file in
+  /// memory that nothing can change.
+  func testCAFileIsGivenAsASealedFileWithTheSystemBundle() throws {
+    let extra = "-----BEGIN CERTIFICATE-----\nTESSERA-TEST\n-----END CERTIFICATE-----\n"
+    let caFile = FileManager.default.temporaryDirectory.appendingPathComponent("tessera-ca-\(getpid()).pem").path
+    try extra.write(toFile: caFile, atomically: true, encoding: .utf8)
+    defer { unlink(caFile) }
+    let client = try CurlHTTPClient(caFile: caFile, allowInsecureLoopback: false)
+    let path = try XCTUnwrap(client.caPath)
+    XCTAssertTrue(path.hasPrefix("/proc/self/fd/"), path)
+    let system = CurlHTTPClient.systemBundles.lazy.compactMap { readFile($0) }.first ?? []
+    XCTAssertEqual(readFile(path), system + Array("\n".utf8) + Array(extra.utf8))
+    let fd = open(path, O_WRONLY)
+    defer { if fd >= 0 { close(fd) } }
+    XCTAssertTrue(fd < 0 || write(fd, "x", 1) < 0, "the bundle cannot be changed once made")
+  }
+
   /// Requests in a burst share one connection; once idle past the limit, the connection is closed
   /// (the server sees it end) and the next request opens a new one. An idle daemon holds no TLS
   /// state: a burst of concurrent refreshes once left over 1 MiB held for the daemon's lifetime.

@@ -33,6 +33,11 @@ int tessera_accept4(int fd, struct sockaddr *address, socklen_t *length, int fla
 /// posix_spawn_file_actions_addclosefrom_np (glibc 2.34): the child closes every descriptor from
 /// `from` up before exec, without the parent walking /proc/self/fd.
 int tessera_spawn_file_actions_addclosefrom(posix_spawn_file_actions_t *actions, int from);
+/// memfd_create(2) with MFD_CLOEXEC | MFD_ALLOW_SEALING: an anonymous file in memory.
+int tessera_memfd_create(const char *name);
+/// fcntl(F_ADD_SEALS) with every seal (no write, grow, shrink, or further seals): the file's
+/// content is fixed for good.
+int tessera_memfd_seal(int fd);
 
 // --- pidfd -------------------------------------------------------------------------------------
 // Reason: Debian 12's glibc declares pidfd_open only in <sys/pidfd.h>, outside Swift's Glibc
