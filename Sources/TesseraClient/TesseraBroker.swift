@@ -114,6 +114,16 @@ public final class TesseraBroker {
     }
   }
 
+  /// Calls a method of org.tessera.Broker1 (the one table of its names: BrokerInterface.MethodName).
+  private func call(
+    _ method: BrokerInterface.MethodName, _ arguments: [BusValue], timeout: Double = 25, signalSender: String? = nil,
+    destination: String = BrokerInterface.busName, onSignal: ((String, [BusValue]) -> Void)? = nil
+  ) throws(TesseraClientError) -> [BusValue] {
+    try call(
+      method.rawValue, arguments, timeout: timeout, signalSender: signalSender, destination: destination,
+      onSignal: onSignal)
+  }
+
   private func encode(_ options: TesseraTokenOptions, for method: OptionMethod) throws(TesseraClientError) -> [String:
     BusValue]
   {
@@ -209,7 +219,7 @@ public final class TesseraBroker {
     let encoded = try encode(options, for: .acquireToken)
     let broker = try verifiedBroker()
     let reply = try call(
-      "AcquireToken", [.string(clientID), .strings(scopes), .dict(encoded)],
+      .acquireToken, [.string(clientID), .strings(scopes), .dict(encoded)],
       timeout: Double(flowTimeout + Self.interactiveSlack), signalSender: broker.uniqueName,
       destination: broker.uniqueName,
       onSignal: { member, values in
@@ -225,7 +235,7 @@ public final class TesseraBroker {
     clientID: String = "", scopes: [String] = [], accountID: String = "", options: TesseraTokenOptions = .init()
   ) throws(TesseraClientError) -> TesseraToken {
     let reply = try call(
-      "AcquireTokenSilent",
+      .acquireTokenSilent,
       [.string(clientID), .strings(scopes), .string(accountID), .dict(encode(options, for: .acquireTokenSilent))],
       timeout: Self.silentTimeout)
     return TokenInfo(busValue: reply.first?.dictValue ?? [:])
@@ -239,7 +249,7 @@ public final class TesseraBroker {
     if let authority { filter[RequestOptions.authority.key] = .string(authority) }
     if let username { filter[RequestOptions.username.key] = .string(username) }
     do { try RequestOptions.validate(filter, for: .getAccounts) } catch { throw .broker(error) }
-    guard case .dicts(let accounts)? = try call("GetAccounts", [.dict(filter)]).first else { return [] }
+    guard case .dicts(let accounts)? = try call(.getAccounts, [.dict(filter)]).first else { return [] }
     return accounts.map(AccountInfo.init(busValue:))
   }
 
@@ -248,39 +258,24 @@ public final class TesseraBroker {
     if let clientID { options[RequestOptions.clientID.key] = .string(clientID) }
     if !revoke { options[RequestOptions.revoke.key] = .bool(false) }
     do { try RequestOptions.validate(options, for: .signOut) } catch { throw .broker(error) }
-    _ = try call("SignOut", [.string(accountID), .dict(options)])
+    _ = try call(.signOut, [.string(accountID), .dict(options)])
   }
 
   /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).
   public func cancel(correlationID: String) throws(TesseraClientError) {
-    _ = try call("Cancel", [.string(correlationID)])
+    _ = try call(.cancel, [.string(correlationID)])
   }
 
   /// The broker's health report (GetStatus): the accounts needing a sign-in, and each account's
   /// state, last error, next refresh and cached tokens (never their values).
-  public func status() throws(TesseraClientError) -> (
-    attentionNeeded: [String], accounts: [StatusReport.AccountStatus], storeProblem: String?
-  ) {
-    guard case .dict(let report)? = try call("GetStatus", []).first else { return ([], [], nil) }
-    var storeProblem: String?
-    if case .dict(let store)? = report[StatusReport.storeKey],
-      store[StatusReport.Store.state]?.stringValue == "unavailable"
-    {
-      storeProblem = store[StatusReport.Store.message]?.stringValue ?? "unavailable"
-    }
-    var attention: [String] = []
-    if case .strings(let ids)? = report[StatusReport.attentionKey] { attention = ids }
-    var accounts: [StatusReport.AccountStatus] = []
-    if case .dicts(let list)? = report[StatusReport.accountsKey] {
-      accounts = list.map(StatusReport.AccountStatus.init(busValue:))
-    }
-    return (attention, accounts, storeProblem)
+  public func status() throws(TesseraClientError) -> StatusReport.Report {
+    StatusReport.Report(busValue: try call(.getStatus, []).first?.dictValue ?? [:])
   }
 
   /// Per-application access control: the grants, as ListGrants returns them.
-  public func grants() throws(TesseraClientError) -> [[String: BusValue]] {
-    guard case .dicts(let list)? = try call("ListGrants", []).first else { return [] }
-    return list
+  public func grants() throws(TesseraClientError) -> [GrantInfo] {
+    guard case .dicts(let list)? = try call(.listGrants, []).first else { return [] }
+    return list.map(GrantInfo.init(busValue:))
   }
 
   /// Lets `app` use `clientID` for `accountID` (an id, a username, "*" or "" for the only one),
@@ -290,26 +285,26 @@ public final class TesseraBroker {
     operations: [String] = []
   ) throws(TesseraClientError) {
     _ = try call(
-      "Grant",
+      .grant,
       [.string(app), .string(clientID), .string(accountID), .string(authority), .strings(scopes), .strings(operations)])
   }
 
   /// How many signed-in accounts GetAccounts hides from this program (it holds no grant for them).
   public func hiddenAccountCount() throws(TesseraClientError) -> UInt32 {
-    guard case .uint32(let n)? = try call("CountHiddenAccounts", []).first else { return 0 }
+    guard case .uint32(let n)? = try call(.countHiddenAccounts, []).first else { return 0 }
     return n
   }
 
   /// Removes the app's grants (for one client id, or all with nil); returns how many.
   public func revoke(app: String, clientID: String?) throws(TesseraClientError) -> UInt32 {
-    guard case .uint32(let n)? = try call("Revoke", [.string(app), .string(clientID ?? "")]).first else { return 0 }
+    guard case .uint32(let n)? = try call(.revoke, [.string(app), .string(clientID ?? "")]).first else { return 0 }
     return n
   }
 
   /// The last access decisions (GetAccessLog), oldest first.
-  public func accessLog() throws(TesseraClientError) -> [[String: BusValue]] {
-    guard case .dicts(let list)? = try call("GetAccessLog", []).first else { return [] }
-    return list
+  public func accessLog() throws(TesseraClientError) -> [AccessRecord] {
+    guard case .dicts(let list)? = try call(.getAccessLog, []).first else { return [] }
+    return list.map(AccessRecord.init(busValue:))
   }
 
   /// The broker's Version property.

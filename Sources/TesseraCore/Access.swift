@@ -1,14 +1,8 @@
 import Logging
 
-/// Per-application access control (issue 11): which app may use which client id and account.
-///
-/// - Trust on first use: the app that completes an interactive sign-in for a client id gets a
-///   grant for it (that account).
-/// - Another app asking for that client id, or any app asking for one it holds no grant for, is
-///   refused (`strict`), asked about (`confirm`; with no desktop prompt available, refused with
-///   the command that grants it), or let through (`open`). Every decision is audited.
-/// - For unconfined apps this is consent, visibility and audit (they can read the keyring
-///   themselves); for Flatpak and snap apps it is a boundary. docs/access-control.md says so.
+/// Per-application access control in the token actor: it asks the policy (AccessPolicy, a value
+/// with the rules), puts the user's question (one per app at a time, as a task of its own, so
+/// other callers go on meanwhile), writes grants, and audits every decision to the journal.
 extension Broker {
   /// Journal MESSAGE_IDs of the audit records (`journalctl MESSAGE_ID=…`).
   public enum AuditMessage {
@@ -23,118 +17,100 @@ extension Broker {
 
   var accessMode: AccessMode { config.accessMode }
 
-  /// Whether `caller` may get tokens of `clientID` for `accountID`. Throws AccessDenied with what
-  /// to do. `nil` callers are the daemon's own requests.
+  /// Whether the request's caller may do what it asks. Throws AccessDenied with what to do. A
+  /// request without a caller is the daemon's own.
   func authorize(
     _ caller: CallerInfo?, clientID: String, accountID: String, username: String, scopes: [String],
     authority: String, operation: AccessOperation
   ) async throws {
     guard let caller else { return }
-    let app = caller.app
-    if let app,
-      hasGrant(
-        app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes,
-        operation: operation)
-    {
-      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "grant")
-      noteAllowedUse(
-        app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
-        operation: operation)
+    let request = AccessRequest(
+      caller: caller, clientID: clientID, accountID: accountID, username: username, scopes: scopes,
+      authority: authority, operation: operation)
+    switch access.decide(request, grants: cache, canAsk: deps.prompter != nil) {
+    case .allow(let reason, let noteUse):
+      audit(.allowed, request, reason: reason)
+      if noteUse, let app = caller.app { noteAllowedUse(app, request) }
       return
+    case .ask:
+      if let app = caller.app, let prompter = deps.prompter, try await ask(prompter, app: app, request) { return }
+    case .refuse:
+      break
     }
-    // A sign-in is how an app gets its first grant: for a client id no other app holds, or one
-    // this app holds without limits (for another account). An app whose grants for the client
-    // are narrowed (scopes, authority, operations) signs in only within them (checked above).
-    if operation == .signIn, let app {
-      let mine = cache.grants.filter { $0.app == app.key && $0.clientID == clientID }
-      let narrowed = mine.contains { $0.authority != nil || $0.scopes != nil || $0.operations != nil }
-      if mine.isEmpty ? !isHeld(clientID, byOtherThan: app.key) : !narrowed {
-        audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "first use")
-        return
+    audit(.refused, request, reason: accessMode.rawValue)
+    throw access.refusal(request, heldByOther: cache.isHeld(clientID, byOtherThan: caller.app?.key ?? ""))
+  }
+
+  /// Asks the user, once per app at a time: another question from the same app while one waits is
+  /// not asked (refused), and an app the user declined is not asked again for 10 minutes. True when
+  /// the user allowed it; false when nobody answered (refused by the caller, with the command).
+  private func ask(_ prompter: any AccessPrompter, app: AppIdentity, _ request: AccessRequest) async throws -> Bool {
+    switch access.gate(request, app: app, now: deps.clock.now()) {
+    case .refuse(let error):
+      audit(.refused, request, reason: "user, earlier")
+      throw error
+    case .skip:
+      return false
+    case .ask:
+      // The same app's question is on screen: one at a time (a question per call would flood).
+      guard pendingQuestions[app.key] == nil else { return false }
+    }
+    let question = AccessQuestion(
+      app: app, clientID: request.clientID, username: request.username, scopes: request.scopes,
+      operation: request.operation.rawValue)
+    let task = Task { await prompter.ask(question) }
+    pendingQuestions[app.key] = task
+    let answer = await task.value
+    pendingQuestions[app.key] = nil
+    access.answered(answer, request, app: app, now: deps.clock.now())
+    switch answer {
+    case .allowOnce?:
+      audit(.allowed, request, reason: "user, once")
+      // The user just said yes to this: it is no news to them, but later uses are not new either
+      // (unless the account was signed out while the question was up).
+      if request.operation == .token, cache.accounts[request.accountID] != nil {
+        noteFirstUse(
+          app, accountID: request.accountID, username: request.username, clientID: request.clientID, notify: false)
       }
-    }
-    if accessMode == .open {
-      audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "open mode")
-      if let app {
-        noteAllowedUse(
-          app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
-          operation: operation)
+      return true
+    case .allowAlways?:
+      audit(.allowed, request, reason: "user, always")
+      // The grant is for that account, at that authority, for the scopes the user saw, added to
+      // what the app was granted before; a sign-in's grant comes when it completes. Nothing is
+      // written for an account signed out while the question was up.
+      if request.accountID != AccessGrant.anyAccount, cache.accounts[request.accountID] != nil {
+        try await grant(userGrant(app: app, request), caller: nil)
+        noteAllowedUse(app, request, notify: false)
       }
-      return
+      return true
+    case .deny?:
+      audit(.refused, request, reason: "user")
+      throw AccessPolicy.denied(request, app: app)
+    case nil:
+      return false  // nobody could be asked, or no answer
     }
-    if accessMode == .confirm, let app, let prompter = deps.prompter {
-      switch try await ask(
-        prompter, app: app, caller: caller, clientID: clientID, accountID: accountID, username: username,
-        scopes: scopes, operation: operation)
-      {
-      case .allowOnce?:
-        audit(.allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, once")
-        // The user just said yes to this: it is no news to them, but later uses are not new either
-        // (unless the account was signed out while the question was up).
-        if operation == .token, cache.accounts[accountID] != nil {
-          noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: false)
-        }
-        return
-      case .allowAlways?:
-        audit(
-          .allowed, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, always")
-        // The grant is for that account, at that authority, for the scopes the user saw, added to
-        // what the app was granted before; a sign-in's grant comes when it completes. Nothing is
-        // written for an account signed out while the question was up.
-        if accountID != AccessGrant.anyAccount, cache.accounts[accountID] != nil {
-          try await grant(
-            userGrant(
-              app: app, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes,
-              operation: operation), caller: nil)
-          noteAllowedUse(
-            app, clientID: clientID, accountID: accountID, username: username, authority: authority, scopes: scopes,
-            operation: operation, notify: false)
-        }
-        return
-      case .deny?:
-        audit(.refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user")
-        throw TesseraError.accessDenied(
-          "You declined \(app.display) the use of \(username)'s sign-in for client \(clientID). It is not asked again for 10 minutes; to allow it later: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
-        )
-      case nil:
-        break  // nobody could be asked, or no answer: refused below, with the command
-      }
-    }
-    let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
-    let heldByOther = isHeld(clientID, byOtherThan: app?.key ?? "")
-    var message =
-      "\(who) has no grant to use \(username)'s sign-in for client \(clientID)"
-      + (heldByOther ? ", which another app uses." : ".")
-    if let app {
-      message +=
-        " To allow it, run: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
-    }
-    if accessMode == .confirm { message += " (No desktop prompt could ask you, or it got no answer.)" }
-    audit(
-      .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: accessMode.rawValue)
-    throw TesseraError.accessDenied(message)
   }
 
   /// After an allowed token call: the bus thread may answer this app the same request from now
   /// on, and its first use of the account is noted. Nothing for sign-ins and the other operations
   /// (the bus thread answers only tokens; a sign-in's use is no news to the user).
-  func noteAllowedUse(
-    _ app: AppIdentity, clientID: String, accountID: String, username: String, authority: String,
-    scopes: [String], operation: AccessOperation, notify: Bool = true
-  ) {
-    guard operation == .token else { return }
-    fastPath.noteAllowed(app: app.key, clientID: clientID, accountID: accountID, authority: authority, scopes: scopes)
-    noteFirstUse(app, accountID: accountID, username: username, clientID: clientID, notify: notify)
+  func noteAllowedUse(_ app: AppIdentity, _ request: AccessRequest, notify: Bool = true) {
+    guard request.operation == .token else { return }
+    fastPath.noteAllowed(
+      app: app.key, clientID: request.clientID, accountID: request.accountID, authority: request.authority,
+      scopes: request.scopes)
+    noteFirstUse(
+      app, accountID: request.accountID, username: request.username, clientID: request.clientID, notify: notify)
   }
 
   /// The grant "Always allow" gives: these resource scopes (none: OpenID Connect's only) at this
   /// authority, merged into the app's grant for the client and account when it has one (scopes
   /// and operations added, never taken away; two different authorities make it any authority).
-  func userGrant(
-    app: AppIdentity, clientID: String, accountID: String, authority: String, scopes: [String],
-    operation: AccessOperation
-  ) -> AccessGrant {
-    let resources = ScopeSet.resourceScopes(scopes)
+  func userGrant(app: AppIdentity, _ request: AccessRequest) -> AccessGrant {
+    let (clientID, accountID, authority, operation) = (
+      request.clientID, request.accountID, request.authority, request.operation
+    )
+    let resources = ScopeSet.resourceScopes(request.scopes)
     var grant = AccessGrant(
       app: app.key, clientID: clientID, accountID: accountID,
       grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "user", authority: authority,
@@ -148,18 +124,6 @@ extension Broker {
       grant.authority = old.authority == authority ? authority : nil
     }
     return grant
-  }
-
-  /// Whether one of `app`'s grants covers this use: client, account, authority, operation and
-  /// every requested scope (OpenID Connect's own scopes are always allowed).
-  func hasGrant(
-    app: String, clientID: String, accountID: String, authority: String?, scopes: [String],
-    operation: AccessOperation
-  ) -> Bool {
-    cache.grants.contains { g in
-      g.covers(app: app, clientID: clientID, accountID: accountID, authority: authority, operation: operation)
-        && (g.scopes.map { ScopeSet.covers(granted: $0, requested: scopes) } ?? true)
-    }
   }
 
   /// The first time an app uses an account, a notification says so (`notify_first_use`); the
@@ -188,68 +152,6 @@ extension Broker {
     _ = storeWriter.enqueue(operations, retryLater: true)
   }
 
-  /// Whether another app holds `clientID`: a grant for it or for a member of its Microsoft family
-  /// (whose family refresh token would serve it), or tokens stored before any grant existed (an
-  /// upgraded install: the app that signed in then is unknown, so no app may claim it by a
-  /// first sign-in).
-  func isHeld(_ clientID: String, byOtherThan app: String) -> Bool {
-    let others = cache.grants.filter { $0.app != app }
-    if others.contains(where: { $0.clientID == clientID }) { return true }
-    let families = Set(cache.appMetadata.values.compactMap { $0.clientID == clientID ? $0.familyID : nil })
-    let knownOutside = cache.appMetadata.values.contains { $0.clientID == clientID && $0.familyID == nil }
-    if !knownOutside, cache.refreshTokens.contains(where: { $0.familyID != nil }) {
-      // In a family, or not known not to be: the family's members count.
-      let members = Set(
-        cache.appMetadata.values.filter { m in m.familyID != nil && (families.isEmpty || families.contains(m.familyID!))
-        }
-        .map(\.clientID))
-      if others.contains(where: { members.contains($0.clientID) }) { return true }
-    }
-    let ungranted =
-      cache.refreshTokens.contains { $0.slot == clientID } && !cache.grants.contains { $0.clientID == clientID }
-    return ungranted
-  }
-
-  /// Asks the user, once per app at a time: another question from the same app while one waits is
-  /// not asked (refused), and an app the user declined is not asked again for 10 minutes. The
-  /// question waits as a task of its own, so other callers go on meanwhile (actor reentrancy).
-  func ask(
-    _ prompter: any AccessPrompter, app: AppIdentity, caller: CallerInfo, clientID: String, accountID: String,
-    username: String, scopes: [String], operation: AccessOperation
-  ) async throws -> AccessAnswer? {
-    let key = "\(app.key)\u{0}\(clientID)\u{0}\(accountID)"
-    if let until = declinedUntil[key], until > deps.clock.now() {
-      audit(
-        .refused, caller, clientID: clientID, username: username, scopes: scopes, operation, reason: "user, earlier")
-      throw TesseraError.accessDenied(
-        "You declined \(app.display) the use of \(username)'s sign-in for client \(clientID) a moment ago; it is not asked again before 10 minutes have passed. To allow it: tessera access grant --app '\(app.key)' --client-id \(clientID) --account \(username)"
-      )
-    }
-    if let waiting = pendingQuestions[app.key] {
-      // The same app's question is on screen: one at a time (a question per call would flood).
-      _ = waiting
-      return nil
-    }
-    if let quiet = unansweredUntil[app.key], quiet > deps.clock.now() {
-      // Its last question went unanswered (dismissed, timed out, or nobody to ask): an app
-      // calling in a loop gets one question a minute, not one per call.
-      return nil
-    }
-    let question = AccessQuestion(
-      app: app, clientID: clientID, username: username, scopes: scopes, operation: operation.rawValue)
-    let task = Task { await prompter.ask(question) }
-    pendingQuestions[app.key] = task
-    let answer = await task.value
-    pendingQuestions[app.key] = nil
-    if answer == .deny { declinedUntil[key] = deps.clock.now().addingTimeInterval(600) }
-    if answer == nil {
-      if unansweredUntil.count > 1024 { unansweredUntil = unansweredUntil.filter { $0.value > deps.clock.now() } }
-      unansweredUntil[app.key] = deps.clock.now().addingTimeInterval(60)
-    }
-    if declinedUntil.count > 1024 { declinedUntil = declinedUntil.filter { $0.value > deps.clock.now() } }
-    return answer
-  }
-
   /// After an interactive sign-in: the app that completed it may use that client and account.
   func grantAfterSignIn(_ caller: CallerInfo?, clientID: String, account: Account) async {
     guard let app = caller?.app else { return }
@@ -275,14 +177,9 @@ extension Broker {
     }
   }
 
-  /// The accounts `caller` may see: those it holds a grant for (all of them in open mode, or for
-  /// the daemon's own requests).
+  /// The accounts `caller` may see: those it holds a grant for (nil: all of them).
   func visibleAccountIDs(_ caller: CallerInfo?) -> Set<String>? {
-    guard let caller, accessMode != .open else { return nil }
-    guard let app = caller.app else { return [] }
-    let mine = cache.grants.filter { $0.app == app.key && $0.allows(.listAccounts) }
-    if mine.contains(where: { $0.accountID == AccessGrant.anyAccount }) { return nil }
-    return Set(mine.map(\.accountID))
+    access.visibleAccountIDs(caller, grants: cache.grants)
   }
 
   // MARK: Managing grants (tessera access)
@@ -292,21 +189,8 @@ extension Broker {
     return cache.grants.sorted { ($0.app, $0.clientID, $0.accountID) < ($1.app, $1.clientID, $1.accountID) }
   }
 
-  /// Only an identified, unconfined program of the user (the `tessera` command) may change grants
-  /// or read who uses what: a sandboxed app must not grant itself, and one Tessera could not
-  /// identify (its connecting process gone) might be one.
-  func checkMayManage(_ caller: CallerInfo?) throws {
-    guard let caller else { return }
-    guard let app = caller.app else {
-      throw TesseraError.accessDenied(
-        "Tessera could not tell which app is calling (the process that connected has ended), so it may not see or change who gets tokens."
-      )
-    }
-    if app.isVerified {
-      throw TesseraError.accessDenied(
-        "\(app.display) runs in a sandbox and may not see or change who gets tokens. Run `tessera access` outside it.")
-    }
-  }
+  /// Only an identified, unconfined program of the user may see or change grants (see AccessPolicy).
+  func checkMayManage(_ caller: CallerInfo?) throws { try AccessPolicy.checkMayManage(caller) }
 
   public func grant(_ grant: AccessGrant, caller: CallerInfo?) async throws {
     try checkMayManage(caller)
@@ -342,22 +226,15 @@ extension Broker {
 
   // MARK: Audit
 
-  func audit(
-    _ kind: AuditKind, _ caller: CallerInfo, clientID: String, username: String, scopes: [String],
-    _ operation: AccessOperation, reason: String
-  ) {
-    let key = caller.appKey ?? "unidentified"
-    let count = auditCounts.note(key, allowed: kind == .allowed)
-    auditLog.append(
-      AuditRecord(
-        at: Int64(deps.clock.now().timeIntervalSince1970), app: caller.app, appKey: key,
-        clientID: clientID, account: username, scopes: scopes, operation: operation.rawValue,
-        decision: kind == .allowed ? "allowed" : "refused", reason: reason, count: count))
+  func audit(_ kind: AccessPolicy.AuditKind, _ request: AccessRequest, reason: String) {
+    let caller = request.caller
+    let count = access.record(kind, request, reason: reason, at: Int64(deps.clock.now().timeIntervalSince1970))
     let metadata: Logger.Metadata = [
       "MESSAGE_ID": "\(kind == .allowed ? AuditMessage.allowed : AuditMessage.refused)",
-      "app": "\(caller.app?.display ?? "unidentified")", "app_key": "\(key)",
-      "caller_pid": "\(caller.pid.map(String.init) ?? "?")", "client_id": "\(clientID)", "account": "\(username)",
-      "scopes": "\(scopes.joined(separator: " "))", "operation": "\(operation.rawValue)", "reason": "\(reason)",
+      "app": "\(caller.app?.display ?? "unidentified")", "app_key": "\(caller.appKey ?? "unidentified")",
+      "caller_pid": "\(caller.pid.map(String.init) ?? "?")", "client_id": "\(request.clientID)",
+      "account": "\(request.username)", "scopes": "\(request.scopes.joined(separator: " "))",
+      "operation": "\(request.operation.rawValue)", "reason": "\(reason)",
       // A count per app that journald's rate limit cannot hide: a gap in it shows lines were dropped.
       "app_decisions": "\(count)",
     ]
@@ -366,60 +243,6 @@ extension Broker {
     } else {
       logger.notice("Access refused", metadata: metadata)
     }
-  }
-
-  enum AuditKind { case allowed, refused }
-}
-
-/// Per-app decision counters for the audit (bounded: the oldest apps are dropped past 4096).
-struct AuditCounts {
-  private(set) var counts: [String: (allowed: Int, refused: Int)] = [:]
-
-  mutating func note(_ app: String, allowed: Bool) -> Int {
-    if counts[app] == nil && counts.count >= 4096 { counts.removeAll() }
-    var c = counts[app] ?? (0, 0)
-    if allowed { c.allowed += 1 } else { c.refused += 1 }
-    counts[app] = c
-    return c.allowed + c.refused
-  }
-}
-
-/// One audited decision, as GetAccessLog returns it (never a token). It keeps the caller's own
-/// values (its pinned identity and key) rather than text built for it, so the strings of a
-/// thousand records from a few apps are stored a few times, not a thousand.
-struct AuditRecord: Sendable {
-  var at: Int64
-  var app: AppIdentity?
-  var appKey: String
-  var clientID: String
-  var account: String
-  var scopes: [String]
-  var operation: String
-  var decision: String
-  var reason: String
-  var count: Int
-
-  var busValue: [String: BusValue] {
-    [
-      "at": .int64(at), "app": .string(app?.display ?? "unidentified"), "app_key": .string(appKey),
-      "client_id": .string(clientID),
-      "account": .string(account), "scopes": .strings(scopes), "operation": .string(operation),
-      "decision": .string(decision), "reason": .string(reason), "app_decisions": .uint32(UInt32(clamping: count)),
-    ]
-  }
-}
-
-/// The last decisions, newest last, bounded.
-struct AuditLog {
-  static let capacity = 1000
-  private(set) var records: [AuditRecord] = []
-
-  mutating func append(_ record: AuditRecord) {
-    if records.count >= Self.capacity { records.removeFirst(records.count - Self.capacity + 1) }
-    var record = record
-    // A caller's calls repeat their scopes: the array the record before holds serves again.
-    if let last = records.last, last.scopes == record.scopes { record.scopes = last.scopes }
-    records.append(record)
   }
 }
 
@@ -430,28 +253,20 @@ extension Broker {
     )
   }
 
-  public func accessLog(caller: CallerInfo? = nil) throws -> [[String: BusValue]] {
+  public func accessLog(caller: CallerInfo? = nil) throws -> [AccessRecord] {
     if accessMode != .open { try checkMayManage(caller) }
-    return auditLog.records.map(\.busValue)
+    return access.log.records.map(\.info)
   }
 
-  public func grantList(caller: CallerInfo? = nil) async throws -> [[String: BusValue]] {
+  public func grantList(caller: CallerInfo? = nil) async throws -> [GrantInfo] {
     if accessMode != .open { try checkMayManage(caller) }
     return try await grants().map { g in
-      [
-        "app": .string(g.app), "app_display": .string(AppIdentity(key: g.app)?.display ?? g.app),
-        "client_id": .string(g.clientID), "account_id": .string(g.accountID),
-        "account": .string(cache.accounts[g.accountID]?.username ?? (g.accountID == AccessGrant.anyAccount ? "*" : "")),
-        "granted_at": .int64(g.grantedAt), "via": .string(g.via),
-      ]
-      // Each limit only when there is one: absent means any, and an empty scope list means
-      // OpenID Connect's own scopes only.
-      .merging(
-        [
-          "authority": g.authority.map(BusValue.string), "scopes": g.scopes.map(BusValue.strings),
-          "operations": g.operations.map { .strings($0.map(\.rawValue)) },
-        ].compactMapValues { $0 }
-      ) { $1 }
+      GrantInfo(
+        app: g.app, appDisplay: AppIdentity(key: g.app)?.display ?? g.app, clientID: g.clientID,
+        accountID: g.accountID,
+        account: cache.accounts[g.accountID]?.username ?? (g.accountID == AccessGrant.anyAccount ? "*" : ""),
+        grantedAt: g.grantedAt, via: g.via, authority: g.authority, scopes: g.scopes,
+        operations: g.operations.map { $0.map(\.rawValue) })
     }
   }
 

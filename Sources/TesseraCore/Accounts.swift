@@ -1,12 +1,36 @@
 import Logging
 
+/// How a request names an account, for every front: by its id, by the identity provider's own id
+/// for the user (`oid` or `sub`), or by username. The rule is one: an id given names that account
+/// exactly and nothing else (another IdP's `sub` is case-sensitive, and an account no longer signed
+/// in names none, never another of the same name); else the local id, else the username, each
+/// case-insensitive and only when exactly one account has it. Empty parts count as not given.
+public struct AccountReference: Sendable, Equatable {
+  public var id: String?
+  public var localID: String?
+  public var username: String?
+
+  public init(id: String? = nil, localID: String? = nil, username: String? = nil) {
+    self.id = id
+    self.localID = localID
+    self.username = username
+  }
+
+  /// The account this names among `accounts`; nil when none (or more than one) does.
+  public func match(in accounts: [Account]) -> Account? {
+    if let id, !id.isEmpty { return accounts.first { $0.id == id } }
+    func only(_ value: String?, _ key: (Account) -> String) -> Account? {
+      guard let value = value?.lowercased(), !value.isEmpty else { return nil }
+      let found = accounts.filter { key($0).lowercased() == value }
+      return found.count == 1 ? found[0] : nil
+    }
+    return only(localID, \.localAccountID) ?? only(username, \.username)
+  }
+}
+
 /// GetAccounts and SignOut, and revocation of refresh tokens at the identity provider.
 extension Broker {
   // MARK: - GetAccounts
-
-  public func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
-    try await knownAccounts(matching: filter).map(\.info.busValue)
-  }
 
   /// The signed-in accounts a filter selects, sorted by username, for any front.
   public func knownAccounts(matching filter: AccountFilter) async throws -> [Account] {
@@ -47,28 +71,7 @@ extension Broker {
         "No account with id '\(RequestOptions.clip(request.accountID))' is signed in. Call GetAccounts for the list.")
     }
     // An app may sign out only an account it may use, and of one client only one it holds.
-    if let clientID = request.clientID, let caller = request.caller, accessMode != .open,
-      !(caller.app.map { app in
-        cache.grants.contains {
-          $0.covers(app: app.key, clientID: clientID, accountID: account.id, operation: .signOut)
-        }
-      } ?? false)
-    {
-      throw TesseraError.accessDenied(
-        "\(caller.app?.display ?? "This app") holds no grant for client \(clientID), so it may not sign \(account.username) out of it."
-      )
-    }
-    if let caller = request.caller, request.clientID == nil, accessMode != .open,
-      !(caller.app.map { app in
-        cache.grants.contains {
-          $0.covers(app: app.key, clientID: $0.clientID, accountID: account.id, operation: .signOut)
-        }
-      } ?? false)
-    {
-      throw TesseraError.accessDenied(
-        "\(request.caller?.app?.display ?? "This app") holds no grant for \(account.username), so it may not sign it out. Use `tessera logout`."
-      )
-    }
+    try access.checkSignOut(request.caller, account: account, clientID: request.clientID, grants: cache.grants)
     // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
     let before = cache
     let targets = cache.refreshTokens.filter {

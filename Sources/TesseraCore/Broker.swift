@@ -59,14 +59,10 @@ public actor Broker {
   var signIns = SignInRegistry()
   /// Each account's state and last error, and which need a sign-in.
   var health = AccountHealth()
-  /// Decisions per app, for the audit (issue 11), and the last ones for `tessera access log`.
-  var auditCounts = AuditCounts()
-  var auditLog = AuditLog()
-  /// Questions to the user under way (one per app at a time), and recent refusals by the user.
+  /// Per-application access control (issue 11): the rules, the user's recent answers, the audit.
+  var access: AccessPolicy
+  /// Questions to the user under way (one per app at a time).
   var pendingQuestions: [String: Task<AccessAnswer?, Never>] = [:]
-  var declinedUntil: [String: Date] = [:]
-  /// Apps whose last question got no answer, until when they are not asked again.
-  var unansweredUntil: [String: Date] = [:]
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// The clocks at the last look (see checkClock).
@@ -84,6 +80,7 @@ public actor Broker {
     self.deps = dependencies
     self.logger = logger
     self.policy = config.authorityPolicy
+    self.access = AccessPolicy(mode: config.accessMode)
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
     self.lastClock = ClockReading(dependencies.clock)
     let (failures, failed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
@@ -107,11 +104,11 @@ public actor Broker {
     public var grantedScopes: [String]
     public var account: Account
 
-    func busValue(correlationID: String) -> [String: BusValue] {
+    /// The token as callers receive it (never a refresh token).
+    public func tokenInfo(correlationID: String) -> TokenInfo {
       TokenInfo(
         accessToken: accessToken.secret, tokenType: accessToken.tokenType, expiresOn: accessToken.expiresOn,
-        scopes: grantedScopes, account: account.info, idToken: accessToken.idToken, correlationID: correlationID
-      ).busValue
+        scopes: grantedScopes, account: account.info, idToken: accessToken.idToken, correlationID: correlationID)
     }
   }
 

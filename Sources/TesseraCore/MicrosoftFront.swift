@@ -28,20 +28,30 @@ public struct MicrosoftFront: Sendable {
       case .string(let version) = arguments[0], case .string(let correlation) = arguments[1],
       case .string(let requestText) = arguments[2],
       (try? Self.checkProtocolVersion(version)) != nil, let correlationID = try? Self.correlationID(correlation),
-      let entry = broker.fastPath.microsoftAnswer(
-        requestText, now: clock.now().timeIntervalSince1970, elapsed: clock.elapsed(), app: caller.appKey)
+      let published = broker.fastPath.serve(
+        requestText, from: broker.fastPath.microsoft, now: clock.now().timeIntervalSince1970,
+        elapsed: clock.elapsed(), app: caller.appKey)
     else { return nil }
     if logger.logLevel <= .info {
-      var metadata = RequestHandler.callerMetadata(method, caller)
+      var metadata = TesseraFront.callerMetadata(method, caller)
       metadata["front"] = "microsoft"
       metadata["correlation_id"] = "\(correlationID)"
-      metadata["client_id"] = "\(entry.clientID)"
-      metadata["scopes"] = "\(entry.scopes)"
+      metadata["client_id"] = "\(published.target.clientID)"
+      metadata["scopes"] = "\(published.reply.scopes)"
       metadata["outcome"] = "ok"
       metadata["cache"] = "hit"
       logger.info("\(method) succeeded", metadata: metadata)
     }
-    return entry.answer
+    return published.reply.answer
+  }
+
+  /// A published acquireTokenSilently answer: the whole JSON, for one exact requestJson text. The
+  /// same text parses to the same request, and any change to accounts or tokens clears the table,
+  /// so the text is the key; the bus thread checks only the protocol version, the correlation id
+  /// and the token's freshness. The scopes as the caller wrote them, for the log.
+  struct Published: Sendable {
+    let answer: String
+    let scopes: String
   }
 
   /// A failure whose status is not the error table's: what only this protocol can say.
@@ -57,7 +67,7 @@ public struct MicrosoftFront: Sendable {
   /// Answers one call. Never throws: every failure is the protocol's JSON error.
   public func handle(method name: String, arguments: [BusValue], caller: CallerInfo) async -> String {
     let started = ContinuousClock.now
-    var metadata = RequestHandler.callerMetadata(name, caller)
+    var metadata = TesseraFront.callerMetadata(name, caller)
     metadata["front"] = "microsoft"
     let method = Method(rawValue: name)
     let answer: String
@@ -137,7 +147,7 @@ public struct MicrosoftFront: Sendable {
         throw TesseraError.invalidArgument("'account' is missing: removeAccount needs the account to remove.")
       }
       let accounts = try await broker.knownAccounts(matching: AccountFilter(caller: caller))
-      guard let account = try MicrosoftAccount.match(wanted, in: accounts) else {
+      guard let account = try MicrosoftAccount.reference(wanted).match(in: accounts) else {
         metadata["account"] = "not signed in"
         return "{}"  // nothing to remove: already gone
       }
@@ -202,12 +212,11 @@ public struct MicrosoftFront: Sendable {
 
     let accounts = try await broker.knownAccounts(matching: AccountFilter(caller: caller))
     let wanted = try params.object("account")
-    var account = try wanted.flatMap { try MicrosoftAccount.match($0, in: accounts) }
+    var account = try wanted.flatMap { try MicrosoftAccount.reference($0).match(in: accounts) }
     if account == nil, interactive, wanted == nil {
-      if let hint = token.loginHint?.lowercased() {
+      if let hint = token.loginHint {
         // An app that passes only a login hint: a signed-in account of that name needs no browser.
-        let named = accounts.filter { $0.username.lowercased() == hint }
-        if named.count == 1 { account = named[0] }
+        account = AccountReference(username: hint).match(in: accounts)
       } else if params.fields["isSignIn"] != .bool(true) {
         // An app that names no account at all and does not ask to add one (MSAL marks that
         // `isSignIn`; the OneDrive client sends neither): when exactly one account can serve this
@@ -232,11 +241,11 @@ public struct MicrosoftFront: Sendable {
         let (result, answer) = try await broker.silentAnswer(token) { result, target in
           let answer = MicrosoftToken.json(result, requestedScopes: scopes)
           if publish {
-            broker.fastPath.publishMicrosoft(
+            broker.fastPath.microsoft.publish(
               request.text,
-              entry: .init(
-                answer: answer, token: result.accessToken, target: target, scopes: scopes,
-                clockOffset: broker.clockOffset))
+              PublishedReply(
+                reply: Published(answer: answer, scopes: scopes.joined(separator: " ")), token: result.accessToken,
+                target: target, clockOffset: broker.clockOffset, size: request.text.utf8.count + answer.utf8.count))
           }
           return answer
         }
@@ -460,24 +469,13 @@ enum MicrosoftAccount {
     ])
   }
 
-  /// The account a client echoes back: matched on homeAccountId (exactly, and only on it when it
-  /// is given), else localAccountId, else username (case-insensitive); other keys are ignored.
-  /// Nil when none is signed in.
-  static func match(_ wanted: MicrosoftRequest.Object, in accounts: [Account]) throws -> Account? {
-    // A home account id names one account exactly (another IdP's `sub` is case-sensitive); one
-    // that is no longer signed in names none, never another account of the same name.
-    if let home = try wanted.string("homeAccountId"), !home.isEmpty {
-      return accounts.first { $0.id == home }
-    }
-    if let local = try wanted.string("localAccountId"), !local.isEmpty {
-      let found = accounts.filter { $0.localAccountID.lowercased() == local.lowercased() }
-      if found.count == 1 { return found[0] }
-    }
-    if let username = try wanted.string("username"), !username.isEmpty {
-      let found = accounts.filter { $0.username.lowercased() == username.lowercased() }
-      if found.count == 1 { return found[0] }
-    }
-    return nil
+  /// The account a client echoes back, as the engine's rule reads it (AccountReference):
+  /// homeAccountId is Tessera's account id, localAccountId the IdP's object id or subject; other
+  /// keys are ignored.
+  static func reference(_ wanted: MicrosoftRequest.Object) throws -> AccountReference {
+    try AccountReference(
+      id: wanted.string("homeAccountId"), localID: wanted.string("localAccountId"),
+      username: wanted.string("username"))
   }
 
   /// First word and the rest of the display name (Tessera keeps only the display name).

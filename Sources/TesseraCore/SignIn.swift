@@ -3,10 +3,6 @@ import Logging
 extension Broker {
   // MARK: - AcquireToken (interactive)
 
-  public func acquireTokenInteractive(_ request: TokenRequest, caller: CallerInfo) async throws -> [String: BusValue] {
-    try await signIn(request, caller: caller).busValue(correlationID: request.correlationID)
-  }
-
   /// An interactive sign-in (browser or device code), for any front.
   public func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
     // Visible to Cancel (and to the caller leaving) from here, before the first suspension.

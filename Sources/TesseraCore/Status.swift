@@ -71,64 +71,42 @@ extension Broker {
 
   /// The report `tessera status --json` prints: per account its state, last error, next refresh and
   /// the tokens cached per client (their expiry, never their values). Schema: StatusReport.
-  public func status() async throws -> [String: BusValue] {
+  public func status() async throws -> StatusReport.Report {
     // A locked keyring is a state to report, not a reason to fail: until it is unlocked the
     // accounts are not known, and the report says so.
     var storeError: TesseraError?
     do { try await ensureLoaded() } catch { storeError = TesseraError.wrap(error) }
     let now = deps.clock.now()
     let recent = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
-    var accounts: [[String: BusValue]] = []
-    for account in cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }) {
+    let accounts = cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }).map {
+      account in
       let entry = health.entry(account.id)
-      var item: [String: BusValue] = [
-        StatusReport.Account.id: .string(account.id),
-        StatusReport.Account.username: .string(account.username),
-        StatusReport.Account.authority: .string(account.authority),
-        StatusReport.Account.state: .string(entry.state.rawValue),
-      ]
+      var lastError: StatusReport.AccountStatus.LastErrorInfo?
       if let error = entry.lastError, let at = entry.lastErrorAt {
-        item[StatusReport.Account.lastError] = .dict([
-          StatusReport.LastError.code: .string(error.code.rawValue),
-          StatusReport.LastError.message: .string(SafeText.clip(error.message, limit: 1000)),
-          StatusReport.LastError.at: .int64(Int64(at.timeIntervalSince1970)),
-        ])
+        lastError = .init(
+          code: error.code.rawValue, message: SafeText.clip(error.message, limit: 1000),
+          at: Int64(at.timeIntervalSince1970))
       }
-      let tokens = cache.accessTokens.filter { $0.accountID == account.id }
       // The next refresh the daemon will make by itself: of the tokens in recent use, the earliest
       // refresh time (refresh-ahead), or expiry less the margin.
       let due = recent.filter { $0.account.id == account.id }.compactMap { target -> Int64? in
         guard let token = cachedToken(target) else { return nil }
         return token.refreshOn ?? (token.expiresOn - Int64(RequestOptions.defaultMinValidity))
       }
-      if let next = due.min() { item[StatusReport.Account.nextRefresh] = .int64(next) }
-      item[StatusReport.Account.tokens] = .dicts(
-        tokens.sorted {
-          ($0.clientID, $0.scopes.joined(separator: " ")) < ($1.clientID, $1.scopes.joined(separator: " "))
-        }
-        .map { token in
-          var t: [String: BusValue] = [
-            StatusReport.Token.clientID: .string(token.clientID),
-            StatusReport.Token.scopes: .strings(token.scopes),
-            StatusReport.Token.expiresOn: .int64(token.expiresOn),
-          ]
-          if let refreshOn = token.refreshOn { t[StatusReport.Token.refreshOn] = .int64(refreshOn) }
-          return t
-        })
-      item[StatusReport.Account.refreshTokenClients] = .strings(
-        Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID))).sorted())
-      accounts.append(item)
+      let tokens = cache.accessTokens.filter { $0.accountID == account.id }.sorted {
+        ($0.clientID, $0.scopes.joined(separator: " ")) < ($1.clientID, $1.scopes.joined(separator: " "))
+      }
+      return StatusReport.AccountStatus(
+        id: account.id, username: account.username, authority: account.authority, state: entry.state.rawValue,
+        lastError: lastError, nextRefresh: due.min(),
+        tokens: tokens.map {
+          .init(clientID: $0.clientID, scopes: $0.scopes, expiresOn: $0.expiresOn, refreshOn: $0.refreshOn)
+        },
+        refreshTokenClients: Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID)))
+          .sorted())
     }
-    var store: [String: BusValue] = [StatusReport.Store.state: .string(storeError == nil ? "ok" : "unavailable")]
-    if let storeError {
-      store[StatusReport.Store.message] = .string(SafeText.clip(storeError.message, limit: 1000))
-    }
-    return [
-      StatusReport.storeKey: .dict(store),
-      StatusReport.schemaKey: .uint32(StatusReport.schema),
-      StatusReport.versionKey: .string(BrokerInterface.version),
-      StatusReport.accountsKey: .dicts(accounts),
-      StatusReport.attentionKey: .strings(health.attentionNeeded),
-    ]
+    return StatusReport.Report(
+      storeProblem: storeError.map { SafeText.clip($0.message, limit: 1000) }, accounts: accounts,
+      attentionNeeded: health.attentionNeeded)
   }
 }

@@ -97,31 +97,55 @@ public enum BrokerInterface {
   public typealias Method = InterfaceDescription.Method
   private typealias Arg = InterfaceDescription.Argument
 
+  /// The methods, once: the interface description, the daemon's dispatch and the client's calls
+  /// all use these names, with exhaustive switches.
+  public enum MethodName: String, CaseIterable, Sendable {
+    case acquireToken = "AcquireToken"
+    case acquireTokenSilent = "AcquireTokenSilent"
+    case getAccounts = "GetAccounts"
+    case countHiddenAccounts = "CountHiddenAccounts"
+    case signOut = "SignOut"
+    case cancel = "Cancel"
+    case getStatus = "GetStatus"
+    case listGrants = "ListGrants"
+    case grant = "Grant"
+    case revoke = "Revoke"
+    case getAccessLog = "GetAccessLog"
+
+    /// The method's arguments and results, as the contract XML declares them.
+    public var spec: Method {
+      switch self {
+      case .acquireToken:
+        Method(
+          rawValue, inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("options", "a{sv}")],
+          outputs: [Arg("result", "a{sv}")])
+      case .acquireTokenSilent:
+        Method(
+          rawValue,
+          inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("account_id", "s"), Arg("options", "a{sv}")],
+          outputs: [Arg("result", "a{sv}")])
+      case .getAccounts: Method(rawValue, inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")])
+      case .countHiddenAccounts: Method(rawValue, inputs: [], outputs: [Arg("hidden", "u")])
+      case .signOut: Method(rawValue, inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: [])
+      case .cancel: Method(rawValue, inputs: [Arg("correlation_id", "s")], outputs: [])
+      case .getStatus: Method(rawValue, inputs: [], outputs: [Arg("status", "a{sv}")])
+      case .listGrants: Method(rawValue, inputs: [], outputs: [Arg("grants", "aa{sv}")])
+      case .grant:
+        Method(
+          rawValue,
+          inputs: [
+            Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s"), Arg("authority", "s"),
+            Arg("scopes", "as"), Arg("operations", "as"),
+          ], outputs: [])
+      case .revoke: Method(rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")])
+      case .getAccessLog: Method(rawValue, inputs: [], outputs: [Arg("records", "aa{sv}")])
+      }
+    }
+  }
+
   public static let description = InterfaceDescription(
     busName: busName, objectPath: objectPath, name: interfaceName,
-    methods: [
-      Method(
-        "AcquireToken", inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("options", "a{sv}")],
-        outputs: [Arg("result", "a{sv}")]),
-      Method(
-        "AcquireTokenSilent",
-        inputs: [Arg("client_id", "s"), Arg("scopes", "as"), Arg("account_id", "s"), Arg("options", "a{sv}")],
-        outputs: [Arg("result", "a{sv}")]),
-      Method("GetAccounts", inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")]),
-      Method("CountHiddenAccounts", inputs: [], outputs: [Arg("hidden", "u")]),
-      Method("SignOut", inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: []),
-      Method("Cancel", inputs: [Arg("correlation_id", "s")], outputs: []),
-      Method("GetStatus", inputs: [], outputs: [Arg("status", "a{sv}")]),
-      Method("ListGrants", inputs: [], outputs: [Arg("grants", "aa{sv}")]),
-      Method(
-        "Grant",
-        inputs: [
-          Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s"), Arg("authority", "s"), Arg("scopes", "as"),
-          Arg("operations", "as"),
-        ], outputs: []),
-      Method("Revoke", inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")]),
-      Method("GetAccessLog", inputs: [], outputs: [Arg("records", "aa{sv}")]),
-    ],
+    methods: MethodName.allCases.map(\.spec),
     signals: [
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
       .init("AccountsChanged", []),

@@ -65,6 +65,11 @@ public enum StatusReport {
       public var code: String
       public var message: String
       public var at: Int64
+      public init(code: String, message: String, at: Int64) {
+        self.code = code
+        self.message = message
+        self.at = at
+      }
     }
 
     public struct TokenStatus: Sendable, Equatable, Encodable {
@@ -72,6 +77,12 @@ public enum StatusReport {
       public var scopes: [String]
       public var expiresOn: Int64
       public var refreshOn: Int64?
+      public init(clientID: String, scopes: [String], expiresOn: Int64, refreshOn: Int64?) {
+        self.clientID = clientID
+        self.scopes = scopes
+        self.expiresOn = expiresOn
+        self.refreshOn = refreshOn
+      }
       enum CodingKeys: String, CodingKey {
         case clientID = "client_id"
         case scopes
@@ -85,6 +96,46 @@ public enum StatusReport {
       case lastError = "last_error"
       case nextRefresh = "next_refresh"
       case refreshTokenClients = "refresh_token_clients"
+    }
+
+    public init(
+      id: String, username: String, authority: String, state: String, lastError: LastErrorInfo? = nil,
+      nextRefresh: Int64? = nil, tokens: [TokenStatus] = [], refreshTokenClients: [String] = []
+    ) {
+      self.id = id
+      self.username = username
+      self.authority = authority
+      self.state = state
+      self.lastError = lastError
+      self.nextRefresh = nextRefresh
+      self.tokens = tokens
+      self.refreshTokenClients = refreshTokenClients
+    }
+
+    /// The account's entry in GetStatus's reply: optional keys only when they have a value.
+    public var busValue: [String: BusValue] {
+      var item: [String: BusValue] = [
+        Account.id: .string(id), Account.username: .string(username), Account.authority: .string(authority),
+        Account.state: .string(state),
+      ]
+      if let lastError {
+        item[Account.lastError] = .dict([
+          LastError.code: .string(lastError.code), LastError.message: .string(lastError.message),
+          LastError.at: .int64(lastError.at),
+        ])
+      }
+      if let nextRefresh { item[Account.nextRefresh] = .int64(nextRefresh) }
+      item[Account.tokens] = .dicts(
+        tokens.map { token in
+          var t: [String: BusValue] = [
+            Token.clientID: .string(token.clientID), Token.scopes: .strings(token.scopes),
+            Token.expiresOn: .int64(token.expiresOn),
+          ]
+          if let refreshOn = token.refreshOn { t[Token.refreshOn] = .int64(refreshOn) }
+          return t
+        })
+      item[Account.refreshTokenClients] = .strings(refreshTokenClients)
+      return item
     }
 
     public init(busValue d: [String: BusValue]) {
@@ -118,6 +169,51 @@ public enum StatusReport {
       } else {
         refreshTokenClients = []
       }
+    }
+  }
+
+  /// The whole report, as the engine makes it and the client reads it.
+  public struct Report: Sendable, Equatable {
+    /// Why the Secret Service could not be read (a locked keyring); nil when it could.
+    public var storeProblem: String?
+    public var accounts: [AccountStatus]
+    /// The accounts (ids) that need a sign-in, sorted.
+    public var attentionNeeded: [String]
+    public var schema: UInt32
+    public var version: String
+
+    public init(
+      storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
+      version: String = BrokerInterface.version
+    ) {
+      self.storeProblem = storeProblem
+      self.accounts = accounts
+      self.attentionNeeded = attentionNeeded
+      self.schema = schema
+      self.version = version
+    }
+
+    public var busValue: [String: BusValue] {
+      var store: [String: BusValue] = [Store.state: .string(storeProblem == nil ? "ok" : "unavailable")]
+      if let storeProblem { store[Store.message] = .string(storeProblem) }
+      return [
+        storeKey: .dict(store), schemaKey: .uint32(schema), versionKey: .string(version),
+        accountsKey: .dicts(accounts.map(\.busValue)), attentionKey: .strings(attentionNeeded),
+      ]
+    }
+
+    public init(busValue report: [String: BusValue]) {
+      storeProblem = nil
+      if case .dict(let store)? = report[storeKey], store[Store.state]?.stringValue == "unavailable" {
+        storeProblem = store[Store.message]?.stringValue ?? "unavailable"
+      }
+      attentionNeeded = []
+      if case .strings(let ids)? = report[attentionKey] { attentionNeeded = ids }
+      accounts = []
+      if case .dicts(let list)? = report[accountsKey] { accounts = list.map(AccountStatus.init(busValue:)) }
+      schema = 0
+      if case .uint32(let n)? = report[schemaKey] { schema = n }
+      version = report[versionKey]?.stringValue ?? ""
     }
   }
 }

@@ -7,40 +7,6 @@ import TesseraClient
   import Foundation
 #endif
 
-/// A D-Bus a{sv} record as JSON-friendly values.
-struct JSONRecord: Encodable {
-  var values: [String: BusValue]
-
-  func encode(to encoder: any Encoder) throws {
-    var c = encoder.container(keyedBy: Key.self)
-    for (key, value) in values {
-      let k = Key(key)
-      switch value {
-      case .string(let s): try c.encode(s, forKey: k)
-      case .int64(let n): try c.encode(n, forKey: k)
-      case .uint32(let n): try c.encode(n, forKey: k)
-      case .bool(let b): try c.encode(b, forKey: k)
-      case .strings(let list): try c.encode(list, forKey: k)
-      default: break
-      }
-    }
-  }
-
-  struct Key: CodingKey {
-    var stringValue: String
-    var intValue: Int? { nil }
-    init(_ s: String) { stringValue = s }
-    init?(stringValue: String) { self.stringValue = stringValue }
-    init?(intValue: Int) { nil }
-  }
-
-  func string(_ key: String) -> String { values[key]?.stringValue ?? "" }
-  func int(_ key: String) -> Int64 {
-    if case .int64(let n)? = values[key] { return n }
-    return 0
-  }
-}
-
 extension Tessera {
   struct Access: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -59,21 +25,19 @@ extension Tessera {
       @OptionGroup var output: Output
 
       func run() throws {
-        let grants = try withBroker { broker throws(TesseraClientError) in try broker.grants() }.map(JSONRecord.init)
+        let grants = try withBroker { broker throws(TesseraClientError) in try broker.grants() }
         if output.json { return printJSON(grants) }
         if grants.isEmpty { return printError("No grants yet: an app gets one when it completes a sign-in.") }
         for g in grants {
           // What the grant is narrowed to, when it is: "scopes Mail.Send; token only".
           var limits: [String] = []
-          if !g.string("authority").isEmpty { limits.append("at \(g.string("authority"))") }
-          if case .strings(let scopes)? = g.values["scopes"] {
+          if let authority = g.authority, !authority.isEmpty { limits.append("at \(authority)") }
+          if let scopes = g.scopes {
             limits.append(scopes.isEmpty ? "sign-in scopes only" : "scopes \(scopes.joined(separator: " "))")
           }
-          if case .strings(let ops)? = g.values["operations"] {
-            limits.append("only \(ops.joined(separator: ", "))")
-          }
+          if let ops = g.operations { limits.append("only \(ops.joined(separator: ", "))") }
           print(
-            "\(SafeText.clip(g.string("app_display"), limit: 300))\t\(g.string("client_id"))\t\(SafeText.clip(g.string("account"), limit: 200))\t\(limits.isEmpty ? "any scope" : SafeText.clip(limits.joined(separator: "; "), limit: 400))\t\(g.string("via")) \(rfc3339(g.int("granted_at")))\t\(SafeText.clip(g.string("app"), limit: 300))"
+            "\(SafeText.clip(g.appDisplay, limit: 300))\t\(g.clientID)\t\(SafeText.clip(g.account, limit: 200))\t\(limits.isEmpty ? "any scope" : SafeText.clip(limits.joined(separator: "; "), limit: 400))\t\(g.via) \(rfc3339(g.grantedAt))\t\(SafeText.clip(g.app, limit: 300))"
           )
         }
       }
@@ -154,12 +118,11 @@ extension Tessera {
       @OptionGroup var output: Output
 
       func run() throws {
-        let records = try withBroker { broker throws(TesseraClientError) in try broker.accessLog() }.map(
-          JSONRecord.init)
+        let records = try withBroker { broker throws(TesseraClientError) in try broker.accessLog() }
         if output.json { return printJSON(records) }
         for r in records {
           print(
-            "\(rfc3339(r.int("at")))\t\(r.string("decision"))\t\(r.string("reason"))\t\(SafeText.clip(r.string("app"), limit: 300))\t\(r.string("operation"))\t\(r.string("client_id"))\t\(SafeText.clip(r.string("account"), limit: 200))"
+            "\(rfc3339(r.at))\t\(r.decision)\t\(r.reason)\t\(SafeText.clip(r.app, limit: 300))\t\(r.operation)\t\(r.clientID)\t\(SafeText.clip(r.account, limit: 200))"
           )
         }
       }

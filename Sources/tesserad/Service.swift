@@ -5,18 +5,18 @@ import TesseraBus
 import TesseraCore
 import TesseraPlatform
 
-/// The fronts: hands each bus call to its front's handler (org.tessera.Broker1's RequestHandler or
+/// The fronts: hands each bus call to its front's handler (org.tessera.Broker1's TesseraFront or
 /// com.microsoft.identity.broker1's MicrosoftFront, both over the one engine) as its own task, and
 /// the result back to the bus.
 final class RequestRouter: Sendable {
   private struct Fronts {
     let server: BusServer
-    let native: RequestHandler
+    let native: TesseraFront
     let microsoft: MicrosoftFront
   }
   private let target = Mutex<Fronts?>(nil)
 
-  func install(server: BusServer, handler: RequestHandler, microsoft: MicrosoftFront) {
+  func install(server: BusServer, handler: TesseraFront, microsoft: MicrosoftFront) {
     target.withLock { $0 = Fronts(server: server, native: handler, microsoft: microsoft) }
   }
 

@@ -124,7 +124,7 @@ struct Tesserad: AsyncParsableCommand {
         journal: FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
       logger: logger)
     requests.install(
-      server: server, handler: RequestHandler(broker: broker, logger: logger),
+      server: server, handler: TesseraFront(broker: broker, logger: logger),
       microsoft: MicrosoftFront(broker: broker, logger: logger))
 
     // A notification's "Sign in" starts the interactive sign-in it asks for.

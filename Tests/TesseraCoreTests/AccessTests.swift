@@ -82,7 +82,7 @@ final class AccessTests: XCTestCase {
     let open = await Harness(accessMode: .open)
     _ = try await signIn(open, as: first)
     _ = try await silent(open, as: second)
-    let log = try await open.broker.accessLog()
+    let log = try await open.broker.accessLog().map(\.busValue)
     XCTAssertTrue(
       log.contains { $0["reason"] == .string("open mode") && $0["app_key"] == .string("exe:/usr/bin/second") })
     XCTAssertFalse(log.contains { record in record.values.contains { "\($0)".contains("at-") } }, "no token in the log")
@@ -330,18 +330,19 @@ final class AccessTests: XCTestCase {
     }
     let app = try XCTUnwrap(second.app)
     // OpenID Connect's scopes only: an empty list (only those), not "any scope".
-    let oidcOnly = await h.broker.userGrant(
-      app: app, clientID: "app1", accountID: accountID, authority: FakeIdP.authority,
-      scopes: ["openid", "offline_access"], operation: .token)
+    func request(_ scopes: [String]) -> AccessRequest {
+      AccessRequest(
+        caller: second, clientID: "app1", accountID: accountID, username: "", scopes: scopes,
+        authority: FakeIdP.authority, operation: .token)
+    }
+    let oidcOnly = await h.broker.userGrant(app: app, request(["openid", "offline_access"]))
     XCTAssertEqual(oidcOnly.scopes, [])
     XCTAssertNil(oidcOnly.operations)
     // Added to a narrowed grant: its scopes and operations grow, none is taken away.
     try await h.broker.grant(
       app: app.key, clientID: "app1", accountID: accountID, authority: FakeIdP.authority, scopes: ["Mail.Send"],
       operations: ["token"], caller: nil)
-    let merged = await h.broker.userGrant(
-      app: app, clientID: "app1", accountID: accountID, authority: FakeIdP.authority, scopes: ["Calendars.Read"],
-      operation: .token)
+    let merged = await h.broker.userGrant(app: app, request(["Calendars.Read"]))
     XCTAssertEqual(merged.scopes, ["calendars.read", "mail.send"], "kept as the engine compares them")
     XCTAssertEqual(merged.operations, [.token])
     XCTAssertEqual(merged.authority, FakeIdP.authority)

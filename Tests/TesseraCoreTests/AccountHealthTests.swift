@@ -101,7 +101,7 @@ final class AttentionEventTests: XCTestCase {
     XCTAssertEqual(needs.count, 1)
     let accountID = try XCTUnwrap(needs.first?.accountID)
     XCTAssertEqual(h.events.attention.withLock { $0 }, [[accountID]])
-    let status = try await h.broker.status()
+    let status = try await h.broker.status().busValue
     guard case .dicts(let accounts)? = status[StatusReport.accountsKey] else { return XCTFail("no accounts") }
     XCTAssertEqual(accounts.first?[StatusReport.Account.state], .string("needs_sign_in"))
 

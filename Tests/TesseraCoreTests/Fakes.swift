@@ -347,3 +347,36 @@ func XCTAssertThrowsTessera(
     XCTFail("expected \(code.rawValue), got \(error)", file: file, line: line)
   }
 }
+
+/// The engine's results as org.tessera.Broker1 sends them (through TesseraFront, which also
+/// publishes silent replies for the bus thread), for the tests written against the wire's dicts.
+extension Broker {
+  nonisolated var testFront: TesseraFront { TesseraFront(broker: self, logger: Logger(label: "test")) }
+
+  nonisolated func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
+    try await testFront.silentToken(request)
+  }
+
+  nonisolated func acquireTokenInteractive(_ request: TokenRequest, caller: CallerInfo) async throws -> [String:
+    BusValue]
+  {
+    try await testFront.signIn(request, caller: caller)
+  }
+
+  nonisolated func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
+    try await knownAccounts(matching: filter).map(\.info.busValue)
+  }
+}
+
+extension SilentFastPath {
+  /// Whether the bus thread answers this AcquireTokenSilent (its arguments) for `app` at `now`.
+  func answer(_ arguments: [BusValue], now: Double, app: String?) -> PublishedReply<ReplyTemplate>? {
+    guard case .dict(let options) = arguments[3],
+      let request = try? RequestParser.tokenRequest(
+        clientID: arguments[0].stringValue ?? "",
+        scopes: { if case .strings(let s) = arguments[1] { s } else { [] } }(),
+        accountID: arguments[2].stringValue ?? "", options: options)
+    else { return nil }
+    return serve(TesseraFront.Key(request), from: tessera, minValidity: request.minValidity, now: now, app: app)
+  }
+}

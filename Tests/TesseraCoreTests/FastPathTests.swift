@@ -56,7 +56,7 @@ final class FastPathTests: XCTestCase {
     let h = await Harness()
     let signedIn = try await h.signIn()
     let accountID = signedIn["account"]!.dictValue!["id"]!.stringValue!
-    let handler = RequestHandler(broker: h.broker, logger: Logger(label: "test"), clock: h.clock)
+    let handler = TesseraFront(broker: h.broker, logger: Logger(label: "test"), clock: h.clock)
     let caller = CallerInfo(busName: ":1.7")
     let options = RequestOptions.options(for: .acquireTokenSilent)
     var rng = SeededGenerator(state: 20_261_123)
@@ -108,7 +108,7 @@ final class FastPathTests: XCTestCase {
   func testAPublishedAnswerIsNotServedPastItsRefreshTimeOrBelowMinValidity() async throws {
     let h = await Harness()
     try await h.signIn()
-    let handler = RequestHandler(broker: h.broker, logger: Logger(label: "test"), clock: h.clock)
+    let handler = TesseraFront(broker: h.broker, logger: Logger(label: "test"), clock: h.clock)
     let caller = CallerInfo(busName: ":1.7")
     func arguments(_ options: [String: BusValue] = [:]) -> [BusValue] {
       [.string(""), .strings([]), .string(""), .dict(options)]
