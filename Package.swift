@@ -15,6 +15,8 @@ let package = Package(
     .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
     .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
+    // Tests only: generated values with shrinking and replayable seeds (TesseraBusTests).
+    .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
   ],
   targets: [
     // What both sides of the bus share: values, the interface, the error table, the option table,
@@ -95,6 +97,13 @@ let package = Package(
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
     .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore"]),
+    // The bus layer on its own: the codec over generated values and the wire limits, and
+    // BusServer with BusClient against a private dbus-daemon the tests start.
+    .testTarget(
+      name: "TesseraBusTests",
+      dependencies: [
+        "TesseraBus", "TesseraInterface", "CSystemd", .product(name: "PropertyBased", package: "swift-property-based"),
+      ]),
     .testTarget(
       name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus"],
       resources: []
