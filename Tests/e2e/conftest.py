@@ -29,6 +29,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 from tessera_session import BrowserMode, BusPeer, IdPLog, bus_address, bus_daemon, new_connection  # noqa: E402
 from tessera_session import Daemon as SessionDaemon  # noqa: E402
+import tessera_keyring  # noqa: E402
 
 if os.environ.get("TESSERA_TEST_SESSION") != "1":
     pytest.exit(
@@ -294,105 +295,10 @@ def broker(daemon):
 
 
 # ----------------------------------------------------------------------------------------------
-# Keyring (Secret Service over D-Bus)
-
-SECRETS = "org.freedesktop.secrets"
-SECRETS_PATH = "/org/freedesktop/secrets"
-LOGIN_COLLECTION = "/org/freedesktop/secrets/collection/login"
-SESSION_COLLECTION = "/org/freedesktop/secrets/aliases/session"
+# Keyring (Secret Service over D-Bus): Tests/lib/tessera_keyring.py
 
 
-class Keyring:
-    def __init__(self):
-        self._connect()
-
-    def _connect(self):
-        self._session = None
-        self.conn = new_connection()
-        obj = self.conn.get_object(SECRETS, SECRETS_PATH)
-        self.service = dbus.Interface(obj, "org.freedesktop.Secret.Service")
-        self.gnome = dbus.Interface(obj, "org.gnome.keyring.InternalUnsupportedGuiltRiddenInterface")
-
-    def reconnect(self):
-        """After the keyring daemon was replaced: proxies are bound to the old one's unique name."""
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
-        self._connect()
-
-    def item_paths(self):
-        unlocked, locked = self.service.SearchItems(dbus.Dictionary({"tessera_schema": "1"}, signature="ss"))
-        return [str(p) for p in list(unlocked) + list(locked)]
-
-    def item_attributes_of(self, path):
-        props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
-        return unwrap(props.Get("org.freedesktop.Secret.Item", "Attributes"))
-
-    def item_attributes(self):
-        """Attributes of every Tessera item (readable without unlocking secrets)."""
-        out = []
-        for path in self.item_paths():
-            props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
-            out.append(unwrap(props.Get("org.freedesktop.Secret.Item", "Attributes")))
-        return out
-
-    def _plain_session(self):
-        if getattr(self, "_session", None) is None:
-            _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
-            self._session = dbus.ObjectPath(session)
-        return self._session
-
-    def secret(self, path):
-        """The secret of one item, as text (through a plain session on the private test bus)."""
-        secrets = self.service.GetSecrets(dbus.Array([dbus.ObjectPath(path)], signature="o"), self._plain_session())
-        return bytes(secrets[dbus.ObjectPath(path)][2]).decode()
-
-    def create_item(self, attributes, secret, label="tessera test item", collection=SESSION_COLLECTION):
-        """Stores an item as libsecret would (xdg:schema added) in the in-memory session collection."""
-        props = {
-            "org.freedesktop.Secret.Item.Label": dbus.String(label, variant_level=1),
-            "org.freedesktop.Secret.Item.Attributes": dbus.Dictionary(
-                dict(attributes, **{"xdg:schema": "org.tessera.Broker1"}), signature="ss", variant_level=1),
-        }
-        value = dbus.Struct((self._plain_session(), dbus.ByteArray(b""), dbus.ByteArray(secret.encode()),
-                             dbus.String("text/plain")), signature="oayays")
-        coll = dbus.Interface(self.conn.get_object(SECRETS, collection), "org.freedesktop.Secret.Collection")
-        item, prompt = coll.CreateItem(dbus.Dictionary(props, signature="sv"), value, True)
-        assert str(prompt) == "/"
-        return str(item)
-
-    def clear(self):
-        for path in self.item_paths():
-            item = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.Secret.Item")
-            prompt = str(item.Delete())
-            assert prompt == "/", f"deleting {path} wants a prompt"
-        assert self.item_paths() == []
-
-    def locked(self):
-        props = dbus.Interface(self.conn.get_object(SECRETS, LOGIN_COLLECTION), "org.freedesktop.DBus.Properties")
-        return bool(props.Get("org.freedesktop.Secret.Collection", "Locked"))
-
-    def lock(self):
-        _, prompt = self.service.Lock(dbus.Array([dbus.ObjectPath(LOGIN_COLLECTION)], signature="o"))
-        assert str(prompt) == "/"
-        assert self.locked()
-
-    def unlock(self):
-        _, session = self.service.OpenSession("plain", dbus.String("", variant_level=1))
-        secret = dbus.Struct(
-            (dbus.ObjectPath(session), dbus.ByteArray(b""),
-             dbus.ByteArray(os.environ["TESSERA_TEST_KEYRING_PASSWORD"].encode()), dbus.String("text/plain")),
-            signature="oayays")
-        self.gnome.UnlockWithMasterPassword(dbus.ObjectPath(LOGIN_COLLECTION), secret)
-        assert not self.locked()
-
-
-@pytest.fixture(scope="session")
-def keyring_session():
-    k = Keyring()
-    yield k
-    k.conn.close()
+keyring_session = tessera_keyring.keyring_session  # one connection for the whole run
 
 
 @pytest.fixture(autouse=True)
@@ -401,6 +307,7 @@ def keyring(keyring_session):
     if keyring_session.locked():
         keyring_session.unlock()
     keyring_session.clear()
+    assert keyring_session.item_paths() == []
     yield keyring_session
     if keyring_session.locked():
         keyring_session.unlock()

@@ -1,27 +1,22 @@
 """A notification server for the tests: owns org.freedesktop.Notifications on the session bus,
 writes each Notify and CloseNotification call as a JSON line to the file given as argv[1], and
 emits ActionInvoked(id, key) when the test calls org.tessera.Test.Invoke(id, key)."""
-import json
+import os
 import sys
 
-import dbus
-import dbus.mainloop.glib
 import dbus.service
-from gi.repository import GLib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from fake_service import Recorded, serve  # noqa: E402
 
 NAME = "org.freedesktop.Notifications"
 PATH = "/org/freedesktop/Notifications"
 
 
-class Notifications(dbus.service.Object):
+class Notifications(Recorded):
     def __init__(self, bus, record):
-        super().__init__(bus, PATH)
-        self.record = record
+        super().__init__(bus, PATH, record)
         self.next_id = 0
-
-    def write(self, entry):
-        with open(self.record, "a") as f:
-            f.write(json.dumps(entry) + "\n")
 
     @dbus.service.method(NAME, in_signature="susssasa{sv}i", out_signature="u")
     def Notify(self, app_name, replaces_id, app_icon, summary, body, actions, hints, expire_timeout):
@@ -56,15 +51,5 @@ class Notifications(dbus.service.Object):
         self.ActionInvoked(notification_id, action_key)
 
 
-def main():
-    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    bus = dbus.SessionBus()
-    server = Notifications(bus, sys.argv[1])
-    name = dbus.service.BusName(NAME, bus, do_not_queue=True)  # noqa: F841 (kept while running)
-    print("ready", flush=True)
-    GLib.MainLoop().run()
-    del server
-
-
 if __name__ == "__main__":
-    main()
+    serve(NAME, Notifications)

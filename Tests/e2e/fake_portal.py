@@ -4,13 +4,14 @@ org.freedesktop.impl.portal.Access.AccessDialog. Each dialog is written as a JSO
 given as argv[1] and stays open until the test answers it with org.tessera.Test.Answer(handle,
 response, remember) (response 0 allow, 1 deny, 2 closed), or until tesserad calls
 org.freedesktop.impl.portal.Request.Close on its handle."""
-import json
+import os
 import sys
 
 import dbus
-import dbus.mainloop.glib
 import dbus.service
-from gi.repository import GLib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from fake_service import Recorded, serve  # noqa: E402
 
 NAME = "org.freedesktop.impl.portal.desktop.tessertest"
 PATH = "/org/freedesktop/portal/desktop"
@@ -31,16 +32,11 @@ class Request(dbus.service.Object):
         self.backend.finish(self.handle, 2, False)
 
 
-class Backend(dbus.service.Object):
+class Backend(Recorded):
     def __init__(self, bus, record):
-        super().__init__(bus, PATH)
+        super().__init__(bus, PATH, record)
         self.bus = bus
-        self.record = record
         self.open = {}
-
-    def write(self, entry):
-        with open(self.record, "a") as f:
-            f.write(json.dumps(entry) + "\n")
 
     @dbus.service.method(ACCESS, in_signature="osssssa{sv}", out_signature="ua{sv}",
                          async_callbacks=("reply", "error"))
@@ -69,15 +65,5 @@ class Backend(dbus.service.Object):
         return self.finish(str(handle), int(response), bool(remember))
 
 
-def main():
-    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    bus = dbus.SessionBus()
-    backend = Backend(bus, sys.argv[1])
-    name = dbus.service.BusName(NAME, bus, do_not_queue=True)  # noqa: F841 (kept while running)
-    print("ready", flush=True)
-    GLib.MainLoop().run()
-    del backend
-
-
 if __name__ == "__main__":
-    main()
+    serve(NAME, Backend)

@@ -18,37 +18,9 @@ import struct
 import sys
 import time
 
-
-def pad(buf, n):
-    buf.extend(b"\0" * ((-len(buf)) % n))
-
-
-def put_string(buf, s, code="s"):
-    data = s.encode()
-    if code == "g":
-        buf.append(len(data))
-    else:
-        pad(buf, 4)
-        buf.extend(struct.pack("<I", len(data)))
-    buf.extend(data + b"\0")
-
-
-def message(serial, member, body=b"", signature="", destination="org.tessera.Broker1",
-            path="/org/tessera/Broker1", interface="org.tessera.Broker1"):
-    fields = bytearray()
-    for code, typ, value in ((1, "o", path), (2, "s", interface), (3, "s", member), (6, "s", destination),
-                             (8, "g", signature)):
-        if typ == "g" and not value:
-            continue
-        pad(fields, 8)
-        fields.append(code)
-        put_string(fields, typ, "g")
-        put_string(fields, value, typ)
-    header = bytearray(b"l\x01\x00\x01")
-    header.extend(struct.pack("<III", len(body), serial, len(fields)))
-    header.extend(fields)
-    pad(header, 8)
-    return bytes(header) + body
+# The marshalling is Tests/lib/dbus_wire.py's (this runs as a program, without conftest.py's path).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from dbus_wire import call, connect, pad, put_string  # noqa: E402
 
 
 def token_call_body(client, scope, account):
@@ -64,69 +36,6 @@ def token_call_body(client, scope, account):
     body.extend(struct.pack("<I", 0))  # an empty a{sv}
     pad(body, 8)
     return bytes(body)
-
-
-def read_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("the bus closed the connection")
-        data += chunk
-    return data
-
-
-def read_message(sock):
-    fixed = read_exact(sock, 16)
-    _, mtype, _, _, body_len, _, fields_len = struct.unpack("<BBBBIII", fixed)
-    fields_raw = read_exact(sock, fields_len + ((-(16 + fields_len)) % 8))[:fields_len]
-    body = read_exact(sock, body_len)
-    fields, i = {}, 0
-    while i < len(fields_raw):
-        i += (-i) % 8
-        code = fields_raw[i]
-        sig_len = fields_raw[i + 1]
-        sig = fields_raw[i + 2:i + 2 + sig_len].decode()
-        i += 3 + sig_len
-        if sig in ("s", "o"):
-            i += (-i) % 4
-            (n,) = struct.unpack_from("<I", fields_raw, i)
-            fields[code] = fields_raw[i + 4:i + 4 + n].decode()
-            i += 5 + n
-        elif sig == "u":
-            i += (-i) % 4
-            (fields[code],) = struct.unpack_from("<I", fields_raw, i)
-            i += 4
-        elif sig == "g":
-            n = fields_raw[i]
-            fields[code] = fields_raw[i + 1:i + 1 + n].decode()
-            i += 2 + n
-        else:
-            raise ValueError(f"header field of type {sig}")
-    return mtype, fields, body
-
-
-def call(sock, serial, member, body=b"", signature="", **kw):
-    sock.sendall(message(serial, member, body, signature, **kw))
-    while True:
-        mtype, fields, reply = read_message(sock)
-        if fields.get(5) == serial:
-            return mtype, fields, reply
-
-
-def connect(address):
-    keys = dict(p.split("=", 1) for p in address.split(";")[0].split(":", 1)[1].split(","))
-    path = keys["path"] if "path" in keys else "\0" + keys["abstract"]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    sock.sendall(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
-    assert read_exact(sock, 3) == b"OK "
-    while not sock.recv(1) == b"\n":
-        pass
-    sock.sendall(b"BEGIN\r\n")
-    call(sock, 1, "Hello", destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-         interface="org.freedesktop.DBus")
-    return sock
 
 
 def token_call(sock, serial):

@@ -6,7 +6,7 @@ What must hold: the daemon keeps answering everyone else (a well-behaved caller'
 measured while each fault runs), no call goes unanswered, and the daemon's memory returns to within
 1 MiB of where it was before the fault.
 
-The floods use bare-socket clients (raw_dbus.py) so that many calls can be in flight per
+The floods use bare-socket clients (Tests/lib/dbus_wire.py) so that many calls can be in flight per
 connection and a connection can be dropped at any byte. Figures go to $TESSERA_FAULT_REPORT
 (FAULTS.md)."""
 import os
@@ -18,7 +18,7 @@ import time
 import dbus
 import pytest
 
-import raw_dbus
+import dbus_wire
 from conftest import ERROR_PREFIX, Broker, bus_address, expect_error
 from test_attacks import rss_kib
 from test_engine import start_sign_in
@@ -32,32 +32,32 @@ MEMORY_SLACK_KIB = 1024
 def empty_silent_body(client, account):
     """AcquireTokenSilent(client, [], account, {}) as bytes."""
     body = bytearray()
-    raw_dbus.put_string(body, client)
-    raw_dbus.pad(body, 4)
+    dbus_wire.put_string(body, client)
+    dbus_wire.pad(body, 4)
     body.extend(struct.pack("<I", 0))  # no scopes
-    raw_dbus.put_string(body, account)
-    raw_dbus.pad(body, 4)
+    dbus_wire.put_string(body, account)
+    dbus_wire.pad(body, 4)
     body.extend(struct.pack("<I", 0))  # an empty a{sv}
-    raw_dbus.pad(body, 8)  # (its elements' alignment, even with none)
+    dbus_wire.pad(body, 8)  # (its elements' alignment, even with none)
     return bytes(body)
 
 
 def force_refresh_body():
     """AcquireTokenSilent("", [], "", {"force_refresh": <true>})."""
     body = bytearray()
-    raw_dbus.put_string(body, "")
-    raw_dbus.pad(body, 4)
+    dbus_wire.put_string(body, "")
+    dbus_wire.pad(body, 4)
     body.extend(struct.pack("<I", 0))
-    raw_dbus.put_string(body, "")
-    raw_dbus.pad(body, 4)
+    dbus_wire.put_string(body, "")
+    dbus_wire.pad(body, 4)
     entry = bytearray()
-    raw_dbus.put_string(entry, "force_refresh")
+    dbus_wire.put_string(entry, "force_refresh")
     entry.extend(b"\x01b\x00")  # variant signature "b"
-    raw_dbus.pad(entry, 4)
+    dbus_wire.pad(entry, 4)
     entry.extend(struct.pack("<I", 1))
     # The array's length counts from its first element, which is 8-aligned (a dict entry).
     body.extend(struct.pack("<I", len(entry)))
-    raw_dbus.pad(body, 8)
+    dbus_wire.pad(body, 8)
     body.extend(entry)
     return bytes(body)
 
@@ -65,16 +65,16 @@ def force_refresh_body():
 def interactive_body(correlation_id):
     """AcquireToken("", [], {"correlation_id": <id>})."""
     body = bytearray()
-    raw_dbus.put_string(body, "")
-    raw_dbus.pad(body, 4)
+    dbus_wire.put_string(body, "")
+    dbus_wire.pad(body, 4)
     body.extend(struct.pack("<I", 0))
-    raw_dbus.pad(body, 4)
+    dbus_wire.pad(body, 4)
     entry = bytearray()
-    raw_dbus.put_string(entry, "correlation_id")
+    dbus_wire.put_string(entry, "correlation_id")
     entry.extend(b"\x01s\x00")
-    raw_dbus.put_string(entry, correlation_id)
+    dbus_wire.put_string(entry, correlation_id)
     body.extend(struct.pack("<I", len(entry)))
-    raw_dbus.pad(body, 8)
+    dbus_wire.pad(body, 8)
     body.extend(entry)
     return bytes(body)
 
@@ -154,15 +154,15 @@ def test_callers_that_disconnect_mid_call(daemon, warmed, browser, idp):
     victim = Victim(account)
     address = bus_address()
     for n in range(200):
-        sock = raw_dbus.connect(address)
-        sock.sendall(raw_dbus.message(2, "AcquireTokenSilent", force_refresh_body(), "sassa{sv}"))
+        sock = dbus_wire.connect(address)
+        sock.sendall(dbus_wire.message(2, "AcquireTokenSilent", force_refresh_body(), "sassa{sv}"))
         if n % 2:
             time.sleep(0.002 * (n % 10))  # some leave at once, some a little into the call
         sock.close()
     leavers = []
     for n in range(16):
-        sock = raw_dbus.connect(address)
-        sock.sendall(raw_dbus.message(2, "AcquireToken", interactive_body(f"leaver-{n}"), "sasa{sv}"))
+        sock = dbus_wire.connect(address)
+        sock.sendall(dbus_wire.message(2, "AcquireToken", interactive_body(f"leaver-{n}"), "sasa{sv}"))
         leavers.append(sock)
     time.sleep(0.5)
     for sock in leavers:
@@ -197,20 +197,20 @@ def test_a_thousand_concurrent_silent_calls(daemon, warmed):
     well-behaved caller meanwhile gets its tokens, and memory comes back within 1 MiB."""
     account, baseline = warmed
     body = empty_silent_body("", account)
-    burst = b"".join(raw_dbus.message(serial, "AcquireTokenSilent", body, "sassa{sv}") for serial in range(2, 22))
+    burst = b"".join(dbus_wire.message(serial, "AcquireTokenSilent", body, "sassa{sv}") for serial in range(2, 22))
     victim = Victim(account)
     answered, errors, waves = 0, [], []
     for _ in range(10):
-        socks = [raw_dbus.connect(bus_address()) for _ in range(50)]
+        socks = [dbus_wire.connect(bus_address()) for _ in range(50)]
         began = time.monotonic()
         for sock in socks:
             sock.sendall(burst)
         for sock in socks:
             sock.settimeout(60)
             for _ in range(20):
-                mtype, fields, reply = raw_dbus.read_message(sock)
+                mtype, fields, reply = dbus_wire.read_message(sock)
                 while mtype == 4:  # a signal (NameAcquired): not a reply
-                    mtype, fields, reply = raw_dbus.read_message(sock)
+                    mtype, fields, reply = dbus_wire.read_message(sock)
                 if mtype == 2:
                     answered += 1
                 else:
@@ -283,9 +283,9 @@ def test_a_client_that_never_reads_its_replies(daemon, warmed):
     served throughout, and memory comes back within 1 MiB once it is gone."""
     account, baseline = warmed
     victim = Victim(account)
-    sock = raw_dbus.connect(bus_address())
+    sock = dbus_wire.connect(bus_address())
     body = empty_silent_body("", account)
-    batch = b"".join(raw_dbus.message(serial, "AcquireTokenSilent", body, "sassa{sv}") for serial in range(2, 1002))
+    batch = b"".join(dbus_wire.message(serial, "AcquireTokenSilent", body, "sassa{sv}") for serial in range(2, 1002))
     sent = 0
     sock.settimeout(5)
     try:
@@ -314,17 +314,17 @@ def test_messages_at_the_bus_size_limit(daemon, warmed):
     overhead = 1024
     client = "x" * (BUS_MESSAGE_LIMIT - overhead)
     body = empty_silent_body(client, account)
-    message = raw_dbus.message(2, "AcquireTokenSilent", body, "sassa{sv}")
+    message = dbus_wire.message(2, "AcquireTokenSilent", body, "sassa{sv}")
     assert BUS_MESSAGE_LIMIT - 2 * overhead < len(message) <= BUS_MESSAGE_LIMIT
     replies = []
     began = time.monotonic()
     for _ in range(4):
-        sock = raw_dbus.connect(bus_address())
+        sock = dbus_wire.connect(bus_address())
         sock.settimeout(120)
         sock.sendall(message)
-        mtype, fields, reply = raw_dbus.read_message(sock)
+        mtype, fields, reply = dbus_wire.read_message(sock)
         while mtype == 4:
-            mtype, fields, reply = raw_dbus.read_message(sock)
+            mtype, fields, reply = dbus_wire.read_message(sock)
         replies.append(fields.get(4))
         sock.close()
     elapsed = time.monotonic() - began

@@ -22,8 +22,9 @@ import dbus
 import dbus.bus
 import pytest
 
-from conftest import (ERROR_PREFIX, IDP_DIR, SECRETS, TESSERA, Broker, Daemon, expect_error, run_cli,
-                      stop_process, wait_until)
+from conftest import (ERROR_PREFIX, IDP_DIR, TESSERA, Broker, Daemon, expect_error, run_cli, stop_process,
+                      wait_until)
+from tessera_keyring import SECRETS
 from tessera_session import bus_config, bus_daemon
 from test_faults import newest_refresh_token, orphans, report, stored_refresh_tokens
 

@@ -11,18 +11,18 @@ are expected."""
 import os
 import random
 import socket
-import struct
 import time
 
 import dbus
 import dbus.lowlevel
 import pytest
 
+import dbus_wire
+from bus_fuzz import SEED, send_all
 from conftest import (BUS_NAME, IFACE, OBJECT_PATH, OPTION_TYPES, CONTRACT_OPTIONS, Broker, bus_address,
                       wait_until)
 
 MAINTENANCE_INTERVAL = 30  # tesserad's refresh-ahead pass, which also trims malloc's free memory
-SEED = int(os.environ.get("TESSERA_FUZZ_SEED", "20261123"))
 CALLS = int(os.environ.get("TESSERA_FUZZ_CALLS", "10000"))
 ERROR_PREFIX = "org.tessera.Broker1.Error."
 # Replies from sd-bus itself, for members and interfaces the contract does not have.
@@ -160,8 +160,8 @@ class Fuzzer:
         return IFACE, method, "s", [self.string()]
 
 
-def send(conn, interface, member, signature, args, replies, index):
-    """Sends one call; None when dbus-python cannot build it (then it is not a call)."""
+def method_call(interface, member, signature, args):
+    """One call's message; None when dbus-python cannot build it (then it is not a call)."""
     message = dbus.lowlevel.MethodCallMessage(BUS_NAME, OBJECT_PATH, interface, member)
     try:
         if signature is None:
@@ -170,8 +170,7 @@ def send(conn, interface, member, signature, args, replies, index):
             message.append(*args, signature=signature)
     except (TypeError, ValueError, OverflowError, dbus.exceptions.DBusException):
         return None
-    return conn.send_message_with_reply(message, lambda reply: replies.__setitem__(index, reply), 120,
-                                        require_main_loop=False)
+    return message
 
 
 def rss_kib(pid):
@@ -186,27 +185,19 @@ def rss_kib(pid):
 def run_batch(fuzzer, count):
     """Sends `count` generated calls (1000 outstanding at a time) -> {index: (member, error name or
     None, error message)}."""
+    def calls():
+        for index in range(count):
+            interface, member, signature, args = fuzzer.call()
+            yield (index, member), method_call(interface, member, signature, args)
+
     outcomes = {}
     conn = Broker().conn
     try:
-        sent = 0
-        while sent < count:
-            replies = {}
-            pending = []
-            for _ in range(min(1000, count - sent)):
-                interface, member, signature, args = fuzzer.call()
-                call = send(conn, interface, member, signature, args, replies, sent)
-                if call is not None:
-                    pending.append((sent, member, call))
-                sent += 1
-            conn.flush()
-            for index, member, call in pending:
-                call.block()  # libdbus reads replies while it waits; none is lost
-                reply = replies.get(index)
-                assert reply is not None, f"no reply to {member} (call {index})"
-                name = reply.get_error_name() if isinstance(reply, dbus.lowlevel.ErrorMessage) else None
-                args = reply.get_args_list() if name else []
-                outcomes[index] = (member, name, str(args[0]) if args else "")
+        for (index, member), reply in send_all(conn, calls(), window=1000, timeout=120):
+            assert reply is not None, f"no reply to {member} (call {index})"
+            name = reply.get_error_name() if isinstance(reply, dbus.lowlevel.ErrorMessage) else None
+            args = reply.get_args_list() if name else []
+            outcomes[index] = (member, name, str(args[0]) if args else "")
     finally:
         conn.close()
     return outcomes
@@ -259,39 +250,25 @@ def test_fuzzing_the_bus_interface(start_daemon, write_config, browser):
 # Invalid UTF-8 over a raw socket
 
 
-def message(serial, path, interface, member, destination, signature=None, body=b""):
-    """One little-endian method call, marshalled by hand (dbus-python refuses invalid UTF-8)."""
-    fields = b""
-    entries = [(1, b"o", path), (2, b"s", interface), (3, b"s", member), (6, b"s", destination)]
-    if signature is not None:
-        entries.append((8, b"g", signature))
-    for code, kind, value in entries:
-        data = value.encode()
-        fields += b"\0" * (-len(fields) % 8)  # each field is a struct, 8-aligned
-        length = struct.pack("<B", len(data)) if kind == b"g" else struct.pack("<I", len(data))
-        fields += struct.pack("<B", code) + b"\x01" + kind + b"\0" + length + data + b"\0"
-    header = b"l\x01\x00\x01" + struct.pack("<III", len(body), serial, len(fields)) + fields
-    return header + b"\0" * (-len(header) % 8) + body
-
-
 def raw_connection():
-    path = bus_address().split("path=", 1)[1].split(",", 1)[0]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10)
-    sock.connect(path)
-    sock.sendall(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\n")
-    assert sock.recv(4096).startswith(b"OK"), "the bus refused authentication"
-    sock.sendall(b"BEGIN\r\n")
-    sock.sendall(message(1, "/org/freedesktop/DBus", "org.freedesktop.DBus", "Hello", "org.freedesktop.DBus"))
-    return sock
+    """A connection on a bare socket, marshalled by hand (Tests/lib/dbus_wire.py): dbus-python
+    refuses to send invalid UTF-8."""
+    return dbus_wire.connect(bus_address(), timeout=10)
+
+
+def cancel(serial, text):
+    """Cancel(s) with `text`, bytes that need not be UTF-8."""
+    body = bytearray()
+    dbus_wire.put_string(body, text)
+    return dbus_wire.message(serial, "Cancel", bytes(body), "s", destination=BUS_NAME, path=OBJECT_PATH,
+                             interface=IFACE)
 
 
 def test_invalid_utf8_never_reaches_the_daemon(daemon, broker):
     # The raw client works: a valid Cancel gets the broker's answer.
     sock = raw_connection()
     try:
-        body = struct.pack("<I", 3) + b"abc" + b"\0"
-        sock.sendall(message(2, OBJECT_PATH, IFACE, "Cancel", BUS_NAME, "s", body))
+        sock.sendall(cancel(2, b"abc"))
         received = b""
         while b"Broker1.Error.InvalidArgument" not in received:
             chunk = sock.recv(65536)
@@ -304,8 +281,7 @@ def test_invalid_utf8_never_reaches_the_daemon(daemon, broker):
         sock = raw_connection()
         try:
             # Cancel(s) with a string that is not UTF-8.
-            body = struct.pack("<I", len(bad)) + bad + b"\0"
-            sock.sendall(message(2, OBJECT_PATH, IFACE, "Cancel", BUS_NAME, "s", body))
+            sock.sendall(cancel(2, bad))
             # The bus daemon validates the message and disconnects the sender.
             received = b""
             try:

@@ -29,6 +29,7 @@ import dbus.bus
 import dbus.lowlevel
 import pytest
 
+from bus_fuzz import SEED, send_all
 from conftest import (AUTHORITY, BUS_NAME, ENVIRONMENT, IDP_URL, INTERACTIVE_TIMEOUT, SILENT_TIMEOUT, TENANT,
                       Broker, BusPeer, bus_daemon, expect_error, jwt_claims, new_connection, run_cli, wait_until)
 
@@ -900,7 +901,6 @@ def test_cancel_interactive_flow_ends_only_the_callers_own_sign_in(start_daemon,
 # ----------------------------------------------------------------------------------------------
 # Fuzz
 
-SEED = int(os.environ.get("TESSERA_FUZZ_SEED", "20261123"))
 FUZZ_CALLS = int(os.environ.get("TESSERA_MS_FUZZ_CALLS", "4000"))
 BAD_PROTOCOLS = ["2.0", "", "abc", "10.0", "3.5", "v1.0", "2", "0x1", "-1.0", "2.0.0"]
 BAD_CORRELATIONS = ["x" * 129, "y" * 1000, "a\nb", "\x1b[2J", "tab\there", "del\x7f", "c1\x9b31m", "\r",
@@ -1131,27 +1131,20 @@ def status_of(method, reply):
 
 def fuzz(cases, timeout=15.0, window=200):
     """Sends the cases, `window` outstanding at a time -> [(case, problem or None, status)]."""
+    def calls():
+        for index, (method, signature, args, _, _) in enumerate(cases):
+            message = dbus.lowlevel.MethodCallMessage(MS_NAME, MS_PATH, MS_IFACE, method)
+            if args:
+                message.append(*args, signature=signature)
+            yield index, message
+
     outcomes = []
     conn = new_connection()
     try:
-        for start in range(0, len(cases), window):
-            replies = {}
-            pending = []
-            for index in range(start, min(start + window, len(cases))):
-                method, signature, args, field, kind = cases[index]
-                message = dbus.lowlevel.MethodCallMessage(MS_NAME, MS_PATH, MS_IFACE, method)
-                if args:
-                    message.append(*args, signature=signature)
-                call = conn.send_message_with_reply(message, lambda reply, i=index: replies.__setitem__(i, reply),
-                                                    timeout, require_main_loop=False)
-                pending.append((index, call))
-            conn.flush()
-            for index, call in pending:
-                call.block()
-                reply = replies.get(index)
-                method, _, _, field, kind = cases[index]
-                problem = "no reply" if reply is None else judge(method, reply, field)
-                outcomes.append((cases[index], problem, None if problem else status_of(method, reply)))
+        for index, reply in send_all(conn, calls(), window, timeout):
+            method, _, _, field, kind = cases[index]
+            problem = "no reply" if reply is None else judge(method, reply, field)
+            outcomes.append((cases[index], problem, None if problem else status_of(method, reply)))
     finally:
         conn.close()
     return outcomes

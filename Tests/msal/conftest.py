@@ -67,12 +67,9 @@ IDP_DIR = os.environ["TESSERA_IDP_DIR"]
 TENANT = AUTHORITY.rstrip("/").rsplit("/", 1)[1]
 MSAL_TIMEOUT = 120
 
-SECRETS = "org.freedesktop.secrets"
-MSALRUNTIME_SCHEMA = "com.microsoft.identity.secret"
-
-
 sys.path.insert(0, os.path.join(REPO, "Tests", "lib"))
 from tessera_session import BrowserMode, Daemon, IdPLog, new_connection, tail  # noqa: E402
+import tessera_keyring  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,58 +234,17 @@ def ms_call(method, request, correlation_id="", protocol="0.0", timeout=120):
 
 
 # ----------------------------------------------------------------------------------------------
-# Keyring: msalruntime's own cache, and Tessera's items
+# Keyring: msalruntime's own cache, and Tessera's items (Tests/lib/tessera_keyring.py)
 
 
-class Keyring:
-    def __init__(self):
-        self.conn = new_connection()
-        self.service = dbus.Interface(self.conn.get_object(SECRETS, "/org/freedesktop/secrets"),
-                                      "org.freedesktop.Secret.Service")
-
-    def items(self, attributes):
-        unlocked, locked = self.service.SearchItems(dbus.Dictionary(attributes, signature="ss"))
-        out = []
-        for path in list(unlocked) + list(locked):
-            props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
-            attrs = {str(k): str(v) for k, v in props.Get("org.freedesktop.Secret.Item", "Attributes").items()}
-            out.append((str(path), attrs))
-        return out
-
-    def delete(self, items):
-        for path, _ in items:
-            prompt = str(dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.Secret.Item").Delete())
-            assert prompt == "/", f"deleting {path} wants a prompt"
-        return len(items)
-
-    def msalruntime_items(self):
-        return self.items({"xdg:schema": MSALRUNTIME_SCHEMA})
-
-    def clear_msalruntime_tokens(self):
-        """Deletes msalruntime's cached tokens (items with a clientid) and keeps its accounts: MSAL's
-        acquire_token_silent then has to ask the broker."""
-        return self.delete([i for i in self.msalruntime_items() if "clientid" in i[1]])
-
-    def clear_msalruntime(self):
-        """Deletes all of msalruntime's cache: as an app that never ran on this machine."""
-        return self.delete(self.msalruntime_items())
-
-    def clear_tessera(self):
-        return self.delete(self.items({"tessera_schema": "1"}))
-
-
-@pytest.fixture(scope="session")
-def keyring_session():
-    k = Keyring()
-    yield k
-    k.conn.close()
+keyring_session = tessera_keyring.keyring_session  # one connection for the whole run
 
 
 @pytest.fixture(autouse=True)
 def keyring(keyring_session):
     """Every test starts without msalruntime's or Tessera's items."""
     keyring_session.clear_msalruntime()
-    keyring_session.clear_tessera()
+    keyring_session.clear()
     return keyring_session
 
 
