@@ -5,6 +5,9 @@ import SystemPackage
 import TesseraBus
 import TesseraCore
 
+// About 450 lines on purpose: the redirect listener is one security boundary (who may connect,
+// what one connection may send, how long it may take), kept in one file to be read whole.
+
 /// Loopback redirect listeners (RFC 8252 §7.3): 127.0.0.1 (and ::1 when the redirect URI names
 /// `localhost`), any free port unless a fixed one is configured.
 public struct LoopbackListenerFactory: RedirectListenerFactory {

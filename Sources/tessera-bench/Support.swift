@@ -8,6 +8,10 @@ import TesseraPlatform
   import Glibc
 #endif
 
+// Over 450 lines on purpose: everything the benchmark needs from its session (processes, the
+// test IdP, D-Bus calls through libsystemd, statistics and the report) in one place, apart from
+// the measurements themselves (Bench.swift). Not shipped.
+
 /// What the test session provides (scripts/test-session, scripts/idp).
 struct Environment {
   let sessionDir: String
