@@ -14,7 +14,8 @@ public struct SystemCallError: Error, Sendable, CustomStringConvertible {
 }
 
 /// The one way Tessera calls the C library: errno is read the moment a call fails (before anything
-/// else can change it), EINTR is retried here and nowhere else, and every result is checked.
+/// else can change it), EINTR is retried (here, or by swift-system's FileDescriptor that these
+/// helpers use: never by hand at a call site), and every result is checked.
 public enum Syscall {
   /// Runs a call that returns -1 and sets errno on failure, retrying while it is interrupted.
   @discardableResult
@@ -32,4 +33,44 @@ public enum Syscall {
 
   /// The text for a negative errno as sd-bus returns it.
   public static func describe(negative result: Int32) -> String { Errno(rawValue: -result).description }
+}
+
+/// Files, through swift-system's FileDescriptor (which retries EINTR): the one way Tessera reads a
+/// whole file or writes one, in the daemon and in the CLI alike.
+extension Syscall {
+  /// What is left to read of `fd`; more than `limit` bytes is an error (EFBIG), never a silent cut.
+  public static func readAll(_ fd: FileDescriptor, limit: Int) throws(SystemCallError) -> [UInt8] {
+    var data: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+    while true {
+      let n: Int
+      do { n = try chunk.withUnsafeMutableBytes { try fd.read(into: $0) } } catch {
+        throw SystemCallError("read", error as? Errno ?? .ioError)
+      }
+      if n == 0 { return data }
+      data += chunk[0..<n]
+      if data.count > limit { throw SystemCallError("read", .fileTooLarge) }
+    }
+  }
+
+  /// The whole file at `path` (opened close-on-exec; without following a final symbolic link when
+  /// `followLinks` is false), at most `limit` bytes.
+  public static func readFile(_ path: String, limit: Int, followLinks: Bool = true) throws(SystemCallError)
+    -> [UInt8]
+  {
+    let fd: FileDescriptor
+    do {
+      fd = try FileDescriptor.open(
+        FilePath(path), .readOnly, options: followLinks ? [.closeOnExec] : [.closeOnExec, .noFollow])
+    } catch {
+      throw SystemCallError("open(\(path))", error as? Errno ?? .ioError)
+    }
+    defer { try? fd.close() }
+    return try readAll(fd, limit: limit)
+  }
+
+  /// Writes all of `bytes` to `fd` (short writes continued, EINTR retried).
+  public static func writeAll(_ fd: FileDescriptor, _ bytes: some Sequence<UInt8>) throws(SystemCallError) {
+    do { _ = try fd.writeAll(bytes) } catch { throw SystemCallError("write", error as? Errno ?? .ioError) }
+  }
 }

@@ -1,5 +1,6 @@
 import CTesseraShim
 import Glibc
+import SystemPackage
 import TesseraBus
 import TesseraCore
 
@@ -86,23 +87,11 @@ public enum CallerIdentity {
   }
 
   static func readText(_ path: String, limit: Int) -> String? {
-    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    return readAll(fd, limit: limit)
+    (try? Syscall.readFile(path, limit: limit, followLinks: false)).map { String(decoding: $0, as: UTF8.self) }
   }
 
   static func readAll(_ fd: Int32, limit: Int) -> String? {
-    var data: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 4096)
-    while data.count <= limit {
-      let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-      if n < 0 && errno == EINTR { continue }
-      if n < 0 { return nil }
-      if n == 0 { return String(decoding: data, as: UTF8.self) }
-      data.append(contentsOf: buffer[0..<n])
-    }
-    return nil
+    (try? Syscall.readAll(FileDescriptor(rawValue: fd), limit: limit)).map { String(decoding: $0, as: UTF8.self) }
   }
 
   /// `.flatpak-info` at the root of the process's mount namespace, never through a link.

@@ -1,4 +1,6 @@
 import Glibc
+import SystemPackage
+import TesseraBus
 import TesseraCore
 
 /// The refresh journal as files: `DIR/<key>.json`, one per refresh in flight, holding the account,
@@ -29,11 +31,16 @@ public final class FileRefreshJournal: RefreshJournal {
   func path(_ entry: RefreshJournalEntry) -> String { directory + "/" + entry.key + ".json" }
 
   public func begin(_ entry: RefreshJournalEntry) {
-    let fd = open(path(entry), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
-    guard fd >= 0 else { return }
-    let bytes = entry.encoded
-    _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-    close(fd)
+    // A note that cannot be written (a full disk, say) only loses what it is for: the check of an
+    // interrupted refresh after a kill. A half-written one is removed: it would not decode.
+    let file = path(entry)
+    guard
+      let fd = try? FileDescriptor.open(
+        FilePath(file), .writeOnly, options: [.create, .truncate, .closeOnExec, .noFollow],
+        permissions: [.ownerReadWrite])
+    else { return }
+    defer { try? fd.close() }
+    do { try Syscall.writeAll(fd, entry.encoded) } catch { _ = unlink(file) }
   }
 
   public func end(_ entry: RefreshJournalEntry) {
@@ -47,11 +54,10 @@ public final class FileRefreshJournal: RefreshJournal {
     while let item = readdir(dir), entries.count < 1024 {
       let name = withUnsafeBytes(of: item.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
       guard name.hasSuffix(".json") else { continue }
-      let fd = open(directory + "/" + name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-      guard fd >= 0 else { continue }
-      let text = CallerIdentity.readAll(fd, limit: 64 * 1024)
-      close(fd)
-      if let text, let entry = RefreshJournalEntry(decoding: Array(text.utf8)) {
+      guard let bytes = try? Syscall.readFile(directory + "/" + name, limit: 64 * 1024, followLinks: false) else {
+        continue
+      }
+      if let entry = RefreshJournalEntry(decoding: bytes) {
         entries.append(entry)
       } else {
         _ = unlink(directory + "/" + name)  // unreadable: of no use to anyone
