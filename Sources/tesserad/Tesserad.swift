@@ -127,48 +127,33 @@ struct Tesserad: AsyncParsableCommand {
       server: server, handler: TesseraFront(broker: broker, logger: logger),
       microsoft: MicrosoftFront(broker: broker, logger: logger))
 
-    // A notification's "Sign in" starts the interactive sign-in it asks for.
-    notifier.start { accountID in
-      Task {
-        do { _ = try await broker.signInForNotification(accountID: accountID) } catch {
-          logger.notice(
-            "The sign-in started from the notification did not finish",
-            metadata: ["account_id": "\(accountID)", "error": "\(TesseraError.wrap(error))"])
+    // After each maintenance pass, idle connections to identity providers are closed and freed
+    // memory goes back to the system (both block: a thread of their own).
+    let tidy: @Sendable () -> Void = {
+      try? startThread(name: "tessera-tidy") {
+        let closed = http.closeIdleConnections()
+        ProcessMemory.releaseFreed()
+        if closed > 0 {
+          logger.debug("Closed idle connections to identity providers", metadata: ["count": "\(closed)"])
         }
       }
     }
-    // Resume from suspend and the network coming back refresh the tokens in use at once.
-    MachineEvents.watch(server: server, logger: logger) { reason in
-      Task { await broker.machineResumed(reason: reason) }
-    }
-    // Refresh-ahead: tokens in steady use are renewed before callers would have to wait. After
-    // each pass, idle connections are closed and freed memory goes back to the system (both block:
-    // a thread of their own).
-    let maintenance = Task {
-      await broker.runMaintenance(afterEachPass: {
-        try? startThread(name: "tessera-tidy") {
-          let closed = http.closeIdleConnections()
-          ProcessMemory.releaseFreed()
-          if closed > 0 {
-            logger.debug("Closed idle connections to identity providers", metadata: ["count": "\(closed)"])
-          }
-        }
-      })
-    }
-    defer { maintenance.cancel() }
-    // Writes the keyring did not take (it was away or locked) are retried until it takes them.
-    let storeRetries = Task { await broker.runStoreRetries() }
-    defer { storeRetries.cancel() }
-    let service = BusService(
+    let bus = BusService(
       server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName))
+    // Started in this order, stopped in reverse: the bus first, the keyring's queue last. The bus
+    // going away ends the daemon, as a signal does.
+    let services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+      .init(service: StoreService(broker: broker)),
+      .init(service: MaintenanceService(broker: broker, afterEachPass: tidy)),
+      .init(service: EventsService(broker: broker, server: server, notifier: notifier, logger: logger)),
+      .init(service: bus, successTerminationBehavior: .gracefullyShutdownGroup),
+    ]
     let group = ServiceGroup(
-      configuration: .init(
-        services: [.init(service: service)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+      configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
     var groupError: (any Error)?
     do { try await group.run() } catch { groupError = error }
-    await broker.finishStoreWrites()
     // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
-    if let failure = service.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
+    if let failure = bus.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
       printError("tesserad: \(failure)")
       throw ExitCode(1)
     }

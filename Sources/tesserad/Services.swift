@@ -1,0 +1,73 @@
+import Logging
+import ServiceLifecycle
+import TesseraBus
+import TesseraCore
+import TesseraPlatform
+
+/// tesserad's long-running jobs, each a swift-service-lifecycle `Service` in one group, so their
+/// start and shutdown order is declared (Tesserad.run): they start in the group's order and stop
+/// in reverse on SIGTERM or SIGINT. The bus stops first (calls still waiting are answered
+/// Cancelled), the keyring's queue last (every write queued by then lands).
+
+/// Keyring writes the keyring did not take (it was away or locked) are retried until it takes
+/// them; at shutdown, every queued write is finished before the daemon exits.
+struct StoreService: Service {
+  let broker: Broker
+
+  func run() async {
+    await cancelWhenGracefulShutdown { await broker.runStoreRetries() }
+    await broker.finishStoreWrites()
+  }
+}
+
+/// Refresh-ahead: tokens in steady use are renewed before callers would have to wait, and
+/// refreshes a killed run left in flight are checked. `afterEachPass` tidies up (see Tesserad).
+struct MaintenanceService: Service {
+  let broker: Broker
+  let afterEachPass: @Sendable () -> Void
+
+  func run() async {
+    await cancelWhenGracefulShutdown { await broker.runMaintenance(afterEachPass: afterEachPass) }
+  }
+}
+
+/// Events that start work without a caller: the machine waking from suspend or the network
+/// coming back (the tokens in use are refreshed at once), and a notification's "Sign in" (the
+/// sign-in it asks for). Each runs as a child task, so one event never waits for another.
+struct EventsService: Service {
+  let broker: Broker
+  let server: BusServer
+  let notifier: DesktopNotifier
+  let logger: Logger
+
+  enum Event {
+    case resumed(String)
+    case signInAsked(accountID: String)
+  }
+
+  func run() async {
+    let (events, sink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .bufferingNewest(64))
+    notifier.start { sink.yield(.signInAsked(accountID: $0)) }
+    MachineEvents.watch(server: server, logger: logger) { sink.yield(.resumed($0)) }
+    await cancelWhenGracefulShutdown { [broker, logger] in
+      await withDiscardingTaskGroup { group in
+        for await event in events {
+          group.addTask { await handle(event, broker: broker, logger: logger) }
+        }
+      }
+    }
+  }
+
+  private func handle(_ event: Event, broker: Broker, logger: Logger) async {
+    switch event {
+    case .resumed(let reason):
+      await broker.machineResumed(reason: reason)
+    case .signInAsked(let accountID):
+      do { _ = try await broker.signInForNotification(accountID: accountID) } catch {
+        logger.notice(
+          "The sign-in started from the notification did not finish",
+          metadata: ["account_id": "\(accountID)", "error": "\(TesseraError.wrap(error))"])
+      }
+    }
+  }
+}
