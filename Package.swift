@@ -31,7 +31,9 @@ let package = Package(
     .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
     // What Swift cannot call of sd-bus: the vtable macros.
     .target(name: "CTesseraBusShim", dependencies: ["CSystemd"]),
-    // What Swift cannot call of libcurl (variadic setopt/getinfo), and malloc_trim's header.
+    // What Swift cannot call, each with its reason in tessera_shim.h: libcurl's variadic
+    // setopt/getinfo, and the GNU-only pipe2, accept4, posix_spawn_file_actions_addclosefrom_np,
+    // memfd_create with its seals, and pidfd_open; and malloc_trim's header, <malloc.h>.
     .target(name: "CTesseraShim", dependencies: ["CCurl"]),
 
     // The bus layer, for both sides: sd-bus client and server, the value codec, system calls.
@@ -74,15 +76,20 @@ let package = Package(
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
+    // The CLI's logic: subcommands, output, and the helpers for git, kubectl, SASL and exec. Only
+    // what both sides share and the bus layer: no engine.
+    .target(
+      name: "TesseraCLI",
+      dependencies: [
+        "TesseraClient", "TesseraBus", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        .product(name: "SystemPackage", package: "swift-system"),
+      ]),
     .executableTarget(
       name: "tessera",
-      dependencies: [
-        "TesseraClient",
-        .product(name: "ArgumentParser", package: "swift-argument-parser"),
-      ],
+      dependencies: ["TesseraCLI"],
       // Runs inside `$(tessera token)` in scripts and prompts: the Swift runtime linked in statically
-      // saves loading and relocating ten shared libraries at every start (measured: 9.3 → see
-      // BENCHMARKS.md). The daemon starts once and keeps the shared runtime.
+      // saves loading and relocating ten shared libraries at every start (BENCHMARKS.md, "CLI
+      // start-up"). The daemon starts once and keeps the shared runtime.
       linkerSettings: [
         .unsafeFlags(["-static-stdlib", "-Xlinker", "-l_FoundationCShims", "-Xlinker", "-l_FoundationCollections"])
       ]
@@ -96,13 +103,23 @@ let package = Package(
       ]
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
+    // The CLI: its pure parts, and the built `tessera` binary run as a user runs it (stdout,
+    // stderr, exit status), against a scripted broker on a private dbus-daemon.
+    .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraTestSupport"]),
+    .testTarget(
+      name: "TesseraCLITests", dependencies: ["TesseraCLI", "TesseraBus", "TesseraInterface", "TesseraTestSupport"]),
     .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore"]),
     // The bus layer on its own: the codec over generated values and the wire limits, and
     // BusServer with BusClient against a private dbus-daemon the tests start.
+    // What the tests of the bus layer and of the CLI share: a private dbus-daemon, a scripted broker.
+    .target(
+      name: "TesseraTestSupport", dependencies: ["TesseraBus", "TesseraInterface", "CSystemd"],
+      path: "Tests/TesseraTestSupport"),
     .testTarget(
       name: "TesseraBusTests",
       dependencies: [
-        "TesseraBus", "TesseraInterface", "CSystemd", .product(name: "PropertyBased", package: "swift-property-based"),
+        "TesseraBus", "TesseraInterface", "TesseraTestSupport", "CSystemd",
+        .product(name: "PropertyBased", package: "swift-property-based"),
       ]),
     .testTarget(
       name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus"],

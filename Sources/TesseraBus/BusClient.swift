@@ -69,7 +69,8 @@ public final class BusClient {
   public func call(
     destination: String = BrokerInterface.busName, path: String = BrokerInterface.objectPath,
     interface: String = BrokerInterface.interfaceName, member: String, arguments: [BusValue],
-    timeoutSeconds: Double = 25, signalSender: String? = nil, onSignal: ((String, [BusValue]) -> Void)? = nil
+    timeoutSeconds: Double = 25, signalSender: String? = nil, onSignal: ((String, [BusValue]) -> Void)? = nil,
+    stopped: (() -> Bool)? = nil
   ) throws(BusCallError) -> [BusValue] {
     guard onSignal == nil || signalSender != nil else {
       throw BusCallError(
@@ -107,10 +108,17 @@ public final class BusClient {
       let r = sd_bus_process(bus, nil)
       try check(r, "process")
       if r > 0 { continue }
-      try check(sd_bus_wait(bus, UInt64.max), "wait")
+      // With `stopped`, it is asked every 100 ms while the reply is awaited.
+      if let stopped, stopped() {
+        throw BusCallError(name: Self.stoppedError, message: "The call was abandoned before its reply came.")
+      }
+      try check(sd_bus_wait(bus, stopped == nil ? UInt64.max : 100_000), "wait")
     }
     return try withExtendedLifetime(state) { () throws(BusCallError) -> [BusValue] in try state.reply!.get() }
   }
+
+  /// The error of a call given up through `stopped`.
+  public static let stoppedError = "org.tessera.Client.Error.Stopped"
 
   private func check(_ r: Int32, _ what: String) throws(BusCallError) {
     if r < 0 {

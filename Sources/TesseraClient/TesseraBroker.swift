@@ -75,6 +75,9 @@ public enum TesseraClientError: Error, Sendable, CustomStringConvertible {
 /// A connection to the Tessera broker on the session bus. Use one instance from one thread.
 public final class TesseraBroker {
   private let client: BusClient
+  /// Asked every 100 ms while a call waits for its reply: true gives the call up (it fails with
+  /// Cancelled). AsyncTesseraBroker sets it from its task's cancellation.
+  var stopped: (@Sendable () -> Bool)?
   /// Seconds added to an interactive flow's own timeout for the D-Bus call.
   static let interactiveSlack: UInt32 = 60
   /// A silent call may refresh (discovery, keys, token: each bounded at 10 s by the broker).
@@ -96,8 +99,11 @@ public final class TesseraBroker {
     do {
       return try client.call(
         destination: destination, path: path, interface: interface, member: member, arguments: arguments,
-        timeoutSeconds: timeout, signalSender: signalSender, onSignal: onSignal)
+        timeoutSeconds: timeout, signalSender: signalSender, onSignal: onSignal, stopped: stopped)
     } catch {
+      if error.name == BusClient.stoppedError {
+        throw .broker(.cancelled("The call was cancelled before the broker answered."))
+      }
       if let code = TesseraError.Code(dbusName: error.name) { throw .broker(TesseraError(code, error.message)) }
       switch error.name {
       case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",

@@ -3,6 +3,8 @@ import PropertyBased
 import TesseraInterface
 import Testing
 
+import TesseraTestSupport
+
 @testable import TesseraBus
 
 /// BusCodec: what is written is read back the same, over generated values; and a message past the

@@ -3,6 +3,8 @@ import Synchronization
 import TesseraInterface
 import Testing
 
+import TesseraTestSupport
+
 @testable import TesseraBus
 
 /// BusServer and BusClient over a real dbus-daemon: calls reach the handler with the caller's

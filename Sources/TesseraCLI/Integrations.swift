@@ -1,4 +1,6 @@
 import ArgumentParser
+import SystemPackage
+import TesseraBus
 import TesseraClient
 
 #if canImport(FoundationEssentials)
@@ -90,27 +92,17 @@ func haveTerminal() -> Bool {
   return true
 }
 
-/// Reads stdin to its end, at most `limit` bytes; nil when there was more.
+/// Reads stdin to its end, at most `limit` bytes; nil when there was more. A read error ends the
+/// input there, as end of file would.
 func readStandardInput(limit: Int) -> [UInt8]? {
-  var data: [UInt8] = []
-  var buffer = [UInt8](repeating: 0, count: 16 * 1024)
-  while true {
-    let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
-    if n < 0 && errno == EINTR { continue }
-    if n <= 0 { return data }
-    data.append(contentsOf: buffer[0..<n])
-    if data.count > limit { return nil }
+  do { return try Syscall.readAll(.standardInput, limit: limit) } catch {
+    return error.errno == .fileTooLarge ? nil : []
   }
 }
 
+/// Writes to stdout whole; a reader that went away (EPIPE) is not an error worth a message.
 func writeStandardOutput(_ text: String) {
-  var bytes = Array(text.utf8)[...]
-  while !bytes.isEmpty {
-    let n = bytes.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
-    if n < 0 && errno == EINTR { continue }
-    if n <= 0 { return }
-    bytes = bytes.dropFirst(n)
-  }
+  try? Syscall.writeAll(.standardOutput, text.utf8)
 }
 
 extension Tessera {
@@ -408,17 +400,5 @@ struct FileError: Error {
 }
 
 func readFile(_ path: String) throws(FileError) -> [UInt8] {
-  let fd = open(path, O_RDONLY | O_CLOEXEC)
-  guard fd >= 0 else { throw FileError(errno: errno) }
-  defer { close(fd) }
-  var data: [UInt8] = []
-  var buffer = [UInt8](repeating: 0, count: 64 * 1024)
-  while true {
-    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-    if n < 0 && errno == EINTR { continue }
-    if n < 0 { throw FileError(errno: errno) }
-    if n == 0 { return data }
-    data.append(contentsOf: buffer[0..<n])
-    if data.count > 1 << 20 { throw FileError(errno: EFBIG) }
-  }
+  do { return try Syscall.readFile(path, limit: 1 << 20) } catch { throw FileError(errno: error.errno.rawValue) }
 }

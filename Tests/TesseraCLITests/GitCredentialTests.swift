@@ -1,6 +1,7 @@
+import TesseraInterface
 import XCTest
 
-@testable import TesseraInterface
+@testable import TesseraCLI
 
 /// The [[git]] tables of config.toml and git-credential(1)'s lines, as git writes and reads them.
 final class GitCredentialTests: XCTestCase {

@@ -1,20 +1,28 @@
 import CSystemd
 import Foundation
 import Glibc
+import Synchronization
 
 /// A dbus-daemon of the tests' own (`dbus-daemon --session`), started once for the whole test run
 /// and stopped when the process exits, so the bus layer is tested against a real bus daemon with
 /// nothing else on it. DBUS_SESSION_BUS_ADDRESS points at it, so BusServer and BusClient (which
 /// open "the user's bus") both land there.
-enum PrivateBus {
-  struct Unavailable: Error, CustomStringConvertible {
-    let description: String
+public enum PrivateBus {
+  public struct Unavailable: Error, CustomStringConvertible {
+    public let description: String
   }
 
   /// The daemon's address; starting it the first time it is asked for.
-  static let address: Result<String, Unavailable> = start()
+  static let address: Result<String, Unavailable> = start().map { address in
+    setenv("DBUS_SESSION_BUS_ADDRESS", address, 1)
+    return address
+  }
 
-  static func ensure() throws -> String { try address.get() }
+  /// The shared private bus's address (DBUS_SESSION_BUS_ADDRESS is set to it).
+  public static func ensure() throws -> String { try address.get() }
+
+  /// Another private bus, with nothing on it, for the tests that need an empty one.
+  public static func another() throws -> String { try start().get() }
 
   private static func start() -> Result<String, Unavailable> {
     // --fork: the daemon prints its address and pid, then runs on its own; killed at exit.
@@ -30,16 +38,17 @@ enum PrivateBus {
     guard let address = line(), !address.isEmpty, let pid = line().flatMap({ pid_t($0) }) else {
       return .failure(Unavailable(description: "dbus-daemon printed no address (is the dbus package installed?)"))
     }
-    setenv("DBUS_SESSION_BUS_ADDRESS", address, 1)
-    daemon = pid
-    atexit { if PrivateBus.daemon > 0 { kill(PrivateBus.daemon, SIGTERM) } }
+    daemons.withLock { $0.append(pid) }
+    _ = reaper
     return .success(address)
   }
 
-  nonisolated(unsafe) static var daemon: pid_t = 0
+  static let daemons = Mutex<[pid_t]>([])
+  /// Stops every daemon started here when the test process exits.
+  static let reaper: Void = { atexit { for pid in PrivateBus.daemons.withLock({ $0 }) { kill(pid, SIGTERM) } } }()
 
   /// A plain connection to the private bus, for building messages the codec reads and writes.
-  static func connection() throws -> OpaquePointer {
+  public static func connection() throws -> OpaquePointer {
     _ = try ensure()
     var bus: OpaquePointer?
     let r = sd_bus_open_user(&bus)
@@ -49,13 +58,13 @@ enum PrivateBus {
 }
 
 /// A unique well-known name per server, so each test has a server of its own on the one bus.
-enum TestNames {
-  nonisolated(unsafe) private static var next = 0
-  private static let lock = NSLock()
-  static func make() -> String {
-    lock.lock()
-    defer { lock.unlock() }
-    next += 1
-    return "org.tessera.BusTest.Server\(next).P\(getpid())"
+public enum TestNames {
+  private static let next = Mutex(0)
+  public static func make() -> String {
+    let n = next.withLock {
+      $0 += 1
+      return $0
+    }
+    return "org.tessera.BusTest.Server\(n).P\(getpid())"
   }
 }

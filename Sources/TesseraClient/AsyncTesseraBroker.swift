@@ -1,0 +1,83 @@
+import Synchronization
+import TesseraBus
+
+/// The Tessera broker for Swift concurrency. sd-bus's client calls block, so each call runs on a
+/// thread of its own (never on the cooperative pool) with a connection of its own: an interactive
+/// sign-in that waits minutes for the user holds no task thread, and other calls go on meanwhile.
+/// Cancelling the calling task gives the call up within 100 ms and closes its connection; the
+/// broker then ends that caller's sign-in (a caller that leaves the bus gets nothing).
+public struct AsyncTesseraBroker: Sendable {
+  public init() {}
+
+  /// Interactive sign-in. `onInteraction` is called (on the call's thread) when the user must act:
+  /// open a URL, or enter a code on another device.
+  public func acquireToken(
+    clientID: String = "", scopes: [String] = [], options: TesseraTokenOptions = .init(),
+    onInteraction: (@Sendable (TesseraInteraction) -> Void)? = nil
+  ) async throws(TesseraClientError) -> TesseraToken {
+    try await run { broker throws(TesseraClientError) in
+      try broker.acquireToken(clientID: clientID, scopes: scopes, options: options, onInteraction: onInteraction)
+    }
+  }
+
+  public func acquireTokenSilent(
+    clientID: String = "", scopes: [String] = [], accountID: String = "", options: TesseraTokenOptions = .init()
+  ) async throws(TesseraClientError) -> TesseraToken {
+    try await run { broker throws(TesseraClientError) in
+      try broker.acquireTokenSilent(clientID: clientID, scopes: scopes, accountID: accountID, options: options)
+    }
+  }
+
+  public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
+    async throws(TesseraClientError) -> [TesseraAccount]
+  {
+    try await run { broker throws(TesseraClientError) in
+      try broker.accounts(clientID: clientID, authority: authority, username: username)
+    }
+  }
+
+  public func signOut(accountID: String, clientID: String? = nil, revoke: Bool = true) async throws(TesseraClientError)
+  {
+    try await run { broker throws(TesseraClientError) in
+      try broker.signOut(accountID: accountID, clientID: clientID, revoke: revoke)
+    }
+  }
+
+  /// The broker's health report (GetStatus).
+  public func status() async throws(TesseraClientError) -> StatusReport.Report {
+    try await run { broker throws(TesseraClientError) in try broker.status() }
+  }
+
+  /// Runs `body` with a connection of its own on a thread of its own; the task's cancellation
+  /// gives it up.
+  private func run<T: Sendable>(_ body: @escaping @Sendable (TesseraBroker) throws(TesseraClientError) -> T)
+    async throws(TesseraClientError) -> T
+  {
+    let cancelled = Flag()
+    let result: Result<T, TesseraClientError> = await withTaskCancellationHandler {
+      await withCheckedContinuation { (done: CheckedContinuation<Result<T, TesseraClientError>, Never>) in
+        do {
+          try startThread(name: "tessera-client") {
+            done.resume(
+              returning: Result { () throws(TesseraClientError) -> T in
+                let broker = try TesseraBroker()
+                broker.stopped = { cancelled.isSet }
+                return try body(broker)
+              })
+          }
+        } catch {
+          done.resume(returning: .failure(.unreachable("Could not start a thread for the call: \(error)")))
+        }
+      }
+    } onCancel: {
+      cancelled.set()
+    }
+    return try result.get()
+  }
+
+  private final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    var isSet: Bool { value.load(ordering: .acquiring) }
+    func set() { value.store(true, ordering: .releasing) }
+  }
+}

@@ -1,0 +1,299 @@
+import Foundation
+import TesseraInterface
+import TesseraTestSupport
+import Testing
+
+/// The `tessera` binary as a user (or git, kubectl, a mail client, a script) runs it: its stdout,
+/// stderr and exit status, against a scripted org.tessera.Broker1 on a private dbus-daemon. Like
+/// swift-argument-parser's tests of its examples, these run the built program, not its functions.
+@Suite(.serialized)
+struct BinaryTests {
+  struct Outcome {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+  }
+
+  /// The built binary beside this test bundle (`swift build` makes it; `swift test` builds it too).
+  static let binary: String = {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+    let bundle = String(decoding: buffer[0..<max(n, 0)].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    return (bundle as NSString).deletingLastPathComponent + "/tessera"
+  }()
+
+  static let alice = AccountInfo(
+    id: "alice-sub.0a1b2c", username: "alice@idp.test", name: "Alice Liddell", authority: "https://idp.test/tenant",
+    environment: "idp.test", realm: "tenant", localAccountID: "alice-sub")
+
+  static func token(_ secret: String = "at-cli-1", expiresOn: Int64 = 1_900_000_000) -> [BusValue] {
+    [
+      .dict(
+        TokenInfo(
+          accessToken: secret, tokenType: "Bearer", expiresOn: expiresOn, scopes: ["read"], account: alice,
+          idToken: nil, correlationID: "c-1"
+        ).busValue)
+    ]
+  }
+
+  /// A home of the test's own: no config.toml unless the test writes one.
+  let home: String = {
+    let path = NSTemporaryDirectory() + "tessera-cli-\(UUID().uuidString)"
+    try? FileManager.default.createDirectory(atPath: path + "/.config/tessera", withIntermediateDirectories: true)
+    return path
+  }()
+
+  func run(
+    _ arguments: [String], stdin: String = "", environment extra: [String: String] = [:],
+    program: String = BinaryTests.binary
+  ) throws -> Outcome {
+    #expect(FileManager.default.isExecutableFile(atPath: Self.binary), "build tessera first: swift build")
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: program)
+    process.arguments = arguments
+    var environment = [
+      "PATH": "/usr/bin:/bin", "HOME": home, "XDG_CONFIG_HOME": home + "/.config",
+      "DBUS_SESSION_BUS_ADDRESS": try PrivateBus.ensure(), "LANG": "C.UTF-8",
+    ]
+    environment.merge(extra) { $1 }
+    process.environment = environment
+    let (input, output, errors) = (Pipe(), Pipe(), Pipe())
+    process.standardInput = input
+    process.standardOutput = output
+    process.standardError = errors
+    try process.run()
+    input.fileHandleForWriting.write(Data(stdin.utf8))
+    try input.fileHandleForWriting.close()
+    let out = output.fileHandleForReading.readDataToEndOfFile()
+    let err = errors.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return Outcome(
+      status: process.terminationStatus, stdout: String(decoding: out, as: UTF8.self),
+      stderr: String(decoding: err, as: UTF8.self))
+  }
+
+  // MARK: Help, version, usage
+
+  @Test func helpTeachesTheSubcommandsAndListsEveryExitStatus() throws {
+    let help = try run(["--help"])
+    #expect(help.status == 0)
+    for subcommand in ["login", "token", "accounts", "logout", "status", "git-credential", "kube-credential", "sasl"] {
+      #expect(help.stdout.contains("  \(subcommand)"), "subcommand \(subcommand)")
+    }
+    #expect(help.stdout.contains("Authorization: Bearer $(tessera token)"))
+    #expect(help.stdout.contains("EXIT STATUS"))
+    for (status, _, summary) in ClientExitStatus.all {
+      #expect(help.stdout.contains("\(status)  \(summary)"), "exit status \(status)")
+    }
+    #expect(help.stderr.isEmpty)
+  }
+
+  @Test func versionIsTheBrokersInterfaceVersion() throws {
+    let version = try run(["--version"])
+    #expect(version.status == 0)
+    #expect(version.stdout == BrokerInterface.version + "\n")
+  }
+
+  @Test func aMistypedSubcommandIsAUsageError() throws {
+    let wrong = try run(["tokn"])
+    #expect(wrong.status == ClientExitStatus.usage.rawValue)
+    #expect(wrong.stderr.contains("tokn"))
+    #expect(wrong.stdout.isEmpty)
+    let exec = try run(["exec", "--env", "PATH", "--", "true"])
+    #expect(exec.status == ClientExitStatus.usage.rawValue)
+    #expect(exec.stderr.contains("--env PATH would replace the search path"))
+  }
+
+  // MARK: No broker
+
+  @Test func withoutASessionBusTheBrokerIsNotRunning() throws {
+    let outcome = try run(["token"], environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/tessera-bus"])
+    #expect(outcome.status == ClientExitStatus.brokerNotRunning.rawValue)
+    #expect(outcome.stderr.contains("Cannot connect to the session bus"))
+    #expect(outcome.stdout.isEmpty)
+  }
+
+  @Test func onABusWithoutTheBrokerItSaysHowToStartIt() throws {
+    let outcome = try run(["accounts"], environment: ["DBUS_SESSION_BUS_ADDRESS": try PrivateBus.another()])
+    #expect(outcome.status == ClientExitStatus.brokerNotRunning.rawValue)
+    #expect(outcome.stderr.contains("The Tessera broker is not running"))
+    #expect(outcome.stderr.contains("systemctl --user start tessera"))
+  }
+
+  // MARK: Tokens
+
+  @Test func tokenPrintsTheBareTokenAndSendsTheTarget() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token()) }) { broker in
+      let outcome = try run(["token", "--client-id", "app-1", "--scope", "read", "--scope", "write"])
+      #expect(outcome.status == 0)
+      #expect(outcome.stdout == "at-cli-1\n")
+      #expect(outcome.stderr.isEmpty)
+      let call = try #require(broker.calls.last)
+      #expect(call.member == BrokerInterface.MethodName.acquireTokenSilent.rawValue)
+      #expect(Array(call.arguments.prefix(3)) == [.string("app-1"), .strings(["read", "write"]), .string("")])
+    }
+  }
+
+  @Test func tokenJSONCarriesTheAccountButNeverARefreshToken() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token()) }) { _ in
+      let outcome = try run(["token", "--json"])
+      #expect(outcome.status == 0)
+      let json = try #require(try JSONSerialization.jsonObject(with: Data(outcome.stdout.utf8)) as? [String: Any])
+      #expect(json["access_token"] as? String == "at-cli-1")
+      #expect((json["account"] as? [String: Any])?["username"] as? String == "alice@idp.test")
+      #expect(!outcome.stdout.contains("refresh"))
+    }
+  }
+
+  @Test func aBrokerErrorIsItsNameItsMessageAndItsExitStatus() async throws {
+    try await ScriptedBroker.with({ _ in
+      .failure(.interactionRequired("alice@idp.test has not signed in to client app-1 yet. Run `tessera login`."))
+    }) { _ in
+      let outcome = try run(["token", "--client-id", "app-1"])
+      #expect(outcome.status == TesseraError.Code.interactionRequired.exitCode)
+      #expect(
+        outcome.stderr
+          == "tessera: InteractionRequired: alice@idp.test has not signed in to client app-1 yet. Run `tessera login`.\n"
+      )
+      #expect(outcome.stdout.isEmpty)
+    }
+  }
+
+  @Test func accountsByUsernameResolveToTheirId() async throws {
+    try await ScriptedBroker.with({ call in
+      call.member == "GetAccounts" ? .success([.dicts([Self.alice.busValue])]) : .success(Self.token())
+    }) { broker in
+      let outcome = try run(["token", "--account", "ALICE@idp.test"])
+      #expect(outcome.status == 0)
+      #expect(broker.calls.last?.arguments[2] == .string(Self.alice.id))
+      let unknown = try run(["token", "--account", "bob@idp.test"])
+      #expect(unknown.status == TesseraError.Code.noSuchAccount.exitCode)
+      #expect(unknown.stderr.contains("No signed-in account is 'bob@idp.test'"))
+    }
+  }
+
+  // MARK: The helpers' protocols
+
+  func writeConfig(_ text: String) throws {
+    try text.write(toFile: home + "/.config/tessera/config.toml", atomically: true, encoding: .utf8)
+  }
+
+  @Test func gitCredentialAnswersItsHostAndLetsOthersThrough() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-git")) }) { _ in
+      try writeConfig(
+        """
+        [[git]]
+        url = "https://git.example.com/team/"
+        client_id = "app-git"
+        scopes = ["repo"]
+        username = "oauth2"
+        """)
+      let request = "protocol=https\nhost=git.example.com\npath=team/tool.git\n\n"
+      let outcome = try run(["git-credential", "get"], stdin: request)
+      #expect(outcome.status == 0)
+      #expect(outcome.stdout.contains("username=oauth2\n"))
+      #expect(outcome.stdout.contains("password=at-git\n"))
+      // As git runs it: `credential.helper tessera` is git-credential-tessera.
+      let link = home + "/git-credential-tessera"
+      try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: Self.binary)
+      let asGit = try run(["get"], stdin: request, program: link)
+      #expect(asGit.stdout == outcome.stdout)
+      // Another host, or another path: nothing, so git asks its next helper.
+      for other in [
+        "protocol=https\nhost=elsewhere.example\n\n", "protocol=https\nhost=git.example.com\npath=other/x\n\n",
+      ] {
+        let passed = try run(["git-credential", "get"], stdin: other)
+        #expect(passed.status == 0)
+        #expect(passed.stdout.isEmpty)
+      }
+    }
+  }
+
+  @Test func kubeCredentialAnswersInTheVersionKubectlAsksFor() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-kube", expiresOn: 1_900_000_000)) }) { _ in
+      let info =
+        #"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","spec":{"interactive":false}}"#
+      let outcome = try run(["kube-credential", "--client-id", "app-k"], environment: ["KUBERNETES_EXEC_INFO": info])
+      #expect(outcome.status == 0)
+      #expect(
+        outcome.stdout
+          == #"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"expirationTimestamp":"2030-03-17T17:46:40Z","token":"at-kube"}}"#
+          + "\n")
+      let bad = try run(["kube-credential"], environment: ["KUBERNETES_EXEC_INFO": "not json"])
+      #expect(bad.status == ClientExitStatus.usage.rawValue)
+      #expect(bad.stderr.contains("KUBERNETES_EXEC_INFO is not an ExecCredential JSON object"))
+    }
+  }
+
+  @Test func kubeCredentialNeverPromptsWhenKubectlIsNotInteractive() async throws {
+    try await ScriptedBroker.with({ _ in .failure(.interactionRequired("Sign in first.")) }) { _ in
+      let info = #"{"apiVersion":"client.authentication.k8s.io/v1","spec":{"interactive":false}}"#
+      let outcome = try run(["kube-credential", "--client-id", "app-k"], environment: ["KUBERNETES_EXEC_INFO": info])
+      #expect(outcome.status == TesseraError.Code.interactionRequired.exitCode)
+      #expect(outcome.stderr.contains("run `tessera login --client-id app-k` in a terminal"))
+      #expect(outcome.stdout.isEmpty, "kubectl reads stdout: nothing but a credential goes there")
+    }
+  }
+
+  @Test func saslPrintsTheInitialResponseOfEachMechanism() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-mail")) }) { _ in
+      let xoauth2 = try run(["sasl", "--mech", "xoauth2"])
+      #expect(xoauth2.status == 0)
+      let decoded = Data(base64Encoded: xoauth2.stdout.trimmingCharacters(in: .newlines)).map {
+        String(decoding: $0, as: UTF8.self)
+      }
+      #expect(decoded == "user=alice@idp.test\u{1}auth=Bearer at-mail\u{1}\u{1}")
+      let bearer = try run(["sasl", "--mech", "oauthbearer", "--user", "a,b=c", "--host", "imap.test", "--port", "993"])
+      let fields = Data(base64Encoded: bearer.stdout.trimmingCharacters(in: .newlines)).map {
+        String(decoding: $0, as: UTF8.self)
+      }
+      #expect(fields == "n,a=a=2Cb=3Dc,\u{1}host=imap.test\u{1}port=993\u{1}auth=Bearer at-mail\u{1}\u{1}")
+    }
+  }
+
+  @Test func execRunsTheCommandWithTheTokenInItsEnvironmentOnly() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-exec")) }) { _ in
+      let outcome = try run(["exec", "--env", "API_TOKEN", "--", "/bin/sh", "-c", #"printf '%s|%s' "$API_TOKEN" "$0""#])
+      #expect(outcome.status == 0)
+      #expect(outcome.stdout == "at-exec|/bin/sh")
+      #expect(try run(["exec", "--", "/bin/sh", "-c", "exit 3"]).status == 3, "the command's own status")
+      let missing = try run(["exec", "--", "no-such-command-here"])
+      #expect(missing.status == ClientExitStatus.commandNotFound.rawValue)
+      #expect(missing.stderr.contains("cannot run no-such-command-here"))
+    }
+  }
+
+  // MARK: Management
+
+  @Test func accessListAndStatusPrintTheBrokersTypedAnswers() async throws {
+    let grant = GrantInfo(
+      app: "exe:/usr/bin/mutt", appDisplay: "/usr/bin/mutt (unverified)", clientID: "app-m", accountID: Self.alice.id,
+      account: "alice@idp.test", grantedAt: 1_900_000_000, via: "command", scopes: ["Mail.Send"], operations: ["token"])
+    let report = StatusReport.Report(
+      storeProblem: "The login keyring is locked.", accounts: [], attentionNeeded: [Self.alice.id])
+    try await ScriptedBroker.with({ call in
+      switch call.member {
+      case "ListGrants": .success([.dicts([grant.busValue])])
+      case "GetStatus": .success([.dict(report.busValue)])
+      case "GetAccounts": .success([.dicts([])])
+      default: .failure(.internal("unexpected \(call.member)"))
+      }
+    }) { _ in
+      let list = try run(["access", "list"])
+      #expect(list.status == 0)
+      #expect(
+        list.stdout
+          == "/usr/bin/mutt (unverified)\tapp-m\talice@idp.test\tscopes Mail.Send; only token\tcommand 2030-03-17T17:46:40Z\texe:/usr/bin/mutt\n"
+      )
+      let json = try run(["access", "list", "--json"])
+      let grants = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [[String: Any]])
+      #expect(grants.first?["app_display"] as? String == "/usr/bin/mutt (unverified)")
+      #expect(grants.first?["granted_at"] as? Int == 1_900_000_000)
+      #expect(grants.first?["authority"] == nil, "a limit that is not there is not printed")
+
+      let status = try run(["status"])
+      #expect(status.status == 0)
+      #expect(status.stdout.contains("is running, but cannot read the keyring: The login keyring is locked."))
+    }
+  }
+}

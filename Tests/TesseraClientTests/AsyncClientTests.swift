@@ -1,0 +1,73 @@
+import Synchronization
+import TesseraClient
+import TesseraTestSupport
+import Testing
+
+/// AsyncTesseraBroker against a scripted broker on a private bus: answers come back to tasks, a
+/// sign-in waiting for the user holds no one else up, and cancelling its task ends it at the broker.
+@Suite(.serialized)
+struct AsyncClientTests {
+  static let alice = AccountInfo(
+    id: "alice-sub.0a1b2c", username: "alice@idp.test", name: "Alice", authority: "https://idp.test/t",
+    environment: "idp.test", realm: "t", localAccountID: "alice-sub")
+
+  static func token(_ secret: String) -> [BusValue] {
+    [
+      .dict(
+        TokenInfo(
+          accessToken: secret, tokenType: "Bearer", expiresOn: 1_900_000_000, scopes: ["read"], account: alice,
+          idToken: nil, correlationID: "c"
+        ).busValue)
+    ]
+  }
+
+  @Test func aPendingSignInHoldsNoOneUpAndItsCancellationReachesTheBroker() async throws {
+    // Sign-ins never finish (the user is away); silent calls answer at once.
+    try await ScriptedBroker.with({ call in call.member == "AcquireToken" ? nil : .success(Self.token("at-async")) }) {
+      broker in try await pendingSignIns(broker)
+    }
+  }
+
+  func pendingSignIns(_ broker: ScriptedBroker) async throws {
+    let client = AsyncTesseraBroker()
+    let signIns = (0..<3).map { _ in
+      Task { try await client.acquireToken(clientID: "app-async", scopes: ["read"]) }
+    }
+    // More sign-ins wait than the cooperative pool has threads here (2 cores): silent calls still go.
+    for _ in 0..<5 {
+      let token = try await client.acquireTokenSilent(clientID: "app-async")
+      #expect(token.accessToken == "at-async")
+    }
+    for _ in 0..<300 where broker.calls.filter({ $0.member == "AcquireToken" }).count < 3 {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    let waiting = broker.calls.filter { $0.member == "AcquireToken" }.map(\.caller.busName)
+    #expect(waiting.count == 3)
+    for task in signIns { task.cancel() }
+    for task in signIns {
+      do {
+        _ = try await task.value
+        Issue.record("a cancelled sign-in returned a token")
+      } catch let error as TesseraClientError {
+        guard case .broker(let e) = error else { return #expect(Bool(false), "\(error)") }
+        #expect(e.code == .cancelled)
+      }
+    }
+    // Each call's connection closed: the broker sees its callers leave, and so ends their sign-ins.
+    for _ in 0..<300 where !Set(waiting).isSubset(of: broker.callersGone) {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    #expect(Set(waiting).isSubset(of: broker.callersGone))
+  }
+
+  @Test func aBrokerErrorKeepsItsCode() async throws {
+    try await ScriptedBroker.with({ _ in .failure(.noSuchAccount("No account with id 'x' is signed in.")) }) { _ in
+      await #expect {
+        try await AsyncTesseraBroker().acquireTokenSilent(accountID: "x")
+      } throws: { error in
+        guard case .broker(let e) = error as? TesseraClientError else { return false }
+        return e.code == .noSuchAccount && e.message == "No account with id 'x' is signed in."
+      }
+    }
+  }
+}
