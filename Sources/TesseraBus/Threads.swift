@@ -1,9 +1,11 @@
 import Glibc
 import SystemPackage
 
-/// Starts a dedicated OS thread (not one of Swift's cooperative pool) running `body`. The one place
-/// Tessera creates threads: the sd-bus loop, the loopback listener's connections, the browser
-/// reaper, and blocking libsecret/libcurl work never run on the cooperative pool.
+/// Starts a dedicated OS thread (not one of Swift's cooperative pool) running `body`. Every thread
+/// Tessera makes itself comes from here: the sd-bus loop, each HTTP request (libcurl), each
+/// redirect wait of the loopback listener, the browser reaper, the idle-connection tidy-up, and
+/// each call of AsyncTesseraBroker. libsecret's calls run on a serial dispatch queue of their own
+/// (SecretServiceStore). None of it blocks the cooperative pool.
 public func startThread(name: String, _ body: @escaping @Sendable () -> Void) throws(SystemCallError) {
   final class Box: @unchecked Sendable {  // handed to exactly one thread, which consumes it
     let body: @Sendable () -> Void

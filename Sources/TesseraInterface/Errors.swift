@@ -1,6 +1,7 @@
 /// The one error type of Tessera, and the one table of its codes. Every failure a caller can see is
-/// one of these codes; `ErrorCode.table` is the single place that gives each code its D-Bus error
-/// name, its `tessera` exit status and its one-line meaning. The contract XML, docs/errors.md,
+/// one of these codes; `ErrorCode.entry` (one exhaustive switch) is the single place that gives each
+/// code its D-Bus error name's suffix, its `tessera` exit status, its one-line meaning and the
+/// Microsoft front's `status`. The contract XML, docs/errors.md,
 /// tessera(1) and the CLI's `--help` are checked against (or printed from) this table.
 public struct TesseraError: Error, Sendable, Equatable, CustomStringConvertible {
   public typealias Code = ErrorCode
