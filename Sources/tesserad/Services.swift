@@ -36,29 +36,36 @@ struct MaintenanceService: Service {
 /// sign-in it asks for). Each runs as a child task, so one event never waits for another.
 struct EventsService: Service {
   let broker: Broker
-  let server: BusServer
-  let notifier: DesktopNotifier
   let logger: Logger
+  private let events: AsyncStream<Event>
 
   enum Event {
     case resumed(String)
     case signInAsked(accountID: String)
   }
 
-  func run() async {
+  /// Installs the watches at once, before the bus serves anyone: the notifier's watch also carries
+  /// the answers to access questions (PortalAccessPrompter's fallback).
+  init(broker: Broker, server: BusServer, notifier: DesktopNotifier, logger: Logger) {
+    self.broker = broker
+    self.logger = logger
     let (events, sink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .bufferingNewest(64))
+    self.events = events
     notifier.start { sink.yield(.signInAsked(accountID: $0)) }
     MachineEvents.watch(server: server, logger: logger) { sink.yield(.resumed($0)) }
-    await cancelWhenGracefulShutdown { [broker, logger] in
+  }
+
+  func run() async {
+    await cancelWhenGracefulShutdown { [broker, logger, events] in
       await withDiscardingTaskGroup { group in
         for await event in events {
-          group.addTask { await handle(event, broker: broker, logger: logger) }
+          group.addTask { await Self.handle(event, broker: broker, logger: logger) }
         }
       }
     }
   }
 
-  private func handle(_ event: Event, broker: Broker, logger: Logger) async {
+  private static func handle(_ event: Event, broker: Broker, logger: Logger) async {
     switch event {
     case .resumed(let reason):
       await broker.machineResumed(reason: reason)
