@@ -1,9 +1,8 @@
 import CSystemd
 import PropertyBased
 import TesseraInterface
-import Testing
-
 import TesseraTestSupport
+import Testing
 
 @testable import TesseraBus
 
@@ -48,15 +47,25 @@ struct CodecTests {
 
   /// Writes `values` into a method call, seals it as if sent, and reads it back.
   static func roundTrip(_ values: [BusValue], limits: WireLimits = .replies) throws -> [BusValue] {
+    try sealed { message in
+      for value in values { try BusCodec.append(message, value) }
+    } read: { message in
+      try BusCodec.readAll(message, limits: limits)
+    }
+  }
+
+  /// A method call that `fill` writes, sealed as if sent and rewound, given to `read`.
+  static func sealed<T>(_ fill: (OpaquePointer) throws -> Void, read: (OpaquePointer) throws -> T) throws -> T {
     let bus = try PrivateBus.connection()
     defer { sd_bus_flush_close_unref(bus) }
-    var message: OpaquePointer?
-    try #require(sd_bus_message_new_method_call(bus, &message, "org.example.Peer", "/", "org.example.Peer", "M") >= 0)
+    var created: OpaquePointer?
+    try #require(sd_bus_message_new_method_call(bus, &created, "org.example.Peer", "/", "org.example.Peer", "M") >= 0)
+    let message = try #require(created)
     defer { sd_bus_message_unref(message) }
-    for value in values { try BusCodec.append(message!, value) }
+    try fill(message)
     try #require(sd_bus_message_seal(message, 1, 0) >= 0)
     try #require(sd_bus_message_rewind(message, 1) >= 0)
-    return try BusCodec.readAll(message!, limits: limits)
+    return try read(message)
   }
 
   @Test func generatedValuesComeBackTheSame() async throws {
@@ -67,16 +76,12 @@ struct CodecTests {
   }
 
   @Test func aReplyTemplateIsEncodedWithItsAddedEntry() throws {
-    let bus = try PrivateBus.connection()
-    defer { sd_bus_flush_close_unref(bus) }
-    var message: OpaquePointer?
-    try #require(sd_bus_message_new_method_call(bus, &message, "org.example.Peer", "/", "org.example.Peer", "M") >= 0)
-    defer { sd_bus_message_unref(message) }
     let template: [String: BusValue] = ["access_token": .string("t"), "expires_on": .int64(7)]
-    try BusCodec.append(message!, template, adding: "correlation_id", .string("c-1"))
-    try #require(sd_bus_message_seal(message, 1, 0) >= 0)
-    try #require(sd_bus_message_rewind(message, 1) >= 0)
-    let read = try BusCodec.readAll(message!, limits: .calls)
+    let read = try Self.sealed { message in
+      try BusCodec.append(message, template, adding: "correlation_id", .string("c-1"))
+    } read: { message in
+      try BusCodec.readAll(message, limits: .calls)
+    }
     #expect(read == [.dict(template.merging(["correlation_id": .string("c-1")]) { $1 })])
   }
 
@@ -118,25 +123,22 @@ struct CodecTests {
   }
 
   @Test func aVariantHoldingAVariantIsRefusedWhereTheLimitsSaySo() throws {
-    let bus = try PrivateBus.connection()
-    defer { sd_bus_flush_close_unref(bus) }
-    var message: OpaquePointer?
-    try #require(sd_bus_message_new_method_call(bus, &message, "org.example.Peer", "/", "org.example.Peer", "M") >= 0)
-    defer { sd_bus_message_unref(message) }
     // a{sv} with {"k": <<"v">>}: a variant inside a variant, which no option of the table has.
-    try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "a")), "{sv}") >= 0)
-    try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "e")), "sv") >= 0)
-    try BusCodec.appendString(message!, "k")
-    try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "v")), "v") >= 0)
-    try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "v")), "s") >= 0)
-    try BusCodec.appendString(message!, "inner")
-    for _ in 0..<4 { try #require(sd_bus_message_close_container(message) >= 0) }
-    try #require(sd_bus_message_seal(message, 1, 0) >= 0)
-    try #require(sd_bus_message_rewind(message, 1) >= 0)
-    #expect(throws: BusCodec.OverLimit.self) { try BusCodec.readAll(message!, limits: .calls) }
-    try #require(sd_bus_message_rewind(message, 1) >= 0)
+    func write(_ message: OpaquePointer) throws {
+      try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "a")), "{sv}") >= 0)
+      try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "e")), "sv") >= 0)
+      try BusCodec.appendString(message, "k")
+      try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "v")), "v") >= 0)
+      try #require(sd_bus_message_open_container(message, CChar(UInt8(ascii: "v")), "s") >= 0)
+      try BusCodec.appendString(message, "inner")
+      for _ in 0..<4 { try #require(sd_bus_message_close_container(message) >= 0) }
+    }
+    try Self.sealed(write) { message in
+      #expect(throws: BusCodec.OverLimit.self) { try BusCodec.readAll(message, limits: .calls) }
+    }
     let allowed = WireLimits(entries: 64, elements: 64, stringBytes: 64, values: 64, nestedVariants: true)
-    #expect(try BusCodec.readAll(message!, limits: allowed) == [.dict(["k": .string("inner")])])
+    let read = try Self.sealed(write) { message in try BusCodec.readAll(message, limits: allowed) }
+    #expect(read == [.dict(["k": .string("inner")])])
   }
 }
 
