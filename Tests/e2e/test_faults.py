@@ -82,13 +82,9 @@ def newest_refresh_token(db_path, user="alice", client_id="tessera-test"):
 
 
 def stored_refresh_tokens(keyring, client_id="tessera-test", account_id=None):
-    out = []
-    for path in keyring.item_paths():
-        attributes = keyring.item_attributes_of(path)
-        if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == client_id \
-                and account_id in (None, attributes.get("account_id")):
-            out.append(json.loads(keyring.secret(path))["secret"])
-    return out
+    return [json.loads(secret)["secret"] for _, attributes, secret in keyring.tessera_items(secrets=True)
+            if attributes.get("kind") == "refresh_token" and attributes.get("client_id") == client_id
+            and account_id in (None, attributes.get("account_id"))]
 
 
 def orphans(keyring):

@@ -76,9 +76,8 @@ class Alice:
     def items(self):
         """Every Tessera keyring item: its attributes and a digest of its secret (the refresh
         token's included; digests, so a failing check never prints a token)."""
-        return sorted((json.dumps(self.keyring.item_attributes_of(p), sort_keys=True),
-                       hashlib.sha256(self.keyring.secret(p).encode()).hexdigest()[:12])
-                      for p in self.keyring.item_paths())
+        return sorted((json.dumps(attributes, sort_keys=True), hashlib.sha256(secret.encode()).hexdigest()[:12])
+                      for _, attributes, secret in self.keyring.tessera_items(secrets=True))
 
     def evidence(self, proxy_mark, idp_mark):
         requests = "\n".join(
@@ -86,8 +85,8 @@ class Alice:
             f" forwarded={r['forwarded']}" for r in self.proxy.requests(proxy_mark))
         idp_requests = "\n".join(f"  {r['method']} {r['path']} {r['status']} {r.get('grant_type') or ''}"
                                  for r in self.idp.requests(idp_mark))
-        items = "\n".join(f"  {json.dumps(self.keyring.item_attributes_of(p), sort_keys=True)}"
-                          for p in self.keyring.item_paths())
+        items = "\n".join(f"  {json.dumps(attributes, sort_keys=True)}"
+                          for attributes in self.keyring.item_attributes())
         return (f"\nrequests at the proxy:\n{requests or '  none'}\nrequests at the IdP:\n{idp_requests or '  none'}"
                 f"\nkeyring items:\n{items or '  none'}\ntesserad's log (end):\n{self.daemon.log()[-3000:]}")
 

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import (ERROR_PREFIX, IDP_DIR, TESSERA, Broker, Daemon, expect_error, run_cli, stop_process,
                       wait_until)
-from tessera_keyring import SECRETS
+from tessera_keyring import SECRETS, TESSERA_ITEMS
 from tessera_session import bus_config, bus_daemon
 from test_faults import newest_refresh_token, orphans, report, stored_refresh_tokens
 
@@ -333,3 +333,24 @@ def test_keyring_absent_at_start_then_appearing(private_session, write_config, b
     finally:
         b.close()
         d.close()
+
+
+def test_an_item_deleted_while_the_inventory_reads_it_counts_as_gone(keyring):
+    """The race issue 27 found: tesserad's start-up clean-up deletes an orphaned item between the
+    search that lists it and the read of its attributes. Every inventory the suites take counts it
+    as gone instead of failing on the vanished object."""
+    kept = keyring.create_item({**TESSERA_ITEMS, "kind": "account", "account_id": "kept"}, "{}")
+    gone = keyring.create_item({**TESSERA_ITEMS, "kind": "refresh_token", "account_id": "gone"}, "{}")
+    listed = keyring.item_paths()
+    assert {kept, gone} <= set(listed)
+    keyring.delete([(gone, None)])  # deleted after the search, before the reads
+    assert keyring.item_attributes_of(gone) is None
+    assert keyring.secret_or_none(gone) is None
+    keyring.item_paths = lambda: listed  # the search's answer, taken before the delete
+    try:
+        assert [path for path, _ in keyring.tessera_items()] == [kept]
+        assert [path for path, _, _ in keyring.tessera_items(secrets=True)] == [kept]
+        assert [a["account_id"] for a in keyring.item_attributes()] == ["kept"]
+    finally:
+        del keyring.item_paths
+    keyring.delete([(kept, None)])

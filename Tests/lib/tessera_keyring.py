@@ -44,14 +44,27 @@ class Keyring:
         unlocked, locked = self.service.SearchItems(dbus.Dictionary(attributes, signature="ss"))
         return [str(p) for p in list(unlocked) + list(locked)]
 
+    # What gnome-keyring answers for an item deleted after it was listed (tesserad's start-up
+    # clean-up, say): the object, and so its Properties interface, is gone.
+    GONE = ("org.freedesktop.DBus.Error.UnknownMethod", "org.freedesktop.DBus.Error.UnknownObject")
+
     def item_attributes_of(self, path):
-        """An item's attributes (readable without unlocking secrets)."""
+        """An item's attributes (readable without unlocking secrets); None when the item is gone
+        (deleted between the search that listed it and this read)."""
         props = dbus.Interface(self.conn.get_object(SECRETS, path), "org.freedesktop.DBus.Properties")
-        return {str(k): str(v) for k, v in props.Get("org.freedesktop.Secret.Item", "Attributes").items()}
+        try:
+            attributes = props.Get("org.freedesktop.Secret.Item", "Attributes")
+        except dbus.exceptions.DBusException as error:
+            if error.get_dbus_name() in self.GONE:
+                return None
+            raise
+        return {str(k): str(v) for k, v in attributes.items()}
 
     def items(self, attributes):
-        """[(path, its attributes)] of the items with these attributes."""
-        return [(path, self.item_attributes_of(path)) for path in self.paths(attributes)]
+        """[(path, its attributes)] of the items with these attributes; an item deleted while they
+        are read counts as gone."""
+        read = ((path, self.item_attributes_of(path)) for path in self.paths(attributes))
+        return [(path, attrs) for path, attrs in read if attrs is not None]
 
     def delete(self, items):
         """Deletes items ((path, attributes) pairs, as items() gives them) -> how many."""
@@ -71,8 +84,15 @@ class Keyring:
 
     def secret(self, path):
         """The secret of one item, as text (through a plain session on the private test bus)."""
+        secret = self.secret_or_none(path)
+        assert secret is not None, f"{path} is gone"
+        return secret
+
+    def secret_or_none(self, path):
+        """The secret of one item; None when the item is gone (GetSecrets leaves it out)."""
         secrets = self.service.GetSecrets(dbus.Array([dbus.ObjectPath(path)], signature="o"), self._plain_session())
-        return bytes(secrets[dbus.ObjectPath(path)][2]).decode()
+        found = secrets.get(dbus.ObjectPath(path))
+        return None if found is None else bytes(found[2]).decode()
 
     def create_item(self, attributes, secret, label="tessera test item", collection=SESSION_COLLECTION):
         """Stores an item as libsecret would (xdg:schema added) in the in-memory session collection."""
@@ -93,9 +113,23 @@ class Keyring:
     def item_paths(self):
         return self.paths(TESSERA_ITEMS)
 
+    def tessera_items(self, secrets=False):
+        """Every Tessera item as [(path, attributes)], or with `secrets` [(path, attributes,
+        secret)]: the one inventory the suites take while tesserad may be deleting items (its
+        start-up clean-up), so an item deleted while it is read counts as gone."""
+        out = []
+        for path in self.item_paths():
+            attributes = self.item_attributes_of(path)
+            secret = self.secret_or_none(path) if secrets and attributes is not None else None
+            if attributes is None or (secrets and secret is None):
+                continue
+            out.append((path, attributes, secret) if secrets else (path, attributes))
+        return out
+
     def item_attributes(self):
-        """Attributes of every Tessera item (readable without unlocking secrets)."""
-        return [self.item_attributes_of(path) for path in self.item_paths()]
+        """Attributes of every Tessera item (readable without unlocking secrets); an item deleted
+        while they are read counts as gone."""
+        return [attributes for _, attributes in self.tessera_items()]
 
     def clear(self):
         """Deletes every Tessera item -> how many."""
