@@ -142,7 +142,10 @@ def callers_section(records):
     text = ("## Callers misbehaving (Tests/e2e/test_faults_callers.py)\n\n"
             "Bare-socket clients flood the daemon while a well-behaved caller makes silent calls on its own\n"
             "connection; every one of its calls must succeed, and the daemon's anonymous memory must come\n"
-            "back within 1 MiB of where it was (it hands freed memory back at its maintenance passes).\n\n"
+            "back within 1 MiB of where it was (it hands freed memory back at its maintenance passes). The two\n"
+            "floods that queue hundreds of messages at once are measured from after their first flood (the\n"
+            "high-water mark of sd-bus's buffers and the allocator, shown in brackets, bounded at 2 MiB): the\n"
+            "1 MiB bound is on growth from one flood to the next.\n\n"
             "| fault | outcome | well-behaved caller: calls, p50, p99, worst | memory after |\n"
             "|---|---|---|---|\n")
     for r in records:
@@ -160,7 +163,8 @@ def callers_section(records):
         else:
             outcome = f"{r['messages']} messages of {r['message_mib']} MiB refused (InvalidArgument) in {r['answered_s']} s"
         text += (f"| {r['fault']} | {outcome} | {v['calls']}, {v['p50_ms']} ms, {v['p99_ms']} ms, {v['max_ms']} ms | "
-                 f"{r['memory_kib']:+d} KiB |\n")
+                 f"{r['memory_kib']:+d} KiB"
+                 + (f" (first flood {r['high_water_kib']:+d} KiB)" if "high_water_kib" in r else "") + " |\n")
     text += ("\nThe well-behaved caller's worst waits come from the one bus socket: its call queues behind the\n"
              "flood's (1,000 calls, or a 128 MiB message that sd-bus reads whole before tesserad sees it).")
     return text
