@@ -88,7 +88,33 @@ def start_keyring_unlocked(keyring):
             return False  # the owner changed between the calls: look again
 
     wait_until(back_unlocked, timeout=15, interval=0.2, what="the keyring to be back, unlocked")
+    # The one that lost the race must not outlive it: killed later, the owner would hand the name
+    # to it (already unlocked) instead of to a D-Bus activation (seed 79, issue 27).
+    owner = keyring_pid()
+    for pid in session_keyring_pids():
+        if pid != owner:
+            os.kill(pid, signal.SIGKILL)
     note_keyring_pid()
+
+
+def session_keyring_pids():
+    """Every gnome-keyring-daemon of this test session (its control directory is the session's)."""
+    session = os.environ["TESSERA_SESSION_DIR"]
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"gnome-keyring-daemon" not in f.read().split(b"\0")[0]:
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if session.encode() not in f.read():
+                    continue
+        except OSError:
+            continue  # gone meanwhile
+        pids.append(int(entry))
+    return pids
 
 
 @pytest.fixture
