@@ -52,7 +52,13 @@ struct Tesserad: AsyncParsableCommand {
     let environment = ProcessInfo.processInfo.environment
     let path = ConfigLocation.path(option: config, environment: environment)
     var brokerConfig = BrokerConfig()
-    if let bytes = readFile(path) {
+    let read = Result { () throws(SystemCallError) in try Syscall.readFile(path, limit: 16 << 20) }
+    // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
+    if case .failure(let error) = read, error.errno == .fileTooLarge {
+      printError("tesserad: bad configuration: \(path) is larger than 16 MiB. Point --config at the right file.")
+      throw ExitCode(78)
+    }
+    if case .success(let bytes) = read {
       // The file's `browser` key runs a program, and its trust settings decide where refresh tokens
       // go: another user who can write it could make the daemon do either.
       if let problem = othersCanWrite(path) {
