@@ -1,0 +1,83 @@
+import ArgumentParser
+import TesseraBus
+import TesseraClient
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
+extension Tessera {
+  struct Login: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Sign in interactively (browser, or a device code with --device-code).",
+      discussion: """
+        Opens your browser at the identity provider. On a machine without a browser (SSH), use \
+        --device-code: tessera prints a link and a code to enter on any other device.
+        """)
+    @OptionGroup var target: Target
+    @Flag(name: .long, help: "Use the device code flow: sign in on another device.") var deviceCode = false
+    @Option(name: .long, help: ArgumentHelp("select_account, login, consent or none.", valueName: "prompt")) var prompt:
+      String?
+    @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username"))
+    var loginHint: String?
+    @Option(
+      name: .long,
+      help: ArgumentHelp("Seconds to wait for the sign-in (default 300, device code 900).", valueName: "seconds"))
+    var timeout: UInt32?
+    @OptionGroup var output: Output
+
+    func run() throws {
+      var options = TesseraTokenOptions()
+      options.authority = target.authority
+      options.deviceCode = deviceCode
+      options.prompt = prompt
+      options.loginHint = loginHint
+      options.timeout = timeout
+      let token = try withBroker { broker throws(TesseraClientError) in
+        try broker.acquireToken(
+          clientID: target.clientId, scopes: target.scopes, options: options, onInteraction: showInteraction)
+      }
+      if output.json {
+        printJSON(token.account)
+      } else {
+        print("Signed in as \(token.account.username) (\(token.account.name)); account id \(token.account.id)")
+      }
+    }
+  }
+
+  struct Token: ParsableCommand {
+    static let configuration = CommandConfiguration(
+      abstract: "Print an access token (from the cache, or refreshed silently).",
+      discussion: """
+        Prints the bare token, for `Authorization: Bearer $(tessera token)`. Never prompts: when \
+        a sign-in is needed it exits with status 4; run `tessera login` then.
+        """)
+    @OptionGroup var target: Target
+    @Option(
+      name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
+    var account: String?
+    @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
+    @Option(
+      name: .long,
+      help: ArgumentHelp(
+        "Seconds the token must still be valid (default 300, or a quarter of the token's lifetime when shorter).",
+        valueName: "seconds"))
+    var minValidity: UInt32?
+    @OptionGroup var output: Output
+
+    func run() throws {
+      var options = TesseraTokenOptions()
+      options.authority = target.authority
+      options.forceRefresh = forceRefresh
+      options.minValidity = minValidity
+      let token = try withBroker { broker throws(TesseraClientError) in
+        let accountID = try resolveAccount(account, broker: broker, authority: target.authority)
+        return try broker.acquireTokenSilent(
+          clientID: target.clientId, scopes: target.scopes, accountID: accountID, options: options)
+      }
+      if output.json { printJSON(token) } else { print(token.accessToken) }
+    }
+  }
+}
