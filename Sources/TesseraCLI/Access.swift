@@ -28,6 +28,7 @@ extension Tessera {
         let grants = try withBroker { broker throws(TesseraClientError) in try broker.grants() }
         if output.json { return printJSON(grants) }
         if grants.isEmpty { return printError("No grants yet: an app gets one when it completes a sign-in.") }
+        var table = Table("APP", "CLIENT ID", "ACCOUNT", "LIMITS", "GRANTED", "APP KEY")
         for g in grants {
           // What the grant is narrowed to, when it is: "scopes Mail.Send; token only".
           var limits: [String] = []
@@ -36,10 +37,13 @@ extension Tessera {
             limits.append(scopes.isEmpty ? "sign-in scopes only" : "scopes \(scopes.joined(separator: " "))")
           }
           if let ops = g.operations { limits.append("only \(ops.joined(separator: ", "))") }
-          print(
-            "\(SafeText.clip(g.appDisplay, limit: 300))\t\(g.clientID)\t\(SafeText.clip(g.account, limit: 200))\t\(limits.isEmpty ? "any scope" : SafeText.clip(limits.joined(separator: "; "), limit: 400))\t\(g.via) \(rfc3339(g.grantedAt))\t\(SafeText.clip(g.app, limit: 300))"
-          )
+          table.add(
+            SafeText.clip(g.appDisplay, limit: 300), SafeText.clip(g.clientID, limit: 300),
+            SafeText.clip(g.account, limit: 200),
+            limits.isEmpty ? "any scope" : SafeText.clip(limits.joined(separator: "; "), limit: 400),
+            "\(g.via) \(rfc3339(g.grantedAt))", SafeText.clip(g.app, limit: 300))
         }
+        table.print()
       }
     }
 
@@ -63,7 +67,8 @@ extension Tessera {
       @Option(
         name: .long,
         help: ArgumentHelp(
-          "Account id or username, or * for every account (default: the only one).", valueName: "account"))
+          "Account id or username, or * for every account (default: the only one).", valueName: "account"),
+        completion: accountCompletion)
       var account: String?
       @Option(
         name: .long,
@@ -79,7 +84,7 @@ extension Tessera {
         name: .customLong("operation"),
         help: ArgumentHelp(
           "Only these operations: token, sign-in, list-accounts, sign-out (repeat for more; default: all).",
-          valueName: "operation"))
+          valueName: "operation"), completion: .list(["token", "sign-in", "list-accounts", "sign-out"]))
       var operations: [String] = []
 
       func run() throws {
@@ -120,11 +125,17 @@ extension Tessera {
       func run() throws {
         let records = try withBroker { broker throws(TesseraClientError) in try broker.accessLog() }
         if output.json { return printJSON(records) }
-        for r in records {
-          print(
-            "\(rfc3339(r.at))\t\(r.decision)\t\(r.reason)\t\(SafeText.clip(r.app, limit: 300))\t\(r.operation)\t\(r.clientID)\t\(SafeText.clip(r.account, limit: 200))"
-          )
+        if records.isEmpty {
+          return printError(
+            "No access decisions since tesserad started: no app has asked for a token, account or sign-in yet.")
         }
+        var table = Table("TIME", "DECISION", "REASON", "APP", "OPERATION", "CLIENT ID", "ACCOUNT")
+        for r in records {
+          table.add(
+            rfc3339(r.at), r.decision, r.reason, SafeText.clip(r.app, limit: 300), r.operation,
+            SafeText.clip(r.clientID, limit: 300), SafeText.clip(r.account, limit: 200))
+        }
+        table.print()
       }
     }
   }

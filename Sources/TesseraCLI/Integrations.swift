@@ -20,7 +20,10 @@ import TesseraClient
 struct TokenTarget: ParsableArguments {
   @OptionGroup var target: Target
   @Option(
-    name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
+    name: .long,
+    help: ArgumentHelp(
+      "Account id or username (default: the only or current account).", valueName: "account"),
+    completion: accountCompletion)
   var account: String?
   @Option(
     name: .long,
@@ -230,7 +233,7 @@ extension Tessera {
       name: .long,
       help: ArgumentHelp(
         "The ExecCredential apiVersion when KUBERNETES_EXEC_INFO is not set (default client.authentication.k8s.io/v1).",
-        valueName: "version"))
+        valueName: "version"), completion: .list(KubeCredential.versions))
     var apiVersion: String?
 
     static let versions = ["client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1"]
@@ -301,7 +304,11 @@ extension Tessera {
         passwordeval "tessera token --client-id CLIENT_ID --scope SCOPE". Never prompts.
         """)
     @OptionGroup var token: TokenTarget
-    @Option(name: .long, help: ArgumentHelp("xoauth2 or oauthbearer.", valueName: "mechanism")) var mech: String
+    @Option(
+      name: .long,
+      help: ArgumentHelp("xoauth2 or oauthbearer.", valueName: "mechanism"),
+      completion: .list(["xoauth2", "oauthbearer"]))
+    var mech: String
     @Option(name: .long, help: ArgumentHelp("The mail user (default: the account's username).", valueName: "user"))
     var user: String?
     @Option(name: .long, help: ArgumentHelp("The server's host name (OAUTHBEARER).", valueName: "host")) var host:
@@ -345,9 +352,10 @@ extension Tessera {
     static let configuration = CommandConfiguration(
       abstract: "Run a command with an access token in its environment (never in its arguments).",
       discussion: """
-        tessera exec --client-id CLIENT_ID --scope SCOPE -- ./deploy.sh  gets a token silently, puts it in \
-        $ACCESS_TOKEN (or --env NAME) and runs the command in tessera's place: the exit status \
-        is the command's. The token is fetched once, before the command starts; nothing renews it \
+        tessera exec --client-id CLIENT_ID --scope SCOPE ./deploy.sh  gets a token silently, puts it \
+        in $ACCESS_TOKEN (or --env NAME) and runs the command in tessera's place: the exit status \
+        is the command's. As with env(1), tessera's options come first and everything from the \
+        command on is the command's; `--` before it is accepted too. The token is fetched once, before the command starts; nothing renews it \
         behind the command's back, so a long job should run `tessera token` itself when it needs \
         a fresh one. Never prompts: sign in first with `tessera login`.
         """)
@@ -355,11 +363,24 @@ extension Tessera {
     @Option(name: .long, help: ArgumentHelp("The variable to set (default ACCESS_TOKEN).", valueName: "name"))
     var env: String = "ACCESS_TOKEN"
     @Argument(
-      parsing: .postTerminator, help: ArgumentHelp("The command and its arguments, after --.", valueName: "command"))
+      parsing: .captureForPassthrough,
+      help: ArgumentHelp("The command and its arguments (after tessera's options, or after --).", valueName: "command"))
     var command: [String] = []
 
+    /// The command without the `--` that may come before it.
+    var commandLine: [String] { command.first == "--" ? Array(command.dropFirst()) : command }
+
     func validate() throws {
-      guard !command.isEmpty else { throw ValidationError("Give the command to run after --.") }
+      guard let first = commandLine.first else {
+        throw ValidationError("Give the command to run, e.g. tessera exec ./deploy.sh")
+      }
+      // Everything from the first word tessera does not know is the command's; an unknown option
+      // there is a typo of tessera's, not a command.
+      if first.hasPrefix("-") && command.first != "--" {
+        throw ValidationError(
+          "Unknown option '\(first)'. tessera exec's options come before the command; put -- before a command that starts with -."
+        )
+      }
       let valid =
         env.first.map { $0 == "_" || ($0.isASCII && $0.isLetter) } == true
         && env.allSatisfy { $0 == "_" || ($0.isASCII && ($0.isLetter || $0.isNumber)) }
@@ -373,6 +394,7 @@ extension Tessera {
     func run() throws {
       let t = try token.silentToken()
       setenv(env, t.accessToken, 1)
+      let command = commandLine
       var argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) }
       argv.append(nil)
       execvp(command[0], &argv)

@@ -10,24 +10,44 @@ import TesseraClient
 
 extension Tessera {
   struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show whether the broker runs, its version and accounts.")
+    static let configuration = CommandConfiguration(
+      abstract: "Show whether the broker runs, its accounts, their tokens and what needs attention.",
+      discussion: """
+        Always answers, within about a second: also when the broker is not running (it says \
+        why) or the keyring does not answer. Per account: its state, the current account \
+        (marked *), the cached tokens' expiry, the next refresh the broker makes by itself and \
+        the last error.
+
+        EXIT STATUS
+          0   the broker runs and nothing needs attention
+          4   an account needs a sign-in (run the `tessera login` command it shows)
+          11  the keyring is locked or does not answer
+          14  the broker is not running and cannot be started
+          15  the broker cannot start: config.toml has a mistake (shown)
+        Other statuses are those of `tessera --help`. Scripts: `tessera status --json` has \
+        "running", "needs_attention" and the reason.
+        """)
     @OptionGroup var output: Output
 
     /// `tessera status --json`: schema StatusReport.schema (keys are only ever added within one).
     struct Report: Encodable {
       var schema = StatusReport.schema
       var running: Bool
+      /// Why the broker is not running (or could not be asked); nil when it answered.
+      var reason: String?
       var version: String
       var accounts: [AccountReport]
       /// Ids of the accounts that need a sign-in.
       var attentionNeeded: [String] = []
-      /// The Secret Service: "ok" or "unavailable" (then `store_message` says why).
-      var store: String
+      /// Whether something needs the user: not running, an account to sign in, the keyring.
+      var needsAttention = false
+      /// The Secret Service: "ok" or "unavailable" (then `store_message` says why); nil when not running.
+      var store: String?
       var storeMessage: String?
       /// The bus names this broker answers on.
       var fronts: [String]
-      /// com.microsoft.identity.broker1: "served", "other_broker" or "off".
-      var microsoftBroker: String
+      /// com.microsoft.identity.broker1: "served", "other_broker" or "off"; nil when not running.
+      var microsoftBroker: String?
       var microsoftBrokerOwner: Owner?
 
       struct Owner: Encodable {
@@ -36,8 +56,9 @@ extension Tessera {
       }
 
       enum CodingKeys: String, CodingKey {
-        case schema, running, version, accounts, fronts
+        case schema, running, reason, version, accounts, fronts
         case attentionNeeded = "attention_needed"
+        case needsAttention = "needs_attention"
         case store
         case storeMessage = "store_message"
         case microsoftBroker = "microsoft_broker"
@@ -69,56 +90,109 @@ extension Tessera {
       }
     }
 
-    func run() throws {
-      let report = try withBroker { broker throws(TesseraClientError) in
-        let version = try broker.version()
-        let health = try broker.status()
-        // With the keyring locked the accounts are not known: the report says why instead.
-        let accounts = health.storeProblem == nil ? try broker.accounts() : []
-        var report = Report(
-          running: true, version: version,
-          accounts: accounts.map { a in AccountReport(account: a, health: health.accounts.first { $0.id == a.id }) },
-          attentionNeeded: health.attentionNeeded, store: health.storeProblem == nil ? "ok" : "unavailable",
-          storeMessage: health.storeProblem, fronts: [BrokerInterface.busName], microsoftBroker: "off")
-        switch try broker.microsoftFront() {
-        case .served:
-          report.fronts.append(MicrosoftBrokerInterface.busName)
-          report.microsoftBroker = "served"
-        case .otherBroker(let pid, let executable):
-          report.microsoftBroker = "other_broker"
-          report.microsoftBrokerOwner = .init(pid: pid, executable: executable)
-        case .off: break
-        }
-        return report
+    /// The report and the exit status it calls for.
+    static func report() -> (Report, Int32) {
+      let report: Report
+      do {
+        let broker = try TesseraBroker()
+        report = try Self.ask(broker)
+      } catch {
+        let (reason, status) = notAnswered(error)
+        return (
+          Report(
+            running: false, reason: reason, version: "", accounts: [], needsAttention: true, fronts: []), status
+        )
       }
+      var status = ClientExitStatus.success.rawValue
+      if report.storeMessage != nil {
+        status = ErrorCode.storeUnavailable.exitCode
+      } else if !report.attentionNeeded.isEmpty {
+        status = ErrorCode.interactionRequired.exitCode
+      }
+      return (report, status)
+    }
+
+    /// Why the broker could not be asked, and the exit status for it.
+    static func notAnswered(_ error: TesseraClientError) -> (String, Int32) {
+      if let failure = startFailure(error) { return (failure.message, failure.status) }
+      return (error.description, error.exitCode)
+    }
+
+    static func ask(_ broker: TesseraBroker) throws(TesseraClientError) -> Report {
+      let version = try broker.version()
+      let health = try broker.status()
+      // With the keyring locked the accounts are not known: the report says why instead.
+      let accounts = health.storeProblem == nil ? try broker.accounts() : []
+      var report = Report(
+        running: true, version: version,
+        accounts: accounts.map { a in AccountReport(account: a, health: health.accounts.first { $0.id == a.id }) },
+        attentionNeeded: health.attentionNeeded,
+        needsAttention: health.storeProblem != nil || !health.attentionNeeded.isEmpty,
+        store: health.storeProblem == nil ? "ok" : "unavailable", storeMessage: health.storeProblem,
+        fronts: [BrokerInterface.busName], microsoftBroker: "off")
+      switch try broker.microsoftFront() {
+      case .served:
+        report.fronts.append(MicrosoftBrokerInterface.busName)
+        report.microsoftBroker = "served"
+      case .otherBroker(let pid, let executable):
+        report.microsoftBroker = "other_broker"
+        report.microsoftBrokerOwner = .init(pid: pid, executable: executable)
+      case .off: break
+      }
+      return report
+    }
+
+    func run() throws {
+      let (report, status) = Self.report()
       if output.json {
         printJSON(report)
+      } else {
+        Self.show(report, now: Int64(Date().timeIntervalSince1970))
+      }
+      if status != 0 { throw ExitCode(status) }
+    }
+
+    static func show(_ report: Report, now: Int64) {
+      guard report.running else {
+        print("tesserad is not running: \(SafeText.clip(report.reason ?? "", limit: 2000))")
         return
       }
       if let problem = report.storeMessage {
         print(
-          "tesserad \(report.version) is running, but cannot read the keyring: \(SafeText.clip(problem, limit: 500))")
+          "tesserad \(report.version) is running, but cannot read the keyring: \(SafeText.clip(problem, limit: 1000))")
       } else {
-        print("tesserad \(report.version) is running; \(report.accounts.count) account(s) signed in.")
+        let n = report.accounts.count
+        print("tesserad \(report.version) is running; \(n) account\(n == 1 ? "" : "s") signed in.")
       }
       for a in report.accounts {
+        let username = SafeText.clip(a.account.username, limit: 200)
         var line =
-          "  \(SafeText.clip(a.account.username, limit: 200)) (\(SafeText.clip(a.account.environment, limit: 200)))"
-        if let h = a.health {
-          switch h.state {
-          case "needs_sign_in":
-            line +=
-              ": needs a sign-in: run `tessera login --login-hint \(SafeText.clip(a.account.username, limit: 200))`"
-          case "store_locked": line += ": the keyring is locked: unlock it"
-          case "idp_unreachable": line += ": the identity provider cannot be reached"
-          default: line += ": ok"
-          }
-          line += "; \(h.tokens.count) token(s) cached"
-          if let error = h.lastError {
-            line += "\n    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))"
-          }
+          "\(a.account.current == true ? "*" : " ") \(username) (\(SafeText.clip(a.account.environment, limit: 200)))"
+        guard let h = a.health else {
+          print(line)
+          continue
+        }
+        switch h.state {
+        case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
+        case "store_locked": line += ": the keyring is locked: unlock it"
+        case "idp_unreachable": line += ": the identity provider cannot be reached"
+        default: line += ": ok"
         }
         print(line)
+        if h.tokens.isEmpty {
+          print("    no access token cached")
+        }
+        for t in h.tokens {
+          let scopes = t.scopes.isEmpty ? "" : " (\(SafeText.clip(t.scopes.joined(separator: " "), limit: 200)))"
+          let life = t.expiresOn > now ? "expires \(when(t.expiresOn, now: now))" : "expired \(rfc3339(t.expiresOn))"
+          print("    token for \(SafeText.clip(t.clientID, limit: 200))\(scopes): \(life)")
+        }
+        if let next = h.nextRefresh {
+          print("    next refresh \(next > now ? when(next, now: now) : "now (due)")")
+        }
+        if let error = h.lastError {
+          print("    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))")
+        }
       }
       switch report.microsoftBroker {
       case "served":
@@ -132,6 +206,15 @@ extension Tessera {
       default:
         print("Microsoft broker protocol: off (microsoft_broker = false in config.toml).")
       }
+    }
+
+    /// "at 2026-11-26T10:00:00Z (in 54 min)".
+    static func when(_ time: Int64, now: Int64) -> String {
+      let left = time - now
+      let span =
+        left < 90
+        ? "\(left) s" : left < 90 * 60 ? "\((left + 30) / 60) min" : "\(left / 3600) h \((left % 3600) / 60) min"
+      return "at \(rfc3339(time)) (in \(span))"
     }
   }
 }

@@ -29,7 +29,8 @@ struct Tessera: ParsableCommand {
       """,
     version: BrokerInterface.version,
     subcommands: [
-      Login.self, Token.self, Accounts.self, Logout.self, Status.self, GitCredential.self, KubeCredential.self,
+      Login.self, Token.self, Accounts.self, Account.self, Logout.self, Status.self, GitCredential.self,
+      KubeCredential.self,
       Sasl.self, Exec.self, Access.self,
     ])
 }
@@ -50,6 +51,13 @@ struct Target: ParsableArguments {
     name: .customLong("scope"),
     help: ArgumentHelp("A scope to request; repeat for several (default: default_scopes).", valueName: "scope"))
   var scopes: [String] = []
+
+  func validate() throws {
+    for scope in scopes where scope.contains(" ") {
+      let each = scope.split(separator: " ").map { "--scope \($0)" }.joined(separator: " ")
+      throw ValidationError("--scope takes one scope; repeat it for each: \(each)")
+    }
+  }
 }
 
 struct Output: ParsableArguments {
@@ -68,8 +76,14 @@ func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) thro
 }
 
 func fail(_ error: TesseraClientError) -> Never {
-  var line = "tessera: \(error.description)"
-  if case .broker(let e) = error { line = "tessera: \(e.code.rawValue): \(SafeText.clip(e.message, limit: 4096))" }
+  if let failure = startFailure(error) {
+    printError("tessera: \(failure.message)")
+    exit(failure.status)
+  }
+  var line = "tessera: \(CLIWords.rewrite(error.description))"
+  if case .broker(let e) = error {
+    line = "tessera: \(e.code.rawValue): \(SafeText.clip(CLIWords.rewrite(e.message), limit: 4096))"
+  }
   printError(line)
   exit(error.exitCode)
 }
@@ -115,4 +129,10 @@ public func runTessera(_ arguments: [String] = CommandLine.arguments) -> Never {
     Tessera.main(Array(arguments.dropFirst()))
   }
   exit(0)
+}
+
+/// Completes --account with the signed-in accounts' usernames (nothing when the broker does not answer).
+let accountCompletion = CompletionKind.custom { _, _, prefix in
+  guard let broker = try? TesseraBroker(), let accounts = try? broker.accounts() else { return [] }
+  return accounts.map(\.username).filter { $0.hasPrefix(prefix) }
 }

@@ -18,8 +18,12 @@ extension Tessera {
         """)
     @OptionGroup var target: Target
     @Flag(name: .long, help: "Use the device code flow: sign in on another device.") var deviceCode = false
-    @Option(name: .long, help: ArgumentHelp("select_account, login, consent or none.", valueName: "prompt")) var prompt:
-      String?
+    @Option(
+      name: .long,
+      help: ArgumentHelp(
+        "select_account, login, consent or none.", valueName: "prompt"),
+      completion: .list(["select_account", "login", "consent", "none"]))
+    var prompt: String?
     @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username"))
     var loginHint: String?
     @Option(
@@ -52,11 +56,18 @@ extension Tessera {
       abstract: "Print an access token (from the cache, or refreshed silently).",
       discussion: """
         Prints the bare token, for `Authorization: Bearer $(tessera token)`. Never prompts: when \
-        a sign-in is needed it exits with status 4; run `tessera login` then.
+        a sign-in is needed it exits with status \(ErrorCode.interactionRequired.exitCode) \
+        (\(ErrorCode.interactionRequired.entry.summary)), or \(ErrorCode.noSuchAccount.exitCode) \
+        (\(ErrorCode.noSuchAccount.entry.summary)) when no account is signed in at all; run \
+        `tessera login` then. With several accounts signed in, it uses the current one (see \
+        `tessera account use`) unless --account names another.
         """)
     @OptionGroup var target: Target
     @Option(
-      name: .long, help: ArgumentHelp("Account id or username (default: the only account).", valueName: "account"))
+      name: .long,
+      help: ArgumentHelp(
+        "Account id or username (default: the only or current account).", valueName: "account"),
+      completion: accountCompletion)
     var account: String?
     @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
     @Option(

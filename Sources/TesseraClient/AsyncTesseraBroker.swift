@@ -43,6 +43,13 @@ public struct AsyncTesseraBroker: Sendable {
     }
   }
 
+  /// Makes an account the current one of its identity provider (see TesseraBroker).
+  public func setCurrentAccount(_ account: String, authority: String? = nil) async throws(TesseraClientError)
+    -> TesseraAccount
+  {
+    try await run { broker throws(TesseraClientError) in try broker.setCurrentAccount(account, authority: authority) }
+  }
+
   /// The broker's health report (GetStatus).
   public func status() async throws(TesseraClientError) -> StatusReport.Report {
     try await run { broker throws(TesseraClientError) in try broker.status() }

@@ -267,6 +267,16 @@ public final class TesseraBroker {
     _ = try call(.signOut, [.string(accountID), .dict(options)])
   }
 
+  /// Makes an account (an id or a username) the current one of its identity provider: requests
+  /// that name no account get it when several are signed in there. `authority` narrows the
+  /// search when a username is signed in at several. Returns the account.
+  public func setCurrentAccount(_ account: String, authority: String? = nil) throws(TesseraClientError)
+    -> TesseraAccount
+  {
+    let reply = try call(.setCurrentAccount, [.string(account), .string(authority ?? "")])
+    return AccountInfo(busValue: reply.first?.dictValue ?? [:])
+  }
+
   /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).
   public func cancel(correlationID: String) throws(TesseraClientError) {
     _ = try call(.cancel, [.string(correlationID)])

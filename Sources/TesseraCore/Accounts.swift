@@ -30,6 +30,52 @@ public struct AccountReference: Sendable, Equatable {
 
 /// GetAccounts and SignOut, and revocation of refresh tokens at the identity provider.
 extension Broker {
+  // MARK: - The current account
+
+  /// Makes an account (an id, or a username) the current one of its identity provider: requests
+  /// that name no account get it when several are signed in there. Only a program that may manage
+  /// access may choose (the user's own CLI); returns the account.
+  public func makeCurrent(_ reference: String, authority: String?, caller: CallerInfo?) async throws -> Account {
+    try checkMayManage(caller)
+    try await ensureLoaded()
+    var candidates = Array(cache.accounts.values)
+    if let authority, !authority.isEmpty {
+      let wanted = try resolveAuthority(authority)
+      candidates = candidates.filter {
+        Self.serves(wanted, $0) || (wanted.isMicrosoft && $0.environment == wanted.environment)
+      }
+    }
+    let account =
+      cache.accounts[reference].flatMap { a in candidates.contains { $0.id == a.id } ? a : nil }
+      ?? AccountReference(username: reference).match(in: candidates)
+    guard let account else {
+      let named = candidates.filter { $0.username.lowercased() == reference.lowercased() }.count
+      throw named > 1
+        ? TesseraError.invalidArgument(
+          "\(named) accounts are named '\(RequestOptions.clip(reference))'. Pass its account id (see `tessera accounts`), or --authority."
+        )
+        : TesseraError.noSuchAccount(
+          "No signed-in account is '\(RequestOptions.clip(reference))'. `tessera accounts` lists them; `tessera login` signs one in."
+        )
+    }
+    let operations = cache.makeCurrent(accountID: account.id)
+    if !operations.isEmpty {
+      try await apply(operations)
+      fastPath.clear()  // answers published for "no account named" may have been another account's
+      deps.events.accountsChanged()
+      logger.notice(
+        "Current account chosen",
+        metadata: [
+          "account_id": "\(account.id)", "environment": "\(account.environment)",
+          "by_app": "\(caller?.app?.display ?? "tesserad")",
+        ])
+    }
+    return account
+  }
+
+  /// The accounts the user made current, one at most per identity provider.
+  public func currentAccountIDs() -> Set<String> { cache.currentAccounts }
+
   // MARK: - GetAccounts
 
   /// The signed-in accounts a filter selects, sorted by username, for any front.

@@ -139,6 +139,24 @@ public actor Broker {
     }
   }
 
+  /// How long `tessera status` and a sign-in wait for the Secret Service, twice at most (the
+  /// load, then a probe of their own), before they answer with why it does not: a keyring that
+  /// D-Bus is starting and that never comes (a nested session's), or one stuck behind a prompt,
+  /// must not hold the user for D-Bus's 25 s.
+  static let storeAnswerSeconds = 0.5
+
+  /// `ensureLoaded`, for callers a person waits on: when the store does not answer within about
+  /// twice `seconds`, throws StoreUnavailable with the specific cause (the load goes on, and the
+  /// next request gets its result). A store that answers is waited for (its items may take a
+  /// while to read). A store loaded before is asked again, so one locked since is said now.
+  func ensureLoadedOrSayWhy(within seconds: Double = Broker.storeAnswerSeconds) async throws {
+    if loaded { return try await deps.store.probe(withinSeconds: seconds) }
+    let load = Task { try await self.ensureLoaded() }
+    if try await firstOf(load, orAfter: seconds) { return }
+    try await deps.store.probe(withinSeconds: seconds)
+    try await load.value
+  }
+
   private func finishLoading(_ items: [StoredItem]) {
     fastPath.clear()
     var (cache, skipped) = TokenCache.load(items)
@@ -290,8 +308,9 @@ public actor Broker {
         "No account is signed in for \(authority.url). Sign in first with AcquireToken (or `tessera login`).")
     }
     guard candidates.count == 1 else {
+      if let current = cache.current(among: candidates) { return current }
       throw TesseraError.invalidArgument(
-        "\(candidates.count) accounts are signed in for \(authority.url) (\(candidates.map(\.username).joined(separator: ", "))). Pass an account id to choose one."
+        "\(candidates.count) accounts are signed in for \(authority.url) (\(candidates.map(\.username).joined(separator: ", "))) and none is the current one. Choose one for every request that names none with `tessera account use USERNAME`, or pass an account id."
       )
     }
     return only
@@ -371,6 +390,15 @@ public actor Broker {
         appMetadata: AppMetadataRecord(environment: authority.environment, clientID: clientID, familyID: response.foci))
     }
     operations += accountWrites
+    // A second account beside the only one of its identity provider: the first stays the one that
+    // requests naming no account get (helpers set up for it keep working) until the user says
+    // otherwise with `tessera account use`.
+    if isNewAccount {
+      let others = cache.accounts.values.filter { $0.id != account.id && $0.environment == account.environment }
+      if others.count == 1, cache.current(among: others) == nil {
+        operations += cache.makeCurrent(accountID: others[0].id)
+      }
+    }
     let realm = (claims?.tid ?? realm(for: authority, account: account)).lowercased()
     if let tid = claims?.tid, !Self.commonTenants.contains(authority.tenant.lowercased()) {
       tenantRealms[TenantKey(environment: authority.environment, tenant: authority.tenant.lowercased())] =

@@ -1,4 +1,5 @@
 import Logging
+import Synchronization
 
 /// What the engine does by itself, between callers: the maintenance loop (refresh-ahead, and
 /// refreshes a killed run left in flight), machine events (resume, network back), and following
@@ -130,5 +131,40 @@ extension Broker {
     }
     scheduler.shiftUses(by: slept, notPast: now.wall)
     return slept
+  }
+}
+
+/// Waits for `task` at most `seconds`: true when it finished in time, false when the time ran out
+/// first (the task goes on); its error when it failed in time. Unlike a task group, it does not
+/// wait for the task once the time is up. Real time, not the broker's clock: it bounds how long a
+/// person waits, and is no event of the engine's own (whose sleeps the tests' fake clock counts).
+func firstOf(_ task: Task<Void, any Error>, orAfter seconds: Double) async throws -> Bool {
+  let race = Race()
+  return try await withCheckedThrowingContinuation { continuation in
+    race.start(continuation)
+    Task {
+      do {
+        try await task.value
+        race.finish(.success(true))
+      } catch {
+        race.finish(.failure(error))
+      }
+    }
+    Task {
+      try? await Task.sleep(for: .seconds(seconds))
+      race.finish(.success(false))
+    }
+  }
+}
+
+/// The continuation of `firstOf`, resumed by whichever side finishes first.
+private final class Race: Sendable {
+  private let continuation = Mutex<CheckedContinuation<Bool, any Error>?>(nil)
+  func start(_ c: CheckedContinuation<Bool, any Error>) { continuation.withLock { $0 = c } }
+  func finish(_ result: Result<Bool, any Error>) {
+    continuation.withLock { c in
+      c?.resume(with: result)
+      c = nil
+    }
   }
 }

@@ -109,6 +109,11 @@ public protocol SecretStore: Sendable {
   func delete(matching attributes: [String: String]) async throws
   /// Saves and deletes in order. On failure throws `StoreBatchError` saying how many were done.
   func apply(_ operations: [TokenCache.StoreOperation]) async throws
+  /// Whether the store can be used now (there, and unlocked), answered within about `seconds`:
+  /// throws `TesseraError.storeUnavailable` naming the specific cause (locked, not running, being
+  /// started and not answering, its owner not answering). Never queued behind the store's other
+  /// calls, one of which may be the call that hangs.
+  func probe(withinSeconds seconds: Double) async throws
 }
 
 /// A batch of store operations stopped part-way.

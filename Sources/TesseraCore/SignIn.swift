@@ -16,8 +16,10 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
+    // The keyring must be able to keep what the sign-in brings: a locked or absent one is said
+    // before the browser opens, within storeAnswerSeconds, not after the user has signed in.
+    try await ensureLoadedOrSayWhy()
     // An app without a grant for this client, which another app holds, is asked first (issue 11).
-    try await ensureLoaded()
     let knownAccount = request.accountID.isEmpty ? nil : cache.accounts[request.accountID]
     try await authorize(
       request.caller ?? (caller.busName.isEmpty ? nil : caller), clientID: clientID,

@@ -74,8 +74,9 @@ extension Broker {
   public func status() async throws -> StatusReport.Report {
     // A locked keyring is a state to report, not a reason to fail: until it is unlocked the
     // accounts are not known, and the report says so.
+    // Answered within storeAnswerSeconds whatever the keyring does: its state is what is reported.
     var storeError: TesseraError?
-    do { try await ensureLoaded() } catch { storeError = TesseraError.wrap(error) }
+    do { try await ensureLoadedOrSayWhy() } catch { storeError = TesseraError.wrap(error) }
     let now = deps.clock.now()
     let recent = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
     let accounts = cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }).map {

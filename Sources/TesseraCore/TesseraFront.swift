@@ -133,7 +133,15 @@ public struct TesseraFront: Sendable {
       if let clientID = parsed.clientID { metadata["client_id"] = "\(clientID)" }
       let accounts = try await broker.knownAccounts(matching: parsed)
       metadata["accounts"] = "\(accounts.count)"
-      return [.dicts(accounts.map(\.info.busValue))]
+      let current = await broker.currentAccountIDs()
+      return [
+        .dicts(
+          accounts.map { account in
+            var info = account.info
+            info.current = current.contains(account.id)
+            return info.busValue
+          })
+      ]
     case .countHiddenAccounts:
       return [.uint32(UInt32(clamping: try await broker.hiddenAccountCount(caller)))]
     case .signOut:
@@ -164,6 +172,18 @@ public struct TesseraFront: Sendable {
       return [.uint32(UInt32(clamping: removed))]
     case .getAccessLog:
       return [.dicts(try await broker.accessLog(caller: caller).map(\.busValue))]
+    case .setCurrentAccount:
+      try RequestOptions.checkText(string(0), name: "account", max: ArgumentLimits.accountIDBytes)
+      try RequestOptions.checkText(string(1), name: "authority", max: 2048, allowSpaces: false)
+      guard !string(0).isEmpty else {
+        throw TesseraError.invalidArgument(
+          "SetCurrentAccount needs an account id or username. Call GetAccounts to list them.")
+      }
+      let account = try await broker.makeCurrent(string(0), authority: string(1), caller: caller)
+      metadata["account_id"] = "\(account.id)"
+      var info = account.info
+      info.current = true
+      return [.dict(info.busValue)]
     case .cancel:
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)

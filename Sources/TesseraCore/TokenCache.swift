@@ -30,6 +30,9 @@ public struct TokenCache: Sendable {
   public private(set) var grants: [AccessGrant] = []
   /// Which app has used which account (for the first-use notification), as "APP\0ACCOUNT_ID".
   public private(set) var uses: Set<String> = []
+  /// The accounts the user made current (`tessera account use`): at most one per identity
+  /// provider (environment). A request that names no account gets it when several are signed in.
+  public private(set) var currentAccounts: Set<String> = []
 
   public init() {}
 
@@ -40,6 +43,7 @@ public struct TokenCache: Sendable {
     case appMetadata = "app_metadata"
     case grant = "access_grant"
     case use = "app_use"
+    case current = "current_account"
   }
 
   // MARK: Lookups
@@ -120,6 +124,37 @@ public struct TokenCache: Sendable {
   }
 
   static func useKey(app: String, accountID: String) -> String { "\(app)\u{0}\(accountID)" }
+
+  /// Makes `accountID` the current account of its identity provider (the one before it there is
+  /// current no more); no store write when it already is.
+  public mutating func makeCurrent(accountID: String) -> [StoreOperation] {
+    guard let account = accounts[accountID] else { return [] }
+    var operations: [StoreOperation] = []
+    for other in currentAccounts
+    where other != accountID && (accounts[other]?.environment ?? account.environment) == account.environment {
+      currentAccounts.remove(other)
+      operations.append(.delete(Self.currentAttributes(other)))
+    }
+    if currentAccounts.insert(accountID).inserted {
+      operations.append(
+        .save(
+          StoredItem(
+            attributes: Self.currentAttributes(accountID),
+            secret: Self.json(CurrentAccountRecord(accountID: accountID)),
+            label: "Tessera: the current account at \(account.environment)")))
+    }
+    return operations
+  }
+
+  /// The current account among `candidates` (the accounts that could serve a request), if one is.
+  public func current(among candidates: [Account]) -> Account? {
+    let marked = candidates.filter { currentAccounts.contains($0.id) }
+    return marked.count == 1 ? marked[0] : nil
+  }
+
+  static func currentAttributes(_ accountID: String) -> [String: String] {
+    [base: schemaVersion, "kind": Kind.current.rawValue, "account_id": accountID]
+  }
 
   /// Removes the grants `matching` selects.
   public mutating func removeGrants(where matching: (AccessGrant) -> Bool) -> [StoreOperation] {
@@ -230,6 +265,7 @@ public struct TokenCache: Sendable {
       operations.append(.save(Self.item(record)))
     }
     accounts[accountID] = nil
+    currentAccounts.remove(accountID)  // its item carries its account_id: the delete below takes it
     // Its grants go with it (their items carry its account_id, so the delete below takes them).
     grants.removeAll { $0.accountID == accountID }
     uses = uses.filter { !$0.hasSuffix("\u{0}\(accountID)") }
@@ -256,6 +292,7 @@ public struct TokenCache: Sendable {
     for grant in grants where grant.accountID != AccessGrant.anyAccount && accounts[grant.accountID] == nil {
       gone.insert(grant.accountID)
     }
+    for id in currentAccounts where accounts[id] == nil { gone.insert(id) }
     for use in uses {
       if let id = use.split(separator: "\u{0}", omittingEmptySubsequences: false).last.map(String.init),
         accounts[id] == nil
@@ -269,6 +306,7 @@ public struct TokenCache: Sendable {
     accessTokens.removeAll { gone.contains($0.accountID) }
     grants.removeAll { gone.contains($0.accountID) }
     uses = uses.filter { use in !gone.contains { use.hasSuffix("\u{0}\($0)") } }
+    currentAccounts.subtract(gone)
     return (gone, dropped)
   }
 
@@ -283,6 +321,7 @@ public struct TokenCache: Sendable {
     }
     for grant in before.grants where grant.accountID == accountID && !grants.contains(grant) { grants.append(grant) }
     uses.formUnion(before.uses.filter { $0.hasSuffix("\u{0}\(accountID)") })
+    if before.currentAccounts.contains(accountID) { currentAccounts.insert(accountID) }
     // What the sign-out noted about clients goes back to what it was.
     appMetadata.merge(before.appMetadata) { _, old in old }
   }
@@ -293,7 +332,7 @@ public struct TokenCache: Sendable {
   /// The `kind` attribute of every item type, for stores that load by kind.
   public static let itemKinds = [
     Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
-    Kind.grant.rawValue, Kind.use.rawValue,
+    Kind.grant.rawValue, Kind.use.rawValue, Kind.current.rawValue,
   ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
@@ -387,6 +426,12 @@ public struct TokenCache: Sendable {
         }
       case .grant:
         if let g = try? decoder.decode(AccessGrant.self, from: data) { cache.grants.append(g) } else { skipped += 1 }
+      case .current:
+        if let c = try? decoder.decode(CurrentAccountRecord.self, from: data) {
+          cache.currentAccounts.insert(c.accountID)
+        } else {
+          skipped += 1
+        }
       case .use:
         if let u = try? decoder.decode(AppUseRecord.self, from: data) {
           cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
@@ -404,4 +449,9 @@ public struct AppUseRecord: Codable, Sendable, Hashable {
   public var app: String
   public var accountID: String
   public var firstUsedAt: Int64
+}
+
+/// That the user made an account current (`tessera account use`).
+public struct CurrentAccountRecord: Codable, Sendable, Hashable {
+  public var accountID: String
 }

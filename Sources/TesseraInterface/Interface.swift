@@ -111,6 +111,7 @@ public enum BrokerInterface {
     case grant = "Grant"
     case revoke = "Revoke"
     case getAccessLog = "GetAccessLog"
+    case setCurrentAccount = "SetCurrentAccount"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -139,6 +140,8 @@ public enum BrokerInterface {
           ], outputs: [])
       case .revoke: Method(rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")])
       case .getAccessLog: Method(rawValue, inputs: [], outputs: [Arg("records", "aa{sv}")])
+      case .setCurrentAccount:
+        Method(rawValue, inputs: [Arg("account", "s"), Arg("authority", "s")], outputs: [Arg("result", "a{sv}")])
       }
     }
   }

@@ -79,7 +79,7 @@ public struct CallerInfo: Sendable, Equatable {
   }
 }
 
-/// An account as the D-Bus API shows it (every key present, of type s).
+/// An account as the D-Bus API shows it (every key of type s present; GetAccounts adds `current`).
 public struct AccountInfo: Sendable, Equatable, Codable {
   public var id: String
   public var username: String
@@ -88,6 +88,10 @@ public struct AccountInfo: Sendable, Equatable, Codable {
   public var environment: String
   public var realm: String
   public var localAccountID: String
+  /// Whether it is the current account of its identity provider (`tessera account use`): the one
+  /// requests that name no account get when several are signed in there. GetAccounts and
+  /// SetCurrentAccount say; nil elsewhere.
+  public var current: Bool?
 
   public init(
     id: String, username: String, name: String, authority: String, environment: String, realm: String,
@@ -104,7 +108,7 @@ public struct AccountInfo: Sendable, Equatable, Codable {
 
   /// Keys are as on the bus; `--json` output uses the same.
   enum CodingKeys: String, CodingKey {
-    case id, username, name, authority, environment, realm
+    case id, username, name, authority, environment, realm, current
     case localAccountID = "local_account_id"
   }
 
@@ -113,15 +117,18 @@ public struct AccountInfo: Sendable, Equatable, Codable {
     self.init(
       id: s(.id), username: s(.username), name: s(.name), authority: s(.authority), environment: s(.environment),
       realm: s(.realm), localAccountID: s(.localAccountID))
+    if case .bool(let current)? = d[CodingKeys.current.rawValue] { self.current = current }
   }
 
   public var busValue: [String: BusValue] {
-    [
+    var d: [String: BusValue] = [
       CodingKeys.id.rawValue: .string(id), CodingKeys.username.rawValue: .string(username),
       CodingKeys.name.rawValue: .string(name), CodingKeys.authority.rawValue: .string(authority),
       CodingKeys.environment.rawValue: .string(environment), CodingKeys.realm.rawValue: .string(realm),
       CodingKeys.localAccountID.rawValue: .string(localAccountID),
     ]
+    if let current { d[CodingKeys.current.rawValue] = .bool(current) }
+    return d
   }
 }
 

@@ -9,6 +9,8 @@ import TesseraCore
 public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   // Invariant for @unchecked Sendable: `schema` is immutable after init; libsecret calls run on `queue`.
   private let queue = DispatchQueue(label: "tessera.secret-service")
+  /// `probe` runs here: never behind a call of `queue` that may be the one that hangs.
+  private let probeQueue = DispatchQueue(label: "tessera.secret-service-probe", attributes: .concurrent)
   private let schema: UnsafeMutablePointer<SecretSchema>
 
   /// libsecret schema name; stored as `xdg:schema` on every item. Documented in docs/storage.md.
@@ -63,7 +65,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
   /// One property read on the default alias's path, on the session bus libsecret also uses: the
   /// same answer libsecret's alias lookup gives (ReadAlias, then a collection proxy that loads every
   /// property), at a third of the cost. It runs before every write, the refresh token's included.
-  private func checkUnlocked() throws {
+  private func checkUnlocked(timeoutMilliseconds: Int32 = 25_000) throws {
     var error: UnsafeMutablePointer<GError>?
     guard let bus = g_bus_get_sync(G_BUS_TYPE_SESSION, nil, &error) else {
       throw Self.unavailable(Self.take(error))
@@ -74,8 +76,12 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     guard
       let reply = g_dbus_connection_call_sync(
         bus, "org.freedesktop.secrets", "/org/freedesktop/secrets/aliases/default", "org.freedesktop.DBus.Properties",
-        "Get", arguments, nil, G_DBUS_CALL_FLAGS_NONE, 25_000, nil, &error)
+        "Get", arguments, nil, G_DBUS_CALL_FLAGS_NONE, timeoutMilliseconds, nil, &error)
     else {
+      if let e = error, g_error_matches(e, g_io_error_quark(), Int32(G_IO_ERROR_TIMED_OUT.rawValue)) != 0 {
+        g_clear_error(&error)
+        throw Self.notAnswering(bus: bus, waitedMilliseconds: timeoutMilliseconds)
+      }
       let remote = error.flatMap { g_dbus_error_get_remote_error($0) }
       defer { g_free(remote) }
       let name = remote.map { String(cString: $0) } ?? ""
@@ -100,6 +106,66 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
       throw TesseraError.storeUnavailable(
         "The keyring is locked. Unlock it (log in to the desktop session, or unlock the 'login' keyring in Passwords and Keys / seahorse), "
           + "then retry; Tessera keeps its accounts and will use them again once it is unlocked.")
+    }
+  }
+
+  /// See SecretStore.probe: the default collection's Locked property, with a short timeout.
+  public func probe(withinSeconds seconds: Double) async throws {
+    let milliseconds = Int32(max(100, min(25_000, seconds * 1000)))
+    try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+      probeQueue.async { done.resume(with: Result { try self.checkUnlocked(timeoutMilliseconds: milliseconds) }) }
+    }
+  }
+
+  /// Why the Secret Service has not answered in time: nobody owns its name yet (D-Bus is still
+  /// starting it), or its owner does not reply. Each with what to do.
+  static func notAnswering(bus: OpaquePointer, waitedMilliseconds: Int32) -> TesseraError {
+    let waited = waitedMilliseconds % 1000 == 0 ? "\(waitedMilliseconds / 1000) s" : "\(waitedMilliseconds) ms"
+    guard let owner = busCall(bus, "GetNameOwner", "org.freedesktop.secrets") else {
+      var message =
+        "The Secret Service (org.freedesktop.secrets) has not answered in \(waited): nothing owns it on this session bus, and D-Bus is still trying to start it."
+      if let control = getenv("GNOME_KEYRING_CONTROL").map({ String(cString: $0) }), !control.isEmpty {
+        message +=
+          " GNOME_KEYRING_CONTROL is set (\(SafeText.clip(control, limit: 300))): a keyring started with it joins the keyring of the session that set it, which is on another bus; this happens in a dbus-run-session started inside a desktop session. Start that session with `env -u GNOME_KEYRING_CONTROL dbus-run-session …` (and unlock a keyring in it: `gnome-keyring-daemon --unlock`), or use the desktop's own session bus."
+      } else {
+        message +=
+          " Start a keyring on this bus (`gnome-keyring-daemon --start --components=secrets`, then unlock it, or KeePassXC with its Secret Service integration), then retry."
+      }
+      return .storeUnavailable(message)
+    }
+    var who = owner
+    if let pid = busCall(bus, "GetConnectionUnixProcessID", owner).flatMap(UInt32.init) {
+      var exe = [CChar](repeating: 0, count: 4096)
+      let n = readlink("/proc/\(pid)/exe", &exe, exe.count - 1)
+      who =
+        "pid \(pid)" + (n > 0 ? ", \(String(decoding: exe[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self))" : "")
+    }
+    return .storeUnavailable(
+      "The keyring (org.freedesktop.secrets, \(SafeText.clip(who, limit: 500))) has not answered in \(waited): it may be waiting for an unlock prompt to be answered, or be stuck. Answer or close its prompt, or restart it (e.g. `gnome-keyring-daemon --replace --unlock`), then retry; Tessera keeps its accounts."
+    )
+  }
+
+  /// One call to the bus daemon itself (a second at most), its string or number answer as text;
+  /// nil when it failed (no owner, no such process).
+  private static func busCall(_ bus: OpaquePointer, _ method: String, _ text: String) -> String? {
+    var error: UnsafeMutablePointer<GError>?
+    var values = [g_variant_new_string(text)]
+    let arguments = values.withUnsafeMutableBufferPointer { g_variant_new_tuple($0.baseAddress, 1) }
+    guard
+      let reply = g_dbus_connection_call_sync(
+        bus, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", method, arguments, nil,
+        G_DBUS_CALL_FLAGS_NONE, 1000, nil, &error)
+    else {
+      g_clear_error(&error)
+      return nil
+    }
+    defer { g_variant_unref(reply) }
+    let value = g_variant_get_child_value(reply, 0)
+    defer { g_variant_unref(value) }
+    switch g_variant_classify(value) {
+    case G_VARIANT_CLASS_STRING: return g_variant_get_string(value, nil).map { String(cString: $0) }
+    case G_VARIANT_CLASS_UINT32: return String(g_variant_get_uint32(value))
+    default: return nil
     }
   }
 

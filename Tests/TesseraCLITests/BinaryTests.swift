@@ -292,7 +292,7 @@ struct BinaryTests {
       #expect(grants.first?["authority"] == nil, "a limit that is not there is not printed")
 
       let status = try run(["status"])
-      #expect(status.status == 0)
+      #expect(status.status == TesseraError.Code.storeUnavailable.exitCode, "status says so when attention is needed")
       #expect(status.stdout.contains("is running, but cannot read the keyring: The login keyring is locked."))
     }
   }

@@ -150,14 +150,28 @@ final class BrokerTests: XCTestCase {
     XCTAssertTrue(h.store.items.withLock { $0.isEmpty }, "nothing is stored from a refused sign-in")
   }
 
-  func testSeveralAccountsNeedAnAccountID() async throws {
+  func testSeveralAccountsAndNoneCurrentNeedAnAccountID() async throws {
     let h = await Harness()
     try await h.signIn()
     h.idp.subject.withLock { $0 = "bob-sub" }
     try await h.signIn()
-    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await h.broker.acquireTokenSilent(try h.request()) }
+    await h.broker.finishStoreWrites()
+    // Accounts stored before there was a current account: none is.
+    h.store.items.withLock { $0.removeAll { $0.attributes["kind"] == "current_account" } }
+    let restarted = Broker(
+      config: await h.broker.config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock),
+      logger: .init(label: "t"))
+    do {
+      _ = try await restarted.acquireTokenSilent(try h.request())
+      XCTFail("two accounts, none current: which one is not guessed")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .invalidArgument)
+      XCTAssertTrue(error.message.contains("tessera account use"), error.message)
+    }
     await XCTAssertThrowsTessera(.noSuchAccount) {
-      _ = try await h.broker.acquireTokenSilent(
+      _ = try await restarted.acquireTokenSilent(
         try RequestParser.tokenRequest(clientID: "", scopes: [], accountID: "nobody", options: [:]))
     }
   }

@@ -41,9 +41,16 @@ final class FakeStore: SecretStore, Sendable {
   /// Every item saved, in order.
   let saved = Mutex<[StoredItem]>([])
 
+  /// When set, loads wait until it is cleared (a keyring that does not answer).
+  let hangLoads = Mutex(false)
   func loadAll() async throws -> [StoredItem] {
+    while hangLoads.withLock({ $0 }) { try await Task.sleep(nanoseconds: 1_000_000) }
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
     return items.withLock { $0 }
+  }
+  func probe(withinSeconds seconds: Double) async throws {
+    if hangLoads.withLock({ $0 }) { throw TesseraError.storeUnavailable("the fake keyring does not answer") }
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
   }
   /// Items of this kind are refused while the store is unlocked (as a keyring refuses a bad item).
   let refusedKind = Mutex<String?>(nil)
