@@ -55,7 +55,8 @@ def test_the_current_account_serves_every_helper_that_names_none(start_daemon, w
     api = KubeAPI()
     try:
         api_version = "client.authentication.k8s.io/v1" if version >= (1, 22) else "client.authentication.k8s.io/v1beta1"
-        got = kubectl(helper_env, kubeconfig(tmp_path / "kube.json", api.url, api_version, None))
+        modern = version >= (1, 22)
+        got = kubectl(helper_env, kubeconfig(tmp_path / "kube.json", api.url, api_version, "Never" if modern else None))
         assert got.returncode == 0, got.stderr
         assert {r[3] for r in api.requests if r[4] == 200} == {"bob"}
     finally:
