@@ -63,7 +63,11 @@ def attention_needed():
 
 
 def status():
-    return json.loads(run_cli("status", "--json", check_rc=0).stdout)
+    """`tessera status --json`; its exit status says whether an account needs a sign-in (4) or not."""
+    proc = run_cli("status", "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == (4 if report["attention_needed"] else 0), (proc.returncode, report)
+    return report
 
 
 class PropertiesMonitor:
@@ -124,7 +128,7 @@ def test_a_refused_refresh_token_gives_one_notification_and_its_action_signs_in(
     (alice,) = report["accounts"]
     assert alice["state"] == "needs_sign_in"
     assert alice["last_error"]["code"] == "InteractionRequired" and abs(alice["last_error"]["at"] - time.time()) < 60
-    text = run_cli("status", check_rc=0).stdout
+    text = run_cli("status", check_rc=4).stdout
     assert "needs a sign-in" in text and "tessera login" in text
 
     # The user clicks "Sign in": tesserad opens the browser (the test browser signs alice in).
