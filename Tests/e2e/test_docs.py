@@ -273,6 +273,14 @@ def doc_env(tmp_path):
     return env
 
 
+@pytest.fixture
+def alice():
+    """The test's own connection to the broker (the harness's, not the docs')."""
+    b = Broker()
+    yield b
+    b.close()
+
+
 def sh(env, script, check=True, timeout=180, cwd=None, input=None):
     """Runs a block (or a line of one) in bash, as pasted into a terminal, stopping at a failure."""
     proc = subprocess.run(["bash", "-e", "-c", script], env=env, cwd=cwd or env["HOME"], capture_output=True,
@@ -326,7 +334,7 @@ def approve_when_shown(proc, idp, since):
     raise AssertionError(f"no user code shown: {shown!r}")
 
 
-def test_readme_sign_in_token_accounts_logout(start_daemon, doc_env, idp):
+def test_readme_sign_in_token_accounts_logout(start_daemon, doc_env, idp, alice):
     started(start_daemon, doc_env)
     lines = [line for line in as_run(doc("README.md", "2e161cdbf1")).splitlines() if line.strip()]
     assert [line.split("#")[0].split()[:2] for line in lines] == [
@@ -351,7 +359,7 @@ def test_readme_sign_in_token_accounts_logout(start_daemon, doc_env, idp):
     # README: `tessera status` shows the broker and the account (its wording has its own tests).
     assert sh(doc_env, as_run(doc("README.md", "3b4ca279c7"))).stdout
     sh(doc_env, logout)
-    assert sh(doc_env, accounts).stdout.strip() == "" and Broker().accounts() == []
+    assert sh(doc_env, accounts).stdout.strip() == "" and alice.accounts() == []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,9 +401,9 @@ def dev_azure_com(tmp_path, doc_env):
     server.close()
 
 
-def test_readme_git_setup_clones_and_pushes_to_dev_azure_com(start_daemon, doc_env, dev_azure_com, tmp_path):
+def test_readme_git_setup_clones_and_pushes_to_dev_azure_com(start_daemon, doc_env, dev_azure_com, tmp_path, alice):
     started(start_daemon, doc_env)
-    Broker().sign_in()
+    alice.sign_in()
     # The README's block, pasted into a shell.
     sh(doc_env, as_run(doc("README.md", "ad645b4d0f")))
     assert '[[git]]\nurl = "https://dev.azure.com/contoso/"' in config_path(doc_env).read_text()
@@ -430,7 +438,7 @@ def test_readme_git_setup_clones_and_pushes_to_dev_azure_com(start_daemon, doc_e
     assert "git config --global credential.https://dev.azure.com.useHttpPath true" in hints[0], hints
 
 
-def test_integrations_git_setup_and_entries(start_daemon, doc_env):
+def test_integrations_git_setup_and_entries(start_daemon, doc_env, alice):
     config = entra_config(doc_env)
     sh(doc_env, as_run(doc("docs/integrations.md", "77b3b0ac5f")))
     # "one [[git]] entry per host or URL prefix, after the other settings"
@@ -439,7 +447,7 @@ def test_integrations_git_setup_and_entries(start_daemon, doc_env):
     # Both entries parse: tesserad does not warn about them, and the helper answers nothing (and
     # says nothing) for a host without an entry.
     daemon = start_daemon(config)
-    Broker().sign_in()
+    alice.sign_in()
     other = subprocess.run(["git-credential-tessera", "get"], input="protocol=https\nhost=elsewhere.example\n\n",
                            env=doc_env, capture_output=True, text=True, timeout=60)
     assert (other.returncode, other.stdout, other.stderr) == (0, "", ""), other
@@ -472,7 +480,7 @@ kind: Config
 """
 
 
-def test_kubeconfig_users_run_with_kubectl(start_daemon, doc_env):
+def test_kubeconfig_users_run_with_kubectl(start_daemon, doc_env, alice):
     if shutil.which("kubectl") is None:
         pytest.fail("kubectl is not installed: scripts/test installs it (kubernetes-client) when missing")
     started(start_daemon, doc_env)
@@ -485,14 +493,14 @@ def test_kubeconfig_users_run_with_kubectl(start_daemon, doc_env):
             (kube / "config").write_text(kubeconfig_from(as_run(doc(file, digest)), api.url))
             if file == "docs/integrations.md":
                 # Not signed in, and kubectl not in a terminal: the line integrations.md shows.
-                Broker().sign_out(Broker().accounts()[0]["id"])
+                alice.sign_out(alice.accounts()[0]["id"])
                 failed = sh(doc_env, get, check=False)
                 assert failed.returncode != 0
                 shown = as_run(doc("docs/integrations.md", "85c79b139c")).strip()
                 pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
                 ours = [line for line in failed.stderr.splitlines() if line.startswith("tessera:")]
                 assert ours and all(re.fullmatch(pattern, line) for line in ours), (shown, failed.stderr)
-            Broker().sign_in()
+            alice.sign_in()
             pods = sh(doc_env, get)
             assert json.loads(pods.stdout)["items"][0]["metadata"]["name"] == "pod-of-alice", file
         assert {r[3] for r in api.requests if r[4] == 200} == {"alice"}
@@ -557,9 +565,9 @@ def test_mail_blocks_send_with_msmtp_and_give_tokens(start_daemon, doc_env):
         assert_token_for_alice(sh(doc_env, command).stdout)
 
 
-def test_sasl_lines(start_daemon, doc_env):
+def test_sasl_lines(start_daemon, doc_env, alice):
     started(start_daemon, doc_env)
-    Broker().sign_in()
+    alice.sign_in()
     token = sh(doc_env, "tessera token").stdout.strip()
     lines = sh(doc_env, as_run(doc("docs/integrations.md", "3b7185c03f"))).stdout.splitlines()
     assert len(lines) == 2, lines
@@ -572,9 +580,9 @@ def test_sasl_lines(start_daemon, doc_env):
 # Scripts: curl and tessera exec
 
 
-def test_curl_and_tessera_exec_reach_an_api(start_daemon, doc_env, tmp_path):
+def test_curl_and_tessera_exec_reach_an_api(start_daemon, doc_env, tmp_path, alice):
     started(start_daemon, doc_env)
-    Broker().sign_in()
+    alice.sign_in()
     graph = UserAPI(cert=server_cert(str(tmp_path / "cert-graph"), ["graph.microsoft.com"]))
     proxy = ConnectProxy({"graph.microsoft.com:443": graph.port})
     env = dict(doc_env, https_proxy=proxy.url)
@@ -599,9 +607,9 @@ def test_curl_and_tessera_exec_reach_an_api(start_daemon, doc_env, tmp_path):
 # README: which app gets which token; the D-Bus API
 
 
-def test_readme_access_commands(start_daemon, doc_env):
+def test_readme_access_commands(start_daemon, doc_env, alice):
     started(start_daemon, doc_env)
-    Broker().sign_in()
+    alice.sign_in()
     sh(doc_env, as_run(doc("README.md", "c1a0efba29")))
     listed = sh(doc_env, "tessera access list").stdout
     assert "org.example.Mail" in listed and "python3.11" in listed and "org.example.App" not in listed, listed
@@ -614,15 +622,15 @@ def busctl_lines(text):
     return lines[0], lines[1:]
 
 
-def test_readme_busctl_calls(start_daemon, doc_env, idp):
+def test_readme_busctl_calls(start_daemon, doc_env, idp, alice):
     started(start_daemon, doc_env)
     prelude, commands = busctl_lines(as_run(doc("README.md", "fffa7688f1")))
     ran = []
     for command in commands:
         if "SignOut" in command or "GetAccounts 'a{sv}' 1" in command:
-            if not Broker().accounts():
-                Broker().sign_in()
-            command = command.replace("ACCOUNT_ID", Broker().accounts()[0]["id"])
+            if not alice.accounts():
+                alice.sign_in()
+            command = command.replace("ACCOUNT_ID", alice.accounts()[0]["id"])
         script = f"{prelude}\n{command}"
         if "flow s device_code" in command:
             since = idp.last_device_grant()
