@@ -152,7 +152,10 @@ extension Tessera {
         printError("tessera git-credential: git's input is malformed: \(error.reason).")
         throw ExitCode(ClientExitStatus.usage.rawValue)
       }
-      guard let rule = try Self.rule(for: request, config: config) else { return }
+      guard let rule = try Self.rule(for: request, config: config) else {
+        if action == "get", let hint = Self.pathHint(for: request, config: config) { printError(hint) }
+        return
+      }
       if action == "erase" {
         // git found this token refused: have the broker replace it, so the next get has a new one.
         guard let held = request.heldToken, !held.isEmpty else { return }
@@ -179,6 +182,23 @@ extension Tessera {
         throw ExitCode(TesseraError.Code.provider.exitCode)
       }
       writeStandardOutput(lines)
+    }
+
+    /// One line for git's user when git sent a host without a path and that host's [[git]] entries
+    /// all have one: git sends no path unless credential.useHttpPath is set, so they cannot match
+    /// (issue 22). nil otherwise, and when the file cannot be read or parsed (`rule(for:config:)`
+    /// says why). git still gets no answer and asks its next helper.
+    static func pathHint(for request: GitCredentialRequest, config: String?) -> String? {
+      guard request.protocol == "https", (request.path ?? "").isEmpty else { return nil }
+      let path = ConfigLocation.path(option: config, environment: ProcessInfo.processInfo.environment)
+      guard let bytes = try? readFile(path), let file = try? ConfigFile(parsing: bytes),
+        let rules = try? GitCredentialRule.rules(in: file)
+      else { return nil }
+      let host = request.host.lowercased()
+      let forHost = rules.filter { $0.host == host }
+      guard !forHost.isEmpty, forHost.allSatisfy({ !$0.pathPrefix.isEmpty }) else { return nil }
+      return "tessera git-credential: the [[git]] entries for \(host) in \(path) have a path, and git sent none; "
+        + "run `git config --global credential.https://\(host).useHttpPath true` so that git sends it."
     }
 
     /// The [[git]] entry for git's request; nil when the host has none (or there is no config file).

@@ -209,6 +209,34 @@ struct BinaryTests {
     }
   }
 
+  @Test func gitCredentialSaysWhenGitSendsNoPathForAnEntryWithOne() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-git")) }) { broker in
+      try writeConfig(
+        """
+        [[git]]
+        url = "https://dev.azure.com/contoso/"
+        client_id = "app-git"
+        """)
+      // git without credential.useHttpPath: the host only. No answer (git asks its next helper),
+      // one line saying what to run, and no call to the broker.
+      let hinted = try run(["git-credential", "get"], stdin: "protocol=https\nhost=dev.azure.com\n\n")
+      #expect(hinted.status == 0)
+      #expect(hinted.stdout.isEmpty)
+      #expect(hinted.stderr.split(separator: "\n").count == 1)
+      #expect(hinted.stderr.contains("git config --global credential.https://dev.azure.com.useHttpPath true"))
+      #expect(broker.calls.isEmpty)
+      // Another host, another path of the host, and erase: no hint.
+      for quiet in [
+        ["get", "protocol=https\nhost=elsewhere.example\n\n"],
+        ["get", "protocol=https\nhost=dev.azure.com\npath=other/x\n\n"],
+        ["erase", "protocol=https\nhost=dev.azure.com\npassword=x\n\n"],
+      ] {
+        let passed = try run(["git-credential", quiet[0]], stdin: quiet[1])
+        #expect(passed.status == 0 && passed.stdout.isEmpty && passed.stderr.isEmpty, "\(quiet)")
+      }
+    }
+  }
+
   @Test func kubeCredentialAnswersInTheVersionKubectlAsksFor() async throws {
     try await ScriptedBroker.with({ _ in .success(Self.token("at-kube", expiresOn: 1_900_000_000)) }) { _ in
       let info =

@@ -60,6 +60,17 @@ struct AsyncClientTests {
     #expect(Set(waiting).isSubset(of: broker.callersGone))
   }
 
+  /// README.md's example ("The D-Bus API"), line by line: Tests/e2e/test_docs.py checks that these
+  /// lines are the README's.
+  @Test func theReadmeExampleRuns() async throws {
+    try await ScriptedBroker.with({ _ in .success(Self.token("at-readme")) }) { _ in
+      let broker = AsyncTesseraBroker()
+      let token = try await broker.acquireTokenSilent(clientID: "YOUR-CLIENT-ID", scopes: ["User.Read"])
+      print(token.accessToken.prefix(8), token.account.username)
+      #expect(token.accessToken == "at-readme" && token.account.username == "alice@idp.test")
+    }
+  }
+
   @Test func aBrokerErrorKeepsItsCode() async throws {
     try await ScriptedBroker.with({ _ in .failure(.noSuchAccount("No account with id 'x' is signed in.")) }) { _ in
       await #expect {

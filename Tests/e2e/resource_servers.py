@@ -1,7 +1,8 @@
 """Servers the integration tests own, each accepting only a valid access token from the test IdP
 (checked at the IdP's userinfo endpoint on every request): a git smart-HTTP server (git
-http-backend behind HTTPS), a Kubernetes API stub, and an SMTP server that takes AUTH XOAUTH2 and
-OAUTHBEARER (aiosmtpd)."""
+http-backend behind HTTPS), a Kubernetes API stub, a /me API, and an SMTP server that takes AUTH
+XOAUTH2 and OAUTHBEARER (aiosmtpd). ConnectProxy and server_cert let them answer for a real host
+name (dev.azure.com), as the documentation's commands name them (test_docs.py)."""
 import base64
 import http.server
 import json
@@ -57,7 +58,9 @@ class HTTPSResource:
     authorized requests in `serve(handler, user)`. Every request is recorded as
     (method, path, auth kind, user or None, status)."""
 
-    def __init__(self):
+    def __init__(self, cert=None):
+        """cert: (certificate, key) files; default the IdP's (127.0.0.1, localhost). server_cert()
+        makes one for other names (dev.azure.com) from the test CA."""
         self.requests = []
         outer = self
 
@@ -86,7 +89,7 @@ class HTTPSResource:
 
         self.httpd = _Server(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(os.path.join(IDP_DIR, "server.pem"), os.path.join(IDP_DIR, "server-key.pem"))
+        context.load_cert_chain(*(cert or (os.path.join(IDP_DIR, "server.pem"), os.path.join(IDP_DIR, "server-key.pem"))))
         self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
@@ -103,9 +106,9 @@ class HTTPSResource:
 class GitServer(HTTPSResource):
     """git's smart HTTP protocol through `git http-backend` (CGI), for the repositories under root."""
 
-    def __init__(self, root):
+    def __init__(self, root, cert=None):
         self.root = root
-        super().__init__()
+        super().__init__(cert)
 
     def serve(self, handler, user):
         path, _, query = handler.path.partition("?")
@@ -151,6 +154,99 @@ class KubeAPI(HTTPSResource):
         handler.end_headers()
         handler.wfile.write(body)
         return 200
+
+
+class UserAPI(HTTPSResource):
+    """A JSON API in the manner of Microsoft Graph's /me: who the token is for, and the path asked."""
+
+    def serve(self, handler, user):
+        body = json.dumps({"userPrincipalName": user, "path": handler.path}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+        return 200
+
+
+def server_cert(directory, names):
+    """A server certificate for `names` (DNS names) signed by the test CA, as (cert, key) paths: a
+    test server can then stand in for a real host (dev.azure.com) that git or curl reach through
+    ConnectProxy, with nothing but the CA (GIT_SSL_CAINFO, CURL_CA_BUNDLE) to trust."""
+    os.makedirs(directory, exist_ok=True)
+    cert, key, csr, ext = (os.path.join(directory, n) for n in ("cert.pem", "key.pem", "cert.csr", "cert.ext"))
+    with open(ext, "w") as f:
+        f.write("subjectAltName=" + ",".join(f"DNS:{n}" for n in names) + "\nextendedKeyUsage=serverAuth\n")
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={names[0]}", "-keyout", key,
+                    "-out", csr], check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", CA, "-CAkey", os.path.join(IDP_DIR, "ca-key.pem"),
+                    "-CAcreateserial", "-CAserial", os.path.join(directory, "ca.srl"), "-days", "2",
+                    "-extfile", ext, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
+class ConnectProxy:
+    """An HTTP CONNECT proxy on 127.0.0.1 (for https_proxy) that tunnels `routes` ({"host:443":
+    local port}) to test servers on 127.0.0.1 and refuses every other target: a command that names
+    dev.azure.com or graph.microsoft.com reaches a test server as written. `connects` records the
+    targets asked for."""
+
+    def __init__(self, routes):
+        import socket
+        self.routes = dict(routes)
+        self.connects = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
+
+    def _tunnel(self, conn):
+        import socket
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split() + ["", ""]
+            self.connects.append(target)
+            port = self.routes.get(target) if method == "CONNECT" else None
+            if port is None:
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                return
+            with socket.create_connection(("127.0.0.1", port)) as upstream:
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                upstream.sendall(head.split(b"\r\n\r\n", 1)[1])
+
+                def pipe(src, dst):
+                    try:
+                        while data := src.recv(65536):
+                            dst.sendall(data)
+                    except OSError:
+                        pass
+                    finally:
+                        try:
+                            dst.shutdown(socket.SHUT_WR)
+                        except OSError:
+                            pass
+
+                back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
+                back.start()
+                pipe(conn, upstream)
+                back.join(60)
+
+    def close(self):
+        self.sock.close()
 
 
 class SMTPServer:
