@@ -30,7 +30,7 @@ struct Tessera: ParsableCommand {
     version: BrokerInterface.version,
     subcommands: [
       Login.self, Token.self, Accounts.self, Logout.self, Status.self, GitCredential.self, KubeCredential.self,
-      Sasl.self, Exec.self, Access.self,
+      Sasl.self, Exec.self, Access.self, Config.self,
     ])
 }
 
@@ -68,6 +68,10 @@ func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) thro
 }
 
 func fail(_ error: TesseraClientError) -> Never {
+  if let failure = startFailure(error) {
+    printError(failure.message)
+    exit(failure.status)
+  }
   var line = "tessera: \(error.description)"
   if case .broker(let e) = error { line = "tessera: \(e.code.rawValue): \(SafeText.clip(e.message, limit: 4096))" }
   printError(line)
