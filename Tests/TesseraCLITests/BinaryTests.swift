@@ -212,7 +212,7 @@ struct BinaryTests {
     #expect(git.status == 15)
     #expect(
       git.stderr
-        == "\(configPath):4: [[git]] key 'scope': unknown key; did you mean 'scopes'?\n")
+        == "\(configPath):6: [[git]] key 'scope': unknown key; did you mean 'scopes'?\n")
   }
 
   @Test func configCheckJSON() throws {
