@@ -190,37 +190,28 @@ extension Tessera {
     /// says why). git still gets no answer and asks its next helper.
     static func pathHint(for request: GitCredentialRequest, config: String?) -> String? {
       guard request.protocol == "https", (request.path ?? "").isEmpty else { return nil }
-      let path = ConfigLocation.path(option: config, environment: ProcessInfo.processInfo.environment)
-      guard let bytes = try? readFile(path), let file = try? ConfigFile(parsing: bytes),
-        let rules = try? GitCredentialRule.rules(in: file)
-      else { return nil }
+      let environment = ProcessInfo.processInfo.environment
+      let path = ConfigLocation.path(option: config, environment: environment)
+      guard case .checked(let settings) = checkConfig(option: config, environment: environment) else { return nil }
       let host = request.host.lowercased()
-      let forHost = rules.filter { $0.host == host }
+      let forHost = settings.gitRules.filter { $0.host == host }
       guard !forHost.isEmpty, forHost.allSatisfy({ !$0.pathPrefix.isEmpty }) else { return nil }
       return "tessera git-credential: the [[git]] entries for \(host) in \(path) have a path, and git sent none; "
         + "run `git config --global credential.https://\(host).useHttpPath true` so that git sends it."
     }
 
     /// The [[git]] entry for git's request; nil when the host has none (or there is no config file).
+    /// The whole file is checked as tesserad checks it: any problem in it fails the helper (15) with
+    /// one line naming the file and the line.
     static func rule(for request: GitCredentialRequest, config: String?) throws -> GitCredentialRule? {
-      let path = ConfigLocation.path(option: config, environment: ProcessInfo.processInfo.environment)
-      let bytes: [UInt8]
-      do {
-        bytes = try readFile(path)
-      } catch {
-        if config == nil, error.errno == ENOENT { return nil }
-        printError("tessera git-credential: cannot read \(path): \(String(cString: strerror(error.errno))).")
+      switch checkConfig(option: config, environment: ProcessInfo.processInfo.environment) {
+      case .absent: return nil
+      case .checked(let settings): return GitCredentialRule.best(for: request, in: settings.gitRules)
+      case .problems(let problems):
+        let more = problems.count > 1 ? " (and \(problems.count - 1) more: see `tessera config check`)" : ""
+        printError("tessera git-credential: \(problems[0])\(more)")
         throw ExitCode(TesseraError.Code.configuration.exitCode)
       }
-      do {
-        let file = try ConfigFile(parsing: bytes)
-        return GitCredentialRule.best(for: request, in: try GitCredentialRule.rules(in: file))
-      } catch let error as ConfigFile.SyntaxError {
-        printError("tessera git-credential: \(path):\(error.line): \(error.reason)")
-      } catch let error as GitCredentialRule.ParseError {
-        printError("tessera git-credential: \(path): \(error)")
-      }
-      throw ExitCode(TesseraError.Code.configuration.exitCode)
     }
   }
 
@@ -434,13 +425,4 @@ func rfc3339(_ seconds: Int64) -> String {
   func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
   return
     "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
-}
-
-/// A whole file's bytes; the errno on failure.
-struct FileError: Error {
-  var errno: Int32
-}
-
-func readFile(_ path: String) throws(FileError) -> [UInt8] {
-  do { return try Syscall.readFile(path, limit: 1 << 20) } catch { throw FileError(errno: error.errno.rawValue) }
 }

@@ -114,15 +114,20 @@ extension Tessera {
 
     /// Why the broker could not be asked, and the exit status for it.
     static func notAnswered(_ error: TesseraClientError) -> (String, Int32) {
-      if let failure = startFailure(error) { return (failure.message, failure.status) }
+      if let failure = startFailure(error) {
+        // The report's reason is the message without the "tessera: " each printed line has.
+        let lines = failure.message.split(separator: "\n").map { $0.hasPrefix("tessera: ") ? $0.dropFirst(9) : $0 }
+        return (lines.joined(separator: "\n"), failure.status)
+      }
       return (error.description, error.exitCode)
     }
 
     static func ask(_ broker: TesseraBroker) throws(TesseraClientError) -> Report {
       let version = try broker.version()
       let health = try broker.status()
-      // With the keyring locked the accounts are not known: the report says why instead.
-      let accounts = health.storeProblem == nil ? try broker.accounts() : []
+      // The accounts the broker knows (none when the keyring could not be read yet: the report
+      // says why instead); asked only then, so a keyring that does not answer holds nothing up.
+      let accounts = health.accounts.isEmpty ? [] : try broker.accounts()
       var report = Report(
         running: true, version: version,
         accounts: accounts.map { a in AccountReport(account: a, health: health.accounts.first { $0.id == a.id }) },
@@ -154,7 +159,13 @@ extension Tessera {
 
     static func show(_ report: Report, now: Int64) {
       guard report.running else {
-        print("tesserad is not running: \(SafeText.clip(report.reason ?? "", limit: 2000))")
+        let reason = (report.reason ?? "").split(separator: "\n").map { SafeText.clip(String($0), limit: 2000) }
+        if reason.count > 1 {
+          print("tesserad is not running:")
+          for line in reason { print("  \(line)") }
+        } else {
+          print("tesserad is not running: \(reason.first ?? "")")
+        }
         return
       }
       if let problem = report.storeMessage {

@@ -30,8 +30,7 @@ struct Tessera: ParsableCommand {
     version: BrokerInterface.version,
     subcommands: [
       Login.self, Token.self, Accounts.self, Account.self, Logout.self, Status.self, GitCredential.self,
-      KubeCredential.self,
-      Sasl.self, Exec.self, Access.self,
+      KubeCredential.self, Sasl.self, Exec.self, Access.self, Config.self,
     ])
 }
 
@@ -77,7 +76,7 @@ func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) thro
 
 func fail(_ error: TesseraClientError) -> Never {
   if let failure = startFailure(error) {
-    printError("tessera: \(failure.message)")
+    printError(failure.message)
     exit(failure.status)
   }
   var line = "tessera: \(CLIWords.rewrite(error.description))"
@@ -126,9 +125,26 @@ public func runTessera(_ arguments: [String] = CommandLine.arguments) -> Never {
   if arguments.first.map({ $0.split(separator: "/").last == "git-credential-tessera" }) == true {
     Tessera.GitCredential.main(Array(arguments.dropFirst()))
   } else {
-    Tessera.main(Array(arguments.dropFirst()))
+    let rest = Array(arguments.dropFirst())
+    if let word = rest.first, let message = unknownCommand(word) {
+      printError(message)
+      exit(ClientExitStatus.usage.rawValue)
+    }
+    Tessera.main(rest)
   }
   exit(0)
+}
+
+/// "tessera logn": which command was meant, as options already get (swift-argument-parser only
+/// says "Unexpected argument"). Nil for a known command, an option, or help.
+func unknownCommand(_ word: String) -> String? {
+  let names = Tessera.configuration.subcommands.map { $0._commandName } + ["help"]
+  guard !word.hasPrefix("-"), !names.contains(word) else { return nil }
+  let commands = Tessera.configuration.subcommands.map { $0._commandName }
+  let hint =
+    NearestName.nearest(to: word, among: commands).map { "Did you mean '\($0)'?" }
+    ?? "The commands are \(commands.joined(separator: ", "))."
+  return "tessera: '\(SafeText.clip(word, limit: 100))' is not a tessera command. \(hint) See `tessera --help`."
 }
 
 /// Completes --account with the signed-in accounts' usernames (nothing when the broker does not answer).

@@ -52,12 +52,15 @@ public struct TesseraTokenOptions: Sendable {
 public enum TesseraClientError: Error, Sendable, CustomStringConvertible {
   case broker(TesseraError)
   case unreachable(String)
+  /// D-Bus activation started tesserad and it exited with `status` before taking its name (78:
+  /// it refused its configuration). Not running, as `unreachable`; the status says why.
+  case brokerExited(status: Int32, message: String)
   case bus(name: String, message: String)
 
   public var description: String {
     switch self {
     case .broker(let e): e.message
-    case .unreachable(let m): m
+    case .unreachable(let m), .brokerExited(_, let m): m
     case .bus(let name, let message): "\(name): \(message)"
     }
   }
@@ -66,7 +69,7 @@ public enum TesseraClientError: Error, Sendable, CustomStringConvertible {
   public var exitCode: Int32 {
     switch self {
     case .broker(let e): e.code.exitCode
-    case .unreachable: ClientExitStatus.brokerNotRunning.rawValue
+    case .unreachable, .brokerExited: ClientExitStatus.brokerNotRunning.rawValue
     case .bus: ClientExitStatus.failure.rawValue
     }
   }
@@ -74,6 +77,9 @@ public enum TesseraClientError: Error, Sendable, CustomStringConvertible {
 
 /// A connection to the Tessera broker on the session bus. Use one instance from one thread.
 public final class TesseraBroker {
+  /// How `unreachable` begins when the session bus answered but could not start the broker (as
+  /// opposed to no session bus at all).
+  public static let notRunning = "The Tessera broker is not running"
   private let client: BusClient
   /// Asked every 100 ms while a call waits for its reply: true gives the call up (it fails with
   /// Cancelled). AsyncTesseraBroker sets it from its task's cancellation.
@@ -109,15 +115,27 @@ public final class TesseraBroker {
       case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
         "org.freedesktop.DBus.Error.NoServer", "org.freedesktop.DBus.Error.Spawn.ChildExited",
         "org.freedesktop.DBus.Error.Spawn.ExecFailed", "org.freedesktop.DBus.Error.Disconnected":
-        throw .unreachable(
-          "The Tessera broker is not running (\(error.message)). Start it with `tesserad` or `systemctl --user start tessera`."
-        )
+        let message =
+          "\(Self.notRunning) (\(error.message)). Start it with `tesserad` or `systemctl --user start tessera`."
+        if let status = Self.activationExitStatus(name: error.name, message: error.message) {
+          throw .brokerExited(status: status, message: message)
+        }
+        throw .unreachable(message)
       case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout":
         throw .broker(.timedOut("The broker did not answer in time (\(error.message)). Try again."))
       default:
         throw .bus(name: error.name, message: error.message)
       }
     }
+  }
+
+  /// The exit status of a tesserad that D-Bus activation ran (Exec= in the .service file): the bus
+  /// daemon's error says "Process org.tessera.Broker1 exited with status N".
+  static func activationExitStatus(name: String, message: String) -> Int32? {
+    guard name == "org.freedesktop.DBus.Error.Spawn.ChildExited",
+      let range = message.firstRange(of: "exited with status ")
+    else { return nil }
+    return Int32(message[range.upperBound...].prefix { $0.isASCII && $0.isNumber })
   }
 
   /// Calls a method of org.tessera.Broker1 (the one table of its names: BrokerInterface.MethodName).

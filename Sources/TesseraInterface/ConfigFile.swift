@@ -139,21 +139,6 @@ public struct ConfigFile: Sendable {
   public func tables(named name: String) -> [Table] { tables.filter { $0.name == name } }
 }
 
-/// Where config.toml is: --config, else $TESSERA_CONFIG, else $XDG_CONFIG_HOME/tessera/config.toml
-/// (~/.config when XDG_CONFIG_HOME is unset or relative).
-public enum ConfigLocation {
-  public static func defaultPath(environment: [String: String]) -> String {
-    if let xdg = environment["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return xdg + "/tessera/config.toml" }
-    return (environment["HOME"] ?? "") + "/.config/tessera/config.toml"
-  }
-
-  public static func path(option: String?, environment: [String: String]) -> String {
-    if let option, !option.isEmpty { return option }
-    if let path = environment["TESSERA_CONFIG"], !path.isEmpty { return path }
-    return defaultPath(environment: environment)
-  }
-}
-
 private struct Scanner {
   let bytes: [UInt8]
   var index = 0

@@ -1,5 +1,6 @@
 /// The `[[git]]` tables of config.toml: which hosts get a token from which app registration. Shared:
-/// the CLI's git credential helper reads them, and tesserad warns about mistakes in them at start.
+/// the CLI's git credential helper reads them; a mistake in one is a problem of the whole file
+/// (BrokerConfig.parse), for tesserad as for the CLI.
 /// git's own protocol is the CLI's (TesseraCLI/GitCredential.swift).
 
 /// One `[[git]]` entry of config.toml.
@@ -74,7 +75,11 @@ public struct GitCredentialRule: Sendable, Equatable {
           throw fail("must be an array of scope strings without spaces")
         }
         rule.scopes = scopes
-      default: throw fail("unknown key; a [[git]] entry takes \(Self.keys.joined(separator: ", "))")
+      default:
+        throw fail(
+          "unknown key; "
+            + NearestName.suggestion(
+              for: entry.key, among: Self.keys, known: "a [[git]] entry takes"))
       }
     }
     guard let url else {

@@ -52,7 +52,7 @@ struct Tesserad: AsyncParsableCommand {
     let environment = ProcessInfo.processInfo.environment
     let path = ConfigLocation.path(option: config, environment: environment)
     var brokerConfig = BrokerConfig()
-    let read = Result { () throws(SystemCallError) in try Syscall.readFile(path, limit: 16 << 20) }
+    let read = Result { () throws(SystemCallError) in try Syscall.readFile(path, limit: BrokerConfig.maxFileBytes) }
     // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
     if case .failure(let error) = read, error.errno == .fileTooLarge {
       printError("tesserad: bad configuration: \(path) is larger than 16 MiB. Point --config at the right file.")
@@ -70,10 +70,11 @@ struct Tesserad: AsyncParsableCommand {
       do {
         brokerConfig = try BrokerConfig.parse(bytes: bytes, path: path)
       } catch {
-        printError("tesserad: bad configuration: \(error)")
+        // Every problem, each on a line of its own with the file, the line and the key.
+        for problem in error.problems { printError("tesserad: bad configuration: \(problem)") }
         throw ExitCode(78)
       }
-    } else if config != nil || !(environment["TESSERA_CONFIG"] ?? "").isEmpty {
+    } else if ConfigLocation.isNamed(option: config, environment: environment) {
       printError("tesserad: cannot read the configuration file \(path). Check the path.")
       throw ExitCode(78)
     }
@@ -87,9 +88,6 @@ struct Tesserad: AsyncParsableCommand {
       return InertLogHandler(handler)
     }
     let logger = Logger(label: "tesserad")
-    for warning in brokerConfig.warnings {
-      logger.warning("\(path): \(warning)")
-    }
 
     let http: CurlHTTPClient
     do {

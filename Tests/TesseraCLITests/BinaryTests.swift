@@ -97,8 +97,14 @@ struct BinaryTests {
   @Test func aMistypedSubcommandIsAUsageError() throws {
     let wrong = try run(["tokn"])
     #expect(wrong.status == ClientExitStatus.usage.rawValue)
-    #expect(wrong.stderr.contains("tokn"))
+    #expect(wrong.stderr == "tessera: 'tokn' is not a tessera command. Did you mean 'token'? See `tessera --help`.\n")
     #expect(wrong.stdout.isEmpty)
+    let login = try run(["logn"])
+    #expect(login.stderr.contains("Did you mean 'login'?"))
+    let far = try run(["frobnicate"])
+    #expect(far.status == ClientExitStatus.usage.rawValue)
+    #expect(far.stderr.contains("The commands are login, token, accounts, account,"))
+    #expect(try run(["help", "token"]).status == 0, "help is a command too")
     let exec = try run(["exec", "--env", "PATH", "--", "true"])
     #expect(exec.status == ClientExitStatus.usage.rawValue)
     #expect(exec.stderr.contains("--env PATH would replace the search path"))
@@ -118,6 +124,16 @@ struct BinaryTests {
     #expect(outcome.status == ClientExitStatus.brokerNotRunning.rawValue)
     #expect(outcome.stderr.contains("The Tessera broker is not running"))
     #expect(outcome.stderr.contains("systemctl --user start tessera"))
+  }
+
+  @Test func aBrokerThatCannotStartWithAConfigMistakeShowsTheMistake() throws {
+    // As under systemd activation, where the bus reports the unit's failure and no exit status:
+    // with a mistake in config.toml, the mistake is what is shown, with the configuration status.
+    try writeConfig("default_scope = [\"a\"]\n")
+    let outcome = try run(["token"], environment: ["DBUS_SESSION_BUS_ADDRESS": try PrivateBus.another()])
+    #expect(outcome.status == TesseraError.Code.configuration.exitCode)
+    #expect(outcome.stderr.contains(":1: key 'default_scope': unknown key; did you mean 'default_scopes'?"))
+    #expect(outcome.stderr.contains("the Tessera broker is not running, and config.toml has the mistakes above"))
   }
 
   // MARK: Tokens
@@ -170,6 +186,152 @@ struct BinaryTests {
       #expect(unknown.status == TesseraError.Code.noSuchAccount.exitCode)
       #expect(unknown.stderr.contains("No signed-in account is 'bob@idp.test'"))
     }
+  }
+
+  // MARK: config.toml
+
+  var configPath: String { home + "/.config/tessera/config.toml" }
+
+  @Test func configCheckSaysOKForAGoodFileAndNothingForNone() throws {
+    let none = try run(["config", "check"])
+    #expect(none.status == 0)
+    #expect(none.stdout == "\(configPath): no such file; tesserad uses the defaults (see tessera-config(5)).\n")
+    #expect(none.stderr.isEmpty)
+    try writeConfig("default_client_id = \"app\"\ndefault_scopes = [\"read\"]\n\n[[git]]\nurl = \"git.example.com\"\n")
+    let good = try run(["config", "check"])
+    #expect(good.status == 0)
+    #expect(good.stdout == "\(configPath): OK\n")
+    #expect(good.stderr.isEmpty)
+    // TESSERA_CONFIG, as tesserad reads it, and --config before it.
+    let other = home + "/other.toml"
+    try "colour = 1\n".write(toFile: other, atomically: true, encoding: .utf8)
+    let named = try run(["config", "check"], environment: ["TESSERA_CONFIG": other])
+    #expect(named.status == 15)
+    #expect(named.stderr.hasPrefix("\(other):1: key 'colour': unknown key; known keys are default_authority, "))
+    #expect(try run(["config", "check", "--config", configPath], environment: ["TESSERA_CONFIG": other]).status == 0)
+  }
+
+  @Test func configCheckNamesTheLineAndKeyAndSuggestsTheNearestName() throws {
+    try writeConfig("default_client_id = \"app\"\ndefault_scope = [\"read\"]\n")
+    let typo = try run(["config", "check"])
+    #expect(typo.status == 15)
+    #expect(typo.stdout.isEmpty)
+    #expect(typo.stderr == "\(configPath):2: key 'default_scope': unknown key; did you mean 'default_scopes'?\n")
+
+    try writeConfig("log_level = \"info\"\n\n[[gti]]\nurl = \"git.example.com\"\n")
+    let table = try run(["config", "check"])
+    #expect(table.status == 15)
+    #expect(table.stderr == "\(configPath):3: table [[gti]]: unknown table; did you mean [[git]]?\n")
+
+    try writeConfig("[[git]]\nurl = \"git.example.com\"\n\n[[git]]\nclient_id = \"a\"\nscope = [\"repo\"]\n")
+    let git = try run(["config", "check"])
+    #expect(git.status == 15)
+    #expect(
+      git.stderr
+        == "\(configPath):6: [[git]] key 'scope': unknown key; did you mean 'scopes'?\n")
+  }
+
+  @Test func configCheckJSON() throws {
+    try writeConfig("default_scope = [\"read\"]\nredirect_port = 99999\n")
+    let bad = try run(["config", "check", "--json"])
+    #expect(bad.status == 15)
+    let report = try #require(try JSONSerialization.jsonObject(with: Data(bad.stdout.utf8)) as? [String: Any])
+    #expect(report["path"] as? String == configPath)
+    #expect(report["ok"] as? Bool == false)
+    #expect(report["exists"] as? Bool == true)
+    let errors = try #require(report["errors"] as? [[String: Any]])
+    #expect(errors.count == 2)
+    #expect(errors.first?["line"] as? Int == 1)
+    #expect(errors.first?["key"] as? String == "default_scope")
+    #expect(errors.first?["message"] as? String == "key 'default_scope': unknown key; did you mean 'default_scopes'?")
+    #expect(errors.last?["message"] as? String == "key 'redirect_port': must be a port number 0–65535")
+
+    try writeConfig("log_level = \"debug\"\n")
+    let good = try run(["config", "check", "--json"])
+    #expect(good.status == 0)
+    let ok = try #require(try JSONSerialization.jsonObject(with: Data(good.stdout.utf8)) as? [String: Any])
+    #expect(ok["ok"] as? Bool == true)
+    #expect((ok["errors"] as? [Any])?.isEmpty == true)
+  }
+
+  @Test func configCheckOfAMissingOrHugeNamedFileIsAnError() throws {
+    let missing = try run(["config", "check", "--config", home + "/nope.toml"])
+    #expect(missing.status == 15)
+    #expect(missing.stderr == "\(home)/nope.toml: cannot be read: No such file or directory\n")
+    let json = try run(["config", "check", "--json", "--config", home + "/nope.toml"])
+    #expect(json.status == 15)
+    let report = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+    let errors = try #require(report["errors"] as? [[String: Any]])
+    #expect(errors.count == 1 && errors[0]["line"] is NSNull)
+
+    let huge = Data(repeating: UInt8(ascii: "#"), count: (16 << 20) + 1)
+    try huge.write(to: URL(fileURLWithPath: configPath))
+    let big = try run(["config", "check"])
+    #expect(big.status == 15)
+    #expect(big.stderr == "\(configPath): is larger than 16 MiB; tesserad refuses it\n")
+  }
+
+  @Test func configCheckHelpHasAnExample() throws {
+    let help = try run(["config", "check", "--help"])
+    #expect(help.status == 0)
+    #expect(help.stdout.contains("did you mean 'default_scopes'?"))
+    #expect(help.stdout.contains("--json"))
+    #expect(try run(["--help"]).stdout.contains("  config"))
+  }
+
+  /// A bus that "activates" the broker by running `script`, as the session bus runs tesserad.
+  func activatingBus(exitStatus: Int32) throws -> String {
+    let services = home + "/services"
+    try FileManager.default.createDirectory(atPath: services, withIntermediateDirectories: true)
+    let script = services + "/fake-tesserad"
+    try "#!/bin/sh\necho 'tesserad: bad configuration' >&2\nexit \(exitStatus)\n".write(
+      toFile: script, atomically: true, encoding: .utf8)
+    chmod(script, 0o755)
+    try "[D-BUS Service]\nName=\(BrokerInterface.busName)\nExec=\(script)\n".write(
+      toFile: services + "/\(BrokerInterface.busName).service", atomically: true, encoding: .utf8)
+    return try PrivateBus.activating(serviceDirectory: services)
+  }
+
+  @Test func aBrokerThatRefusedItsConfigurationIsExplainedWithTheFilesProblem() throws {
+    let bus = try activatingBus(exitStatus: 78)
+    try writeConfig("default_client_id = \"app\"\ndefault_scope = [\"read\"]\n")
+    let status = try run(["status"], environment: ["DBUS_SESSION_BUS_ADDRESS": bus])
+    #expect(status.status == 15)
+    #expect(
+      status.stdout
+        == """
+        tesserad is not running:
+          \(configPath):2: key 'default_scope': unknown key; did you mean 'default_scopes'?
+          the Tessera broker cannot start until config.toml is fixed; `tessera config check` checks it again.
+
+        """)
+    for command in [["token"], ["accounts"]] {
+      let outcome = try run(command, environment: ["DBUS_SESSION_BUS_ADDRESS": bus])
+      #expect(outcome.status == 15, "\(command)")
+      #expect(outcome.stdout.isEmpty)
+      #expect(
+        outcome.stderr
+          == """
+          tessera: \(configPath):2: key 'default_scope': unknown key; did you mean 'default_scopes'?
+          tessera: the Tessera broker cannot start until config.toml is fixed; `tessera config check` checks it again.
+
+          """, "\(command)")
+    }
+    // The file checks out here: tesserad read another one (or refused this one's permissions).
+    try writeConfig("default_client_id = \"app\"\n")
+    let elsewhere = try run(["token"], environment: ["DBUS_SESSION_BUS_ADDRESS": bus])
+    #expect(elsewhere.status == 15)
+    #expect(elsewhere.stderr.contains("tesserad stopped on a configuration error (exit status 78)"))
+    #expect(elsewhere.stderr.contains("journalctl --user -u tessera"))
+  }
+
+  @Test func aBrokerThatFailedForAnotherReasonIsStillNotRunning() throws {
+    let bus = try activatingBus(exitStatus: 1)
+    try writeConfig("default_scope = [\"read\"]\n")
+    let outcome = try run(["token"], environment: ["DBUS_SESSION_BUS_ADDRESS": bus])
+    #expect(outcome.status == ClientExitStatus.brokerNotRunning.rawValue)
+    #expect(outcome.stderr.contains("The Tessera broker is not running"))
+    #expect(!outcome.stderr.contains("default_scope"))
   }
 
   // MARK: The helpers' protocols
@@ -235,6 +397,23 @@ struct BinaryTests {
         #expect(passed.status == 0 && passed.stdout.isEmpty && passed.stderr.isEmpty, "\(quiet)")
       }
     }
+  }
+
+  @Test func gitCredentialFailsOnAnyMistakeInConfigToml() throws {
+    let request = "protocol=https\nhost=git.example.com\n\n"
+    try writeConfig("[[git]]\nurl = \"git.example.com\"\n\n[[gti]]\nurl = \"other.example.com\"\n")
+    let table = try run(["git-credential", "get"], stdin: request)
+    #expect(table.status == 15)
+    #expect(table.stdout.isEmpty)
+    #expect(
+      table.stderr == "tessera git-credential: \(configPath):4: table [[gti]]: unknown table; did you mean [[git]]?\n")
+    try writeConfig("default_scope = [\"a\"]\n[[git]]\nurl = \"git.example.com\"\nclientid = \"x\"\n")
+    let two = try run(["git-credential", "get"], stdin: request)
+    #expect(two.status == 15)
+    #expect(
+      two.stderr
+        == "tessera git-credential: \(configPath):1: key 'default_scope': unknown key; did you mean 'default_scopes'? (and 1 more: see `tessera config check`)\n"
+    )
   }
 
   @Test func kubeCredentialAnswersInTheVersionKubectlAsksFor() async throws {

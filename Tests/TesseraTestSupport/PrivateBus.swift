@@ -24,9 +24,32 @@ public enum PrivateBus {
   /// Another private bus, with nothing on it, for the tests that need an empty one.
   public static func another() throws -> String { try start().get() }
 
-  private static func start() -> Result<String, Unavailable> {
+  /// Another private bus that starts the services described in `serviceDirectory` (D-Bus
+  /// activation files, `[D-BUS Service]` with Name= and Exec=) when they are called.
+  public static func activating(serviceDirectory: String) throws -> String {
+    let config = serviceDirectory + "/bus.conf"
+    let text = """
+      <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+       "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+      <busconfig>
+        <type>session</type>
+        <listen>unix:tmpdir=/tmp</listen>
+        <auth>EXTERNAL</auth>
+        <servicedir>\(serviceDirectory)</servicedir>
+        <policy context="default">
+          <allow send_destination="*" eavesdrop="true"/>
+          <allow eavesdrop="true"/>
+          <allow own="*"/>
+        </policy>
+      </busconfig>
+      """
+    try text.write(toFile: config, atomically: true, encoding: .utf8)
+    return try start(arguments: "--config-file=\(config)").get()
+  }
+
+  private static func start(arguments: String = "--session") -> Result<String, Unavailable> {
     // --fork: the daemon prints its address and pid, then runs on its own; killed at exit.
-    guard let pipe = popen("dbus-daemon --session --fork --nopidfile --print-address=1 --print-pid=1", "r") else {
+    guard let pipe = popen("dbus-daemon \(arguments) --fork --nopidfile --print-address=1 --print-pid=1", "r") else {
       return .failure(Unavailable(description: "cannot run dbus-daemon (apt-get install dbus)"))
     }
     defer { pclose(pipe) }

@@ -5,13 +5,16 @@ import http.server
 import os
 import socket
 import ssl
+import subprocess
 import threading
 import time
 
 import dbus
 import pytest
 
-from conftest import BUS_NAME, IDP_DIR, IDP_URL, OBJECT_PATH, Broker, expect_error, run_cli
+from conftest import (BIN_DIR, BUS_NAME, IDP_DIR, IDP_URL, OBJECT_PATH, REPO, TESSERA, TESSERAD, Broker,
+                      expect_error, run_cli)
+from tessera_session import bus_config
 
 
 def test_wrong_argument_types(broker):
@@ -144,11 +147,11 @@ def test_locked_keyring(start_daemon, keyring, idp):
         message = expect_error("StoreUnavailable", b.accounts)
         assert "lock" in message.lower()
         expect_error("StoreUnavailable", b.silent)
-        # `tessera status` says so, and still succeeds.
-        locked = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+        # `tessera status` says so, and exits 11 (the keyring needs attention).
+        locked = json.loads(run_cli("status", "--json", check_rc=11).stdout)
         assert locked["store"] == "unavailable" and "lock" in locked["store_message"].lower()
-        assert locked["accounts"] == []
-        assert "cannot read the keyring" in run_cli("status", check_rc=0).stdout
+        assert locked["accounts"] == [] and locked["needs_attention"] is True
+        assert "cannot read the keyring" in run_cli("status", check_rc=11).stdout
         keyring.unlock()
         # No restart: the next call loads the store.
         assert [a["id"] for a in b.accounts()] == [account_id]
@@ -169,7 +172,7 @@ def test_keyring_locked_while_the_daemon_runs(daemon, broker, keyring, idp):
     started = time.monotonic()
     expect_error("StoreUnavailable", broker.silent, force_refresh=True, call_timeout=20)
     assert time.monotonic() - started < 10
-    (alice,) = json.loads(run_cli("status", "--json", check_rc=0).stdout)["accounts"]
+    (alice,) = json.loads(run_cli("status", "--json", check_rc=11).stdout)["accounts"]
     assert alice["state"] == "store_locked" and alice["last_error"]["code"] == "StoreUnavailable"
     keyring.unlock()
     # Nothing was lost: the rotated refresh token was kept and is saved now.
@@ -280,8 +283,98 @@ def test_a_taken_redirect_port_is_a_configuration_error_not_a_bug(start_daemon, 
 
 
 def test_the_client_checks_options_with_the_brokers_table(daemon):
-    """The CLI refuses an option value the broker's table refuses, with the table's message, as
-    InvalidArgument (exit 3), the same as the broker would."""
+    """The CLI refuses an option value the broker's table refuses, with the table's message in the
+    CLI's words (the flag the user typed), as InvalidArgument (exit 3), the same as the broker would."""
     proc = run_cli("token", "--min-validity", "86401")
     assert proc.returncode == 3, proc.stderr
-    assert "min_validity" in proc.stderr and "86400" in proc.stderr
+    assert "--min-validity is 86401" in proc.stderr and "86400" in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# config.toml: one rule for every reader (issue 22). A mistake anywhere in the file stops tesserad
+# (exit 78); the CLI, finding the broker stopped on it, shows the file's own problem and exits 15.
+
+
+@pytest.fixture
+def activating_bus(tmp_path):
+    """A private bus that starts the real tesserad by D-Bus activation (as a session without systemd
+    does), with XDG_CONFIG_HOME pointing at a directory of the test's own: returns (env, config
+    path) for the CLI, which checks the same file."""
+    services = tmp_path / "services"
+    services.mkdir()
+    template = open(os.path.join(REPO, "dbus", "org.tessera.Broker1.service")).read()
+    (services / "org.tessera.Broker1.service").write_text(template.replace("@bindir@", BIN_DIR))
+    (tmp_path / "bus.conf").write_text(bus_config("session", tmp_path / "bus", services))
+    config_home = tmp_path / "config"
+    (config_home / "tessera").mkdir(parents=True)
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config_home))
+    env.pop("TESSERA_CONFIG", None)
+    bus = subprocess.Popen(
+        ["dbus-daemon", f"--config-file={tmp_path}/bus.conf", "--nofork", "--print-address"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    address = bus.stdout.readline().strip()
+    assert address, "dbus-daemon did not start"
+    env["DBUS_SESSION_BUS_ADDRESS"] = address
+    yield env, config_home / "tessera" / "config.toml"
+    bus.terminate()
+    bus.wait(10)
+
+
+def cli(env, *args, stdin=None):
+    return subprocess.run([TESSERA, *args], capture_output=True, text=True, timeout=60, env=env,
+                          input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+def test_a_typo_in_config_toml_is_shown_by_the_cli_not_hidden_behind_not_running(activating_bus):
+    env, config = activating_bus
+    config.write_text(f'default_authority = "{IDP_URL}/t"\ndefault_scope = ["read"]\n')
+    expected = f"{config}:2: key 'default_scope': unknown key; did you mean 'default_scopes'?"
+    for command in (["status"], ["token"]):
+        proc = cli(env, *command)
+        assert proc.returncode == 15, proc  # Configuration, not 14 (not running)
+        assert proc.stdout == ""
+        assert f"tessera: {expected}\n" in proc.stderr, proc.stderr
+        assert "cannot start until config.toml is fixed" in proc.stderr and "tessera config check" in proc.stderr
+        assert "not running" not in proc.stderr, proc.stderr
+    check = cli(env, "config", "check")
+    assert check.returncode == 15 and check.stderr == expected + "\n", check
+    # Fixed, the broker starts (and answers: no keyring on this bus, so StoreUnavailable).
+    config.write_text(f'default_authority = "{IDP_URL}/t"\ndefault_scopes = ["read"]\n')
+    assert cli(env, "config", "check").stdout == f"{config}: OK\n"
+    fixed = cli(env, "status", "--json")
+    assert fixed.returncode != 15 and "default_scope" not in fixed.stderr, fixed
+
+
+def test_an_unknown_table_stops_tesserad_and_git_credential_alike(activating_bus, tmp_path):
+    env, config = activating_bus
+    config.write_text('default_client_id = "tessera-test"\n\n[[gti]]\nurl = "git.example.test"\n')
+    expected = f"{config}:3: table [[gti]]: unknown table; did you mean [[git]]?"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(TESSERA, bin_dir / "git-credential-tessera")
+    got = subprocess.run([str(bin_dir / "git-credential-tessera"), "get"], input="protocol=https\nhost=git.example.test\n\n",
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert got.returncode == 15 and got.stdout == "", got
+    assert got.stderr == f"tessera git-credential: {expected}\n", got.stderr
+    # tesserad refuses the same file: run by hand, and as the bus activates it.
+    daemon = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=20, env=env, stdin=subprocess.DEVNULL)
+    assert daemon.returncode == 78, daemon
+    assert f"tesserad: bad configuration: {expected}" in daemon.stderr, daemon.stderr
+    status = cli(env, "status")
+    assert status.returncode == 15 and f"tessera: {expected}" in status.stderr, status
+
+
+def test_a_config_toml_over_16_mib_at_the_default_path_stops_tesserad(tmp_path):
+    config_home = tmp_path / "config"
+    (config_home / "tessera").mkdir(parents=True)
+    config = config_home / "tessera" / "config.toml"
+    with open(config, "wb") as f:
+        f.write(b'default_client_id = "tessera-test"\n')
+        f.write(b"#" * (16 << 20))
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config_home))
+    env.pop("TESSERA_CONFIG", None)
+    proc = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=20, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 78, proc
+    assert f"{config} is larger than 16 MiB" in proc.stderr, proc.stderr
+    check = cli(env, "config", "check")
+    assert check.returncode == 15 and "larger than 16 MiB" in check.stderr, check

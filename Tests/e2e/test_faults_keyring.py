@@ -231,10 +231,10 @@ def test_keyring_killed_mid_write_loses_nothing(daemon, restores_keyring, idp):
 def test_writes_made_while_the_keyring_is_locked_land_in_order(daemon, broker, restores_keyring, idp):
     """Locked with alice signed in: the cached token is still served (no IdP request), the account
     stays listed, each forced refresh (each rotates the refresh token at the IdP) fails with
-    StoreUnavailable and a message saying to unlock, and a sign-in of bob fails the same way but is
-    kept in memory (the user's sign-in is not thrown away). Once unlocked, with no caller, the writes
-    land in order: the keyring ends with alice's newest refresh token and all of bob, and a
-    restarted tesserad serves both from the keyring."""
+    StoreUnavailable and a message saying to unlock, and a sign-in of bob is refused the same way
+    before the browser opens (issue 22: the user does not sign in for nothing). Once unlocked, with
+    no caller, the writes land in order: the keyring ends with alice's newest refresh token, and a
+    restarted tesserad serves it from the keyring; bob then signs in as usual."""
     keyring = restores_keyring
     signed_in = broker.sign_in()
     account = signed_in["account"]["id"]
@@ -247,29 +247,29 @@ def test_writes_made_while_the_keyring_is_locked_land_in_order(daemon, broker, r
         message = expect_error("StoreUnavailable", broker.silent, force_refresh=True, call_timeout=20)
         assert "unlock" in message.lower()
     assert newest_refresh_token(DB)[0] == before + 3, "each refresh rotated the token at the IdP"
-    expect_error("StoreUnavailable", broker.sign_in, user="bob")
+    mark = idp.mark()
+    message = expect_error("StoreUnavailable", broker.sign_in, user="bob")
+    assert "locked" in message, message
+    assert not any("/authorize" in r["path"] for r in idp.requests(mark)), "refused before the browser opened"
     accounts = {a["username"]: a["id"] for a in broker.accounts()}
-    assert accounts.keys() == {"alice", "bob"} and accounts["alice"] == account, accounts
-    status = json.loads(run_cli("status", "--json", check_rc=0).stdout)
-    assert {a["username"]: a["state"] for a in status["accounts"]}["alice"] == "store_locked", status
-    assert keyring_items_of(keyring, accounts["bob"]) == 0
+    assert accounts == {"alice": account}, accounts
+    status = run_cli("status", "--json", check_rc=11)  # 11: the keyring needs attention
+    assert {a["username"]: a["state"] for a in json.loads(status.stdout)["accounts"]}["alice"] == "store_locked"
     unlocked = time.monotonic()
     keyring.unlock()
     wait_for_landing(keyring, account, lambda: daemon.log()[-2500:])
-    wait_until(lambda: keyring_items_of(keyring, accounts["bob"]) >= 3, timeout=LANDING_TIMEOUT,
-               what="bob's account, refresh token and access token to reach the keyring")
     landed = time.monotonic() - unlocked
     assert orphans(keyring) == []
     daemon.restart()
     b = Broker()
-    mark = idp.mark()
-    assert {a["username"] for a in b.accounts()} == {"alice", "bob"}
-    assert b.silent(account_id=accounts["bob"])["account"]["username"] == "bob"
-    assert idp.requests(mark) == [], "bob's stored access token is served from the keyring"
     assert b.silent(account_id=account, force_refresh=True)["account"]["id"] == account
+    bob = b.sign_in("bob")["account"]["id"]
+    assert {a["username"] for a in b.accounts()} == {"alice", "bob"}
+    wait_until(lambda: keyring_items_of(keyring, bob) >= 3, timeout=LANDING_TIMEOUT,
+               what="bob's account, refresh token and access token to reach the keyring")
     b.close()
     report({"fault": "keyring locked while tokens are cached", "refreshes_while_locked": 3,
-            "sign_ins_while_locked": 1, "landing_s": round(landed, 2)})
+            "sign_ins_refused_before_browser": 1, "landing_s": round(landed, 2)})
 
 
 def keyring_items_of(keyring, account_id):
@@ -365,7 +365,7 @@ def test_keyring_absent_at_start_then_appearing(private_session, write_config, b
         assert "Secret Service" in message and "Start" in message, message
         expect_error("StoreUnavailable", b.silent)
         status = subprocess.run([TESSERA, "status", "--json"], capture_output=True, text=True, env=s.env, timeout=30)
-        assert status.returncode == 0, status.stderr
+        assert status.returncode == 11, status.stderr  # the keyring needs attention
         assert json.loads(status.stdout)["store"] == "unavailable"
         assert d.running
         s.start_keyring()

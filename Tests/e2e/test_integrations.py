@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import IDP_DIR, IDP_URL, TENANT, TESSERA, Broker, run_cli, toml_value
+from conftest import IDP_DIR, IDP_URL, TENANT, TESSERA, TESSERAD, Broker, run_cli, toml_value
 from resource_servers import CA, GitServer, KubeAPI, SMTPServer, token_user
 
 
@@ -158,16 +158,19 @@ def test_git_credential_protocol(start_daemon, write_config, helper_env, idp):
     assert credential(helper_env, "erase", "protocol=https\nhost=git.example.test\npath=team/x\n"
                                            "password=not-the-token\n\n").returncode == 0
     assert idp.token_posts(mark) == []
-    # A broken [[git]] entry is reported on stderr, with its line, and stdout stays empty; tesserad
-    # only warns about it (a git typo must not take tokens away from every other app).
+    # A broken [[git]] entry is reported on stderr, with the file and its line, and stdout stays
+    # empty; tesserad refuses the same file (one rule for every reader of config.toml).
     broken = with_tables(write_config(name="broken.toml"), '[[git]]\nclient_id = "x"\n')
+    line = open(broken).read().splitlines().index("[[git]]") + 1
     bad = credential(helper_env, "get", "protocol=https\nhost=h\n\n", "--config", broken)
-    assert bad.returncode == 15 and bad.stdout == "" and "has no url" in bad.stderr, bad
+    assert bad.returncode == 15 and bad.stdout == "", bad
+    assert bad.stderr.startswith(f"tessera git-credential: {broken}:{line}: [[git]] has no url"), bad.stderr
     b.close()
     first.stop()
-    warned = start_daemon(broken)
-    assert "has no url" in warned.log() and "[[git]] entries ignored" in warned.log(), warned.log()[-1500:]
-    assert Broker().accounts() != [], "the daemon serves as usual"
+    refused = subprocess.run([TESSERAD, "--config", broken], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL)
+    assert refused.returncode == 78, refused
+    assert f"tesserad: bad configuration: {broken}:{line}: [[git]] has no url" in refused.stderr, refused.stderr
 
 
 # ----------------------------------------------------------------------------------------------

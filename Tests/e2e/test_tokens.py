@@ -123,8 +123,9 @@ def test_two_accounts(broker):
     assert {a["id"] for a in accounts} == {alice["account"]["id"], bob["account"]["id"]}
     assert [a["username"] for a in broker.accounts(username="BOB")] == ["bob"]
 
-    message = expect_error("InvalidArgument", broker.silent)
-    assert "account" in message.lower()
+    # "" names the current account: alice, the only one before bob signed in beside her.
+    assert broker.silent()["account"]["id"] == alice["account"]["id"]
+    assert [a["current"] for a in broker.accounts()] == [True, False]
 
     for who in (alice, bob):
         result = broker.silent(account_id=who["account"]["id"])

@@ -80,10 +80,11 @@ def keyring_section(killed, locked):
                  f"{r['lost']} | {r['landing_median_s']:.2f} s | {r['landing_worst_s']:.2f} s |\n")
     for r in locked:
         text += ("\nLocked while alice's tokens are cached: her cached token is served with no IdP request, "
-                 f"{r['refreshes_while_locked']} forced refreshes (each rotating her refresh token) and "
-                 f"{r['sign_ins_while_locked']} sign-in of bob fail with StoreUnavailable and are kept in memory; "
+                 f"{r['refreshes_while_locked']} forced refreshes (each rotating her refresh token) fail with "
+                 f"StoreUnavailable and are kept in memory, and {r['sign_ins_refused_before_browser']} sign-in of bob "
+                 "is refused before the browser opens; "
                  f"{r['landing_s']:.2f} s after the unlock, with no caller, the keyring holds alice's newest refresh "
-                 "token and all of bob, and a restarted tesserad serves both.\n")
+                 "token, and a restarted tesserad serves it (and signs bob in).\n")
     text += ("\nAbsent at start: tesserad answers StoreUnavailable (\"start your desktop keyring\"), `tessera status` "
              "says so, and the first call after the keyring appears finds the account, with no restart.")
     return text
