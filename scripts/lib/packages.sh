@@ -14,6 +14,9 @@ TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbu
 # that name: its kubernetes-client package provides it (tessera_install_kubectl). libfaketime
 # (faketime) sets tesserad's wall clock alone, for the clock faults (Tests/e2e/test_faults_clock.py).
 TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap faketime)
+# For the unit tests of the man pages (Tests/TesseraCLITests/ManPageTests.swift runs
+# `man --warnings` on docs/man/*): man-db's man(1) and the groff it formats with.
+TESSERA_TEST_PACKAGES=(man-db groff-base)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
