@@ -150,34 +150,24 @@ func startFailure(
 ) -> (message: String, status: Int32)? {
   let status = TesseraError.Code.configuration.exitCode
   let path = ConfigLocation.path(option: nil, environment: environment)
+  let exited: Bool
   switch error {
-  case .brokerExited(78, _): break
-  case .unreachable(let message) where message.hasPrefix(TesseraBroker.notRunning):
-    // Started by systemd (SystemdService=), a failed start reaches the bus as the unit's failure,
-    // not as tesserad's exit status: a file with mistakes is then the cause to show.
-    guard case .problems(let problems) = checkConfig(option: nil, environment: environment) else { return nil }
-    let lines = problems.map { "tessera: \($0)" }
-    return (
-      (lines
-        + [
-          "tessera: the Tessera broker is not running, and config.toml has the mistakes above, which stop it from starting; fix them (`tessera config check` checks again), then retry."
-        ]).joined(separator: "\n"),
-      status
-    )
+  case .brokerExited(78, _): exited = true
+  // Started by systemd (SystemdService=), a failed start reaches the bus as the unit's failure,
+  // not as tesserad's exit status: a file with mistakes is then the cause to show.
+  case .unreachable(let message) where message.hasPrefix(TesseraBroker.notRunning): exited = false
   default: return nil
   }
-  if case .problems(let problems) = checkConfig(option: nil, environment: environment) {
-    let lines = problems.map { "tessera: \($0)" }
+  guard case .problems(let problems) = checkConfig(option: nil, environment: environment) else {
+    guard exited else { return nil }
     return (
-      (lines
-        + [
-          "tessera: the Tessera broker cannot start until config.toml is fixed; `tessera config check` checks it again."
-        ]).joined(separator: "\n"),
+      "tessera: tesserad stopped on a configuration error (exit status 78), but \(path) checks out here: tesserad may read another file (TESSERA_CONFIG in systemd's environment) or refuse this one for its permissions. Its message is in `journalctl --user -u tessera`.",
       status
     )
   }
-  return (
-    "tessera: tesserad stopped on a configuration error (exit status 78), but \(path) checks out here: tesserad may read another file (TESSERA_CONFIG in systemd's environment) or refuse this one for its permissions. Its message is in `journalctl --user -u tessera`.",
-    status
-  )
+  let last =
+    exited
+    ? "the Tessera broker cannot start until config.toml is fixed; `tessera config check` checks it again."
+    : "the Tessera broker is not running, and config.toml has the mistakes above, which stop it from starting; fix them (`tessera config check` checks again), then retry."
+  return ((problems.map { "tessera: \($0)" } + ["tessera: " + last]).joined(separator: "\n"), status)
 }

@@ -385,6 +385,8 @@ extension Tessera {
       guard let first = commandLine.first else {
         throw ValidationError("Give the command to run, e.g. tessera exec ./deploy.sh")
       }
+      // The options are tessera's up to the command: --help before it is a request for help.
+      if command.first == "-h" || command.first == "--help" { throw CleanExit.helpRequest(Self.self) }
       // Everything from the first word tessera does not know is the command's; an unknown option
       // there is a typo of tessera's, not a command.
       if first.hasPrefix("-") && command.first != "--" {
