@@ -303,7 +303,13 @@ keyring_session = tessera_keyring.keyring_session  # one connection for the whol
 
 @pytest.fixture(autouse=True)
 def keyring(keyring_session):
-    """Every test starts (and leaves) with an unlocked keyring without Tessera items."""
+    """Every test starts (and leaves) with an unlocked keyring without Tessera items. A keyring that
+    crashed in an earlier test (see test_faults.KeyringCrashes) is started again first, so that one
+    crash of gnome-keyring does not fail every test after it."""
+    from test_faults_keyring import keyring_pid, start_keyring_unlocked
+    if keyring_pid() is None:
+        print("the session's gnome-keyring is gone (it crashed in an earlier test): started again")
+        start_keyring_unlocked(keyring_session)
     if keyring_session.locked():
         keyring_session.unlock()
     keyring_session.clear()

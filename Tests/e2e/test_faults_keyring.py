@@ -395,3 +395,28 @@ def test_an_item_deleted_while_the_inventory_reads_it_counts_as_gone(keyring):
     finally:
         del keyring.item_paths
     keyring.delete([(kept, None)])
+
+
+def test_a_keyring_that_aborts_is_started_again_and_tesserad_finds_everything(daemon, broker, restores_keyring):
+    """What the kill rounds of test_faults.py do when gnome-keyring aborts under them (its upstream
+    crash when a client vanishes mid-session-setup): the keyring is started again, and tesserad,
+    not restarted, writes to it again and a restarted tesserad finds the account in it."""
+    from test_faults import KeyringCrashes
+    account = broker.sign_in()["account"]["id"]
+    os.kill(keyring_pid(), signal.SIGABRT)
+    wait_until(lambda: keyring_pid() is None, what="the keyring to be gone")
+    crashes = KeyringCrashes(restores_keyring)
+    assert crashes.survive(lambda: orphans(restores_keyring)) == []
+    assert crashes.count == 1, "the keyring was found gone and started again"
+
+    def refreshed():
+        try:
+            return Broker().silent(force_refresh=True)["account"]["id"] == account
+        except dbus.exceptions.DBusException:
+            return False
+
+    wait_until(refreshed, timeout=30, interval=0.5, what="tesserad to write to the restarted keyring")
+    wait_until(lambda: keyring_holds_the_idps_token(restores_keyring, account), timeout=LANDING_TIMEOUT,
+               what="the rotated refresh token in the restarted keyring")
+    daemon.restart()
+    assert [a["id"] for a in Broker().accounts()] == [account]

@@ -45,6 +45,11 @@ def refresh_section(runs):
                      f"{r['median_check_s'] * 1000:.0f} ms | {r['worst_check_s'] * 1000:.0f} ms |")
     goal = ("Goal: 0 lost with a grace period of a few seconds, and 0 outside the exchange without one. "
             "The worst case costs one interactive sign-in, and it is reported at the restart.")
+    crashes = sum(r.get("keyring_crashes", 0) for r in runs)
+    if crashes:
+        goal += (f"\n\ngnome-keyring itself aborted {crashes} time(s) during these rounds (a known upstream crash "
+                 "when a client vanishes while it sets a session up: gnome-keyring #196); it was started again, as "
+                 "a desktop's service manager does, and every check above was made against it, with nothing lost.")
     return "\n".join(lines) + "\n\n" + goal
 
 
