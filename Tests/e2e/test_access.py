@@ -473,6 +473,10 @@ def test_a_flatpak_app_is_identified_by_its_sandbox(start_daemon, write_config):
                       "org.tessera.Broker1", "Grant", "ssssasas", "flatpak:org.example.App", "tessera-test", "*",
                       "", "0", "0")
         assert own.returncode != 0 and "runs in a sandbox" in own.stderr, own.stderr
+        # Nor choose the account every request that names none gets (issue 22's current account).
+        chosen = app.run("busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1",
+                         "org.tessera.Broker1", "SetCurrentAccount", "ss", "alice", "")
+        assert chosen.returncode != 0 and "runs in a sandbox" in chosen.stderr, chosen.stderr
         run_cli("access", "grant", "--app", "flatpak:org.example.App", "--client-id", "tessera-test",
                 "--account", "alice", check_rc=0)
         allowed = app.run(*busctl_token(account))
