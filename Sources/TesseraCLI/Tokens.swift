@@ -62,31 +62,20 @@ extension Tessera {
         `tessera login` then. With several accounts signed in, it uses the current one (see \
         `tessera account use`) unless --account names another.
         """)
-    @OptionGroup var target: Target
-    @Option(
-      name: .long,
-      help: ArgumentHelp(
-        "Account id or username (default: the only or current account).", valueName: "account"),
-      completion: accountCompletion)
-    var account: String?
+    /// The target, --account and --min-validity, as the helpers take them.
+    @OptionGroup var request: TokenTarget
     @Flag(name: .long, help: "Skip the cache and redeem the refresh token.") var forceRefresh = false
-    @Option(
-      name: .long,
-      help: ArgumentHelp(
-        "Seconds the token must still be valid (default 300, or a quarter of the token's lifetime when shorter).",
-        valueName: "seconds"))
-    var minValidity: UInt32?
     @OptionGroup var output: Output
 
     func run() throws {
       var options = TesseraTokenOptions()
-      options.authority = target.authority
+      options.authority = request.target.authority
       options.forceRefresh = forceRefresh
-      options.minValidity = minValidity
+      options.minValidity = request.minValidity
       let token = try withBroker { broker throws(TesseraClientError) in
-        let accountID = try resolveAccount(account, broker: broker, authority: target.authority)
+        let accountID = try resolveAccount(request.account, broker: broker, authority: request.target.authority)
         return try broker.acquireTokenSilent(
-          clientID: target.clientId, scopes: target.scopes, accountID: accountID, options: options)
+          clientID: request.target.clientId, scopes: request.target.scopes, accountID: accountID, options: options)
       }
       if output.json { printJSON(token) } else { print(token.accessToken) }
     }

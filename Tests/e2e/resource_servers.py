@@ -142,31 +142,30 @@ class GitServer(HTTPSResource):
         return status
 
 
+def send_json(handler, value):
+    """Answers 200 with `value` as JSON; returns the status, as serve() does."""
+    body = json.dumps(value).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+    return 200
+
+
 class KubeAPI(HTTPSResource):
     """Enough of a Kubernetes API server for `kubectl get --raw`: a pod list naming the user."""
 
     def serve(self, handler, user):
-        body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                           "items": [{"metadata": {"name": f"pod-of-{user}"}}]}).encode()
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-        return 200
+        return send_json(handler, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                   "items": [{"metadata": {"name": f"pod-of-{user}"}}]})
 
 
 class UserAPI(HTTPSResource):
     """A JSON API in the manner of Microsoft Graph's /me: who the token is for, and the path asked."""
 
     def serve(self, handler, user):
-        body = json.dumps({"userPrincipalName": user, "path": handler.path}).encode()
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-        return 200
+        return send_json(handler, {"userPrincipalName": user, "path": handler.path})
 
 
 def server_cert(directory, names):
