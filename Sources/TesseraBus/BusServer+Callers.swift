@@ -16,7 +16,8 @@ extension BusServer {
   }
 
   func callerInfo(_ message: OpaquePointer) -> CallerInfo {
-    let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+    // A direct connection has no bus daemon to stamp a sender: it is known by its connection.
+    let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? directPeer(of: message)?.name ?? ""
     if var cached = callerCache[sender] {
       // The process that connected has ended, or now runs another program: identified anew.
       if let process = cached.process, process.recheck() {

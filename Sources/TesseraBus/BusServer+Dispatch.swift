@@ -42,6 +42,7 @@ extension BusServer {
       return 1
     case nil: break
     }
+    guard admitDirectCall(message, member: member) else { return 1 }
     nextID &+= 1
     pending[nextID] = sd_bus_message_ref(message)
     onCall(call, ReplyToken(id: nextID))

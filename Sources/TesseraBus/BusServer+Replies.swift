@@ -62,16 +62,26 @@ extension BusServer {
   func sendSignal(
     path: String, interface: String, member: String, arguments: [BusValue], to destination: String?
   ) {
-    var signal: OpaquePointer?
-    guard sd_bus_message_new_signal(bus, &signal, path, interface, member) >= 0, let signal else { return }
-    defer { sd_bus_message_unref(signal) }
-    if let destination, sd_bus_message_set_destination(signal, destination) < 0 { return }
-    do {
-      for argument in arguments { try BusCodec.append(signal, argument) }
-    } catch {
-      log(.error, "Could not build the signal \(member): \(error)")
-      return
+    // To one direct connection, to one bus name, or to everyone: the bus and every direct peer.
+    var connections: [OpaquePointer] = []
+    if let destination, let peer = peersByName[destination] {
+      connections = [peer.bus]
+    } else {
+      if let bus { connections.append(bus) }
+      if destination == nil && directInterfaces.contains(interface) { connections += peers.keys }
     }
-    _ = sd_bus_send(bus, signal, nil)
+    for connection in connections {
+      var signal: OpaquePointer?
+      guard sd_bus_message_new_signal(connection, &signal, path, interface, member) >= 0, let signal else { continue }
+      defer { sd_bus_message_unref(signal) }
+      if let destination, connection == bus, sd_bus_message_set_destination(signal, destination) < 0 { continue }
+      do {
+        for argument in arguments { try BusCodec.append(signal, argument) }
+      } catch {
+        log(.error, "Could not build the signal \(member): \(error)")
+        return
+      }
+      _ = sd_bus_send(connection, signal, nil)
+    }
   }
 }

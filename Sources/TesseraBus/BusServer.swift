@@ -63,6 +63,24 @@ public final class BusServer: @unchecked Sendable {
   var watches: [SignalWatch] = []
   var outgoingCalls: [ObjectIdentifier: Outgoing] = [:]
 
+  // The direct socket (BusServer+Direct.swift).
+  /// The listening socket, when the server serves one.
+  let listener: DirectSocket.Listener?
+  /// The interfaces exported on direct connections (Tessera's own; not Microsoft's).
+  let directInterfaces: Set<String>
+  /// Pins a direct caller from the pidfd the kernel gave for it at connect time (SO_PEERPIDFD).
+  let identifyPinned: (@Sendable (Int32, UInt32, String?) -> (any CallerProcess)?)?
+  var peers: [OpaquePointer: DirectPeer] = [:]
+  var peersByName: [String: DirectPeer] = [:]
+  /// Connections that ended, closed after the loop iteration that saw them end.
+  var closingPeers: [OpaquePointer] = []
+  var nextPeerNumber: UInt64 = 0
+  var serverID = sd_id128_t()
+  var postSource: OpaquePointer?
+  /// Without a session bus, why not (set on the bus thread before `start` returns); the server
+  /// then serves the direct socket alone.
+  public private(set) var sessionBusMissing: String?
+
   /// Which bus an outgoing call or a signal watch is on.
   public enum Bus: Sendable {
     case session
@@ -102,9 +120,14 @@ public final class BusServer: @unchecked Sendable {
     interfaces: [InterfaceDescription], log: @escaping BusLog = { _, _ in }, onCall: @escaping CallHandler,
     onCallerGone: @escaping @Sendable (String) -> Void = { _ in },
     answerAtOnce: (@Sendable (Call) -> FastAnswer?)? = nil,
-    identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)? = nil
+    identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)? = nil,
+    identifyPinned: (@Sendable (Int32, UInt32, String?) -> (any CallerProcess)?)? = nil,
+    listener: DirectSocket.Listener? = nil, directInterfaces: Set<String> = [BrokerInterface.interfaceName]
   ) {
     self.identify = identify
+    self.identifyPinned = identifyPinned
+    self.listener = listener
+    self.directInterfaces = directInterfaces
     self.log = log
     self.onCall = onCall
     self.answerAtOnce = answerAtOnce
@@ -177,11 +200,24 @@ public final class BusServer: @unchecked Sendable {
     func check(_ r: Int32, _ what: String) throws {
       if r < 0 { throw StartError(description: "\(what): \(Errno(rawValue: -r))") }
     }
-    try check(sd_bus_open_user(&bus), "Could not connect to the session bus (is DBUS_SESSION_BUS_ADDRESS set?)")
-    try check(sd_bus_set_exit_on_disconnect(bus, 1), "sd_bus_set_exit_on_disconnect")
     try check(sd_event_new(&event), "sd_event_new")
-    try check(sd_bus_attach_event(bus, event, 0), "sd_bus_attach_event")
     let me = Unmanaged.passUnretained(self).toOpaque()
+    try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
+    if let listener {
+      try check(sd_id128_randomize(&serverID), "sd_id128_randomize")
+      try attachListener(listener.fd)
+    }
+    let opened = sd_bus_open_user(&bus)
+    if opened < 0 {
+      bus = nil
+      let why = "Could not connect to the session bus (\(Errno(rawValue: -opened))); is DBUS_SESSION_BUS_ADDRESS set?"
+      // With a socket of its own the broker serves that alone; without one it has nothing to serve.
+      guard listener != nil else { throw StartError(description: why) }
+      sessionBusMissing = why
+      return objects.map(\.description.busName)
+    }
+    try check(sd_bus_set_exit_on_disconnect(bus, 1), "sd_bus_set_exit_on_disconnect")
+    try check(sd_bus_attach_event(bus, event, 0), "sd_bus_attach_event")
     try check(sd_bus_add_filter(bus, nil, signatureFilter, me), "sd_bus_add_filter")
     for object in objects {
       let description = object.description
@@ -191,7 +227,6 @@ public final class BusServer: @unchecked Sendable {
           Unmanaged.passUnretained(object).toOpaque()),
         "Could not export \(description.objectPath)")
     }
-    try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
     try check(
       sd_bus_match_signal(
         bus, nil, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
@@ -246,16 +281,22 @@ public final class BusServer: @unchecked Sendable {
       switch mail {
       case .reply(let id, let result):
         guard let message = pending.removeValue(forKey: id) else { continue }
+        directCallAnswered(message)
         send(reply: result, to: message)
         sd_bus_message_unref(message)
       case .signal(let path, let interface, let destination, let member, let arguments):
         sendSignal(path: path, interface: interface, member: member, arguments: arguments, to: destination)
       case .property(let path, let interface, let name):
-        let r = name.withCString { pointer -> Int32 in
-          var names: [UnsafeMutablePointer<CChar>?] = [UnsafeMutablePointer(mutating: pointer), nil]
-          return sd_bus_emit_properties_changed_strv(bus, path, interface, &names)
+        let connections = (bus.map { [$0] } ?? []) + (directInterfaces.contains(interface) ? Array(peers.keys) : [])
+        for connection in connections {
+          let r = name.withCString { pointer -> Int32 in
+            var names: [UnsafeMutablePointer<CChar>?] = [UnsafeMutablePointer(mutating: pointer), nil]
+            return sd_bus_emit_properties_changed_strv(connection, path, interface, &names)
+          }
+          if r < 0 && connection == bus {
+            log(.notice, "Could not emit PropertiesChanged for \(name): \(Errno(rawValue: -r))")
+          }
         }
-        if r < 0 { log(.notice, "Could not emit PropertiesChanged for \(name): \(Errno(rawValue: -r))") }
       case .call(let outgoing):
         startCall(outgoing)
       case .watch(let watch):
@@ -267,7 +308,8 @@ public final class BusServer: @unchecked Sendable {
           sd_bus_message_unref(message)
         }
         pending.removeAll()
-        _ = sd_bus_flush(bus)
+        closePeers()
+        if let bus { _ = sd_bus_flush(bus) }
         sd_event_exit(event, 0)
       }
     }

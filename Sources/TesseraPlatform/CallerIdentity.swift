@@ -24,6 +24,13 @@ public enum CallerIdentity {
     return PinnedCaller(pidfd: pidfd, pid: pid, label: label)
   }
 
+  /// Identifies and keeps the process behind `pidfd`, which the kernel gave for the peer of a
+  /// direct connection (SO_PEERPIDFD): the process that connected, whatever has its pid now. The
+  /// pidfd is the caller's to keep from here on.
+  public static func pin(pidfd: Int32, pid: UInt32, label: String?) -> PinnedCaller? {
+    PinnedCaller(pidfd: pidfd, pid: pid, label: label)
+  }
+
   /// Identifies the process `pid`; `label` is the security label from the bus credentials.
   public static func identify(pid: UInt32, label: String?) -> AppIdentity? {
     pin(pid: pid, label: label)?.app

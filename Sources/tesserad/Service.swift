@@ -57,9 +57,11 @@ final class BusService: Service, Sendable {
   let configPath: String
   /// The optional names the server asks for (com.microsoft.identity.broker1 when that front is on).
   let microsoftNames: [String]
+  let socketPath: String?
   let failure = Mutex<String?>(nil)
 
-  init(server: BusServer, logger: Logger, configPath: String, microsoftNames: [String]) {
+  init(server: BusServer, logger: Logger, configPath: String, microsoftNames: [String], socketPath: String?) {
+    self.socketPath = socketPath
     self.server = server
     self.logger = logger
     self.configPath = configPath
@@ -78,11 +80,17 @@ final class BusService: Service, Sendable {
       failure.withLock { $0 = "\(error)" }
       throw error
     }
-    let served = [BrokerInterface.busName] + microsoftNames.filter { !unowned.contains($0) }
-    logger.info(
-      "tesserad \(BrokerInterface.version) is serving \(served.joined(separator: " and "))",
-      metadata: ["config": "\(configPath)"])
-    for name in unowned {
+    if let missing = server.sessionBusMissing {
+      logger.notice(
+        "tesserad \(BrokerInterface.version) is serving its own socket alone: there is no session bus, so the Microsoft front, desktop notifications and the portal dialog are off",
+        metadata: ["config": "\(configPath)", "socket": "\(socketPath ?? "")", "bus": "\(missing)"])
+    } else {
+      let served = [BrokerInterface.busName] + microsoftNames.filter { !unowned.contains($0) }
+      logger.info(
+        "tesserad \(BrokerInterface.version) is serving \(served.joined(separator: " and "))\(socketPath.map { " and its own socket \($0)" } ?? "")",
+        metadata: ["config": "\(configPath)"])
+    }
+    for name in unowned where server.sessionBusMissing == nil {
       logger.notice(
         "\(name) is already owned by another program (another broker, such as Microsoft's identity broker), so MSAL apps keep using it; tesserad serves \(BrokerInterface.busName) and takes \(name) when that program lets go of it. To serve MSAL apps from Tessera, stop or uninstall the other broker; to silence this, set microsoft_broker = false in config.toml."
       )

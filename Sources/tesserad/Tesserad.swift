@@ -98,6 +98,20 @@ struct Tesserad: AsyncParsableCommand {
       printError("tesserad: \(error)")
       throw ExitCode(78)
     }
+    // tesserad's own socket: the one systemd passes (tessera.socket), else made here. Another
+    // tesserad already serving it is a reason not to start; failing to make it is not (the bus
+    // still serves), unless there is no bus either (BusServer says so then).
+    var listener = DirectSocket.fromSystemd()
+    if listener == nil, let socketPath = DirectSocket.path(environment: environment) {
+      do {
+        listener = try DirectSocket.listen(at: socketPath)
+      } catch  where error.alreadyServed {
+        printError("tesserad: \(error)")
+        throw ExitCode(1)
+      } catch {
+        logger.warning("tesserad serves no socket of its own", metadata: ["reason": "\(error)"])
+      }
+    }
     let requests = RequestRouter()
     let busLogger = logger
     // Microsoft's broker protocol is one more front of the same engine, unless config.toml turns it off.
@@ -114,7 +128,9 @@ struct Tesserad: AsyncParsableCommand {
       onCall: { call, token in requests.dispatch(call, token) },
       onCallerGone: { busName in requests.callerGone(busName) },
       answerAtOnce: { call in requests.answerAtOnce(call) },
-      identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) })
+      identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) },
+      identifyPinned: { pidfd, pid, label in CallerIdentity.pin(pidfd: pidfd, pid: pid, label: label) },
+      listener: listener)
     let notifier = DesktopNotifier(server: server, logger: logger)
     let broker = Broker(
       config: brokerConfig,
@@ -143,7 +159,8 @@ struct Tesserad: AsyncParsableCommand {
       }
     }
     let bus = BusService(
-      server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName))
+      server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName),
+      socketPath: listener.map { $0.fromSystemd ? "\($0.path) (from systemd)" : $0.path })
     // Started in this order, stopped in reverse: the bus first, the keyring's queue last. The bus
     // going away ends the daemon, as a signal does.
     let services: [ServiceGroupConfiguration.ServiceConfiguration] = [
@@ -156,6 +173,8 @@ struct Tesserad: AsyncParsableCommand {
       configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
     var groupError: (any Error)?
     do { try await group.run() } catch { groupError = error }
+    // The socket file made here goes with the daemon (systemd keeps its own for the next start).
+    if let listener, !listener.fromSystemd { unlink(listener.path) }
     // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
     if let failure = bus.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
       printError("tesserad: \(failure)")

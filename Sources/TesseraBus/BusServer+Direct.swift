@@ -1,0 +1,269 @@
+import CSystemd
+import Glibc
+import SystemPackage
+import TesseraInterface
+
+/// The direct socket: peers that connect to tesserad's own socket (DirectSocket) and speak D-Bus
+/// to it with no bus daemon in between. Each accepted connection is an sd-bus server connection
+/// attached to the same sd-event loop, so the bus thread still owns every connection; it exports
+/// the same objects with the same vtables, filter, limits and policy as the session bus, and its
+/// caller is identified once, at accept, from the kernel's record of who connected.
+extension BusServer {
+  /// One accepted connection. Used on the bus thread only.
+  final class DirectPeer {
+    let bus: OpaquePointer
+    /// The unique name it is known by (Hello's answer, CallerInfo.busName, signals' destination).
+    let name: String
+    /// Calls handed to the handler and not yet answered.
+    var inFlight = 0
+    /// Read until idle once its handshake is over (see `processFreshPeers`).
+    var fresh = true
+    init(bus: OpaquePointer, name: String) {
+      self.bus = bus
+      self.name = name
+    }
+  }
+
+  /// At most this many direct connections at once: each holds a socket and a pidfd.
+  var directPeerLimit: Int { max(16, min(1024, pinLimit / 2)) }
+  /// At most this many calls of one direct connection wait for the engine at once (answers given
+  /// on the bus thread do not count); more are answered Busy. The session bus bounds the same
+  /// with its own per-connection limit.
+  static let directCallsInFlight = 1024
+
+  /// Adds the listening socket to the loop (bus thread, during `connect`).
+  func attachListener(_ fd: Int32) throws {
+    let me = Unmanaged.passUnretained(self).toOpaque()
+    let r = sd_event_add_io(event, nil, fd, UInt32(EPOLLIN.rawValue), listenerReady, me)
+    if r < 0 { throw StartError(description: "Could not watch the direct socket: \(Errno(rawValue: -r))") }
+    // After each loop iteration: connections whose handshake just ended are read until idle.
+    let p = sd_event_add_post(event, &postSource, postIteration, me)
+    if p < 0 { throw StartError(description: "sd_event_add_post: \(Errno(rawValue: -p))") }
+    _ = sd_event_source_set_enabled(postSource, Int32(SD_EVENT_ON))
+  }
+
+  /// Accepts every connection waiting on the listening socket.
+  func acceptPeers() {
+    guard let listenFD = listener?.fd else { return }
+    while true {
+      let fd = accept(listenFD, nil, nil)
+      if fd < 0 {
+        let code = Errno(rawValue: errno)
+        if code == .interrupted { continue }
+        if code != .resourceTemporarilyUnavailable { noteRefusal("Could not accept a direct connection: \(code)") }
+        return
+      }
+      // Close-on-exec at once; every program tesserad starts closes all inherited descriptors too.
+      _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+      _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+      admitPeer(fd)
+    }
+  }
+
+  /// Checks who connected (another user's connection is closed before a byte is read from it)
+  /// and makes it an sd-bus server connection on this loop.
+  private func admitPeer(_ fd: Int32) {
+    guard let credentials = try? DirectSocket.peerCredentials(fd) else {
+      close(fd)
+      return
+    }
+    guard credentials.uid == ownUID else {
+      close(fd)
+      noteRefusal(
+        "Closed a direct connection from user \(credentials.uid) (pid \(credentials.pid)) unread: this broker serves user \(ownUID) only"
+      )
+      return
+    }
+    guard peers.count < directPeerLimit else {
+      close(fd)
+      noteRefusal(
+        "Closed a direct connection from pid \(credentials.pid): \(directPeerLimit) are open already (the limit)")
+      return
+    }
+    // Pinned now, at connect time: the process that connected, not whatever has its pid later.
+    let pidfd = DirectSocket.peerPidfd(fd)
+    let label = DirectSocket.peerLabel(fd)
+    nextPeerNumber &+= 1
+    let name = ":direct.\(nextPeerNumber)"
+    var peerBus: OpaquePointer?
+    func fail(_ what: String, _ r: Int32) {
+      log(.notice, "Could not set up a direct connection (\(what)): \(Errno(rawValue: -r))")
+      if let peerBus { sd_bus_close_unref(peerBus) } else { close(fd) }
+      if let pidfd { close(pidfd) }
+    }
+    var r = sd_bus_new(&peerBus)
+    guard r >= 0, let peerBus else { return fail("sd_bus_new", r) }
+    r = sd_bus_set_fd(peerBus, fd, fd)
+    guard r >= 0 else {
+      sd_bus_unref(peerBus)
+      close(fd)
+      if let pidfd { close(pidfd) }
+      return
+    }
+    let peer = DirectPeer(bus: peerBus, name: name)
+    let me = Unmanaged.passUnretained(self).toOpaque()
+    let steps: [(String, () -> Int32)] = [
+      ("server", { sd_bus_set_server(peerBus, 1, self.serverID) }),
+      // Nobody passes descriptors to the broker.
+      ("fds", { sd_bus_negotiate_fds(peerBus, 0) }),
+      ("filter", { sd_bus_add_filter(peerBus, nil, peerFilter, me) }),
+      (
+        "disconnect watch",
+        {
+          sd_bus_match_signal(
+            peerBus, nil, nil, "/org/freedesktop/DBus/Local", "org.freedesktop.DBus.Local", "Disconnected",
+            peerDisconnected, me)
+        }
+      ),
+    ]
+    for (what, step) in steps {
+      let r = step()
+      if r < 0 { return fail(what, r) }
+    }
+    for object in objects where directInterfaces.contains(object.description.name) {
+      let r = sd_bus_add_object_vtable(
+        peerBus, nil, object.description.objectPath, object.description.name, object.vtable,
+        Unmanaged.passUnretained(object).toOpaque())
+      if r < 0 { return fail("export", r) }
+    }
+    r = sd_bus_start(peerBus)
+    if r < 0 { return fail("start", r) }
+    r = sd_bus_attach_event(peerBus, event, 0)
+    if r < 0 { return fail("attach", r) }
+    peers[peerBus] = peer
+    peersByName[name] = peer
+    var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
+    info.exe = Self.executable(of: credentials.pid)
+    var process: (any CallerProcess)?
+    if callerCache.count < pinLimit {
+      if let pidfd, let identifyPinned {
+        process = identifyPinned(pidfd, credentials.pid, label)
+      } else {
+        if let pidfd { close(pidfd) }
+        process = identify?(credentials.pid, label)
+      }
+      info.app = process?.app
+    } else if let pidfd {
+      close(pidfd)
+    }
+    callerCache[name] = (info, process)
+  }
+
+  static func executable(of pid: UInt32) -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+  }
+
+  /// The peer a message came from, when it came over the direct socket.
+  func directPeer(of message: OpaquePointer) -> DirectPeer? {
+    guard !peers.isEmpty, let messageBus = sd_bus_message_get_bus(message), messageBus != bus else { return nil }
+    return peers[messageBus]
+  }
+
+  /// A direct connection ended: forgotten, and its caller's sign-ins are let go as when a
+  /// caller leaves the bus.
+  func peerGone(_ peerBus: OpaquePointer) {
+    guard let peer = peers.removeValue(forKey: peerBus) else { return }
+    peersByName[peer.name] = nil
+    callerCache[peer.name] = nil
+    // Closed after this iteration (processFreshPeers): this may run inside the connection's own
+    // dispatch, which must not find it closed under it.
+    closingPeers.append(peerBus)
+    onCallerGone(peer.name)
+  }
+
+  /// sd-bus, attached to an event loop, leaves unread a call that came in the same read as the end
+  /// of the authentication handshake (libdbus clients send both at once): each connection is
+  /// read until idle once its handshake is over.
+  func processFreshPeers() {
+    for closing in closingPeers {
+      sd_bus_detach_event(closing)
+      // Calls still pending hold their own references; the connection is freed with the last.
+      sd_bus_close_unref(closing)
+    }
+    closingPeers.removeAll()
+    for peer in peers.values where peer.fresh {
+      guard sd_bus_is_ready(peer.bus) > 0 else { continue }
+      peer.fresh = false
+      while sd_bus_process(peer.bus, nil) > 0 {}
+    }
+  }
+
+  /// A direct call about to go to the handler: counted, or refused when its connection has too
+  /// many waiting. Returns false when refused (answered already).
+  func admitDirectCall(_ message: OpaquePointer, member: String) -> Bool {
+    guard let peer = directPeer(of: message) else { return true }
+    guard peer.inFlight < Self.directCallsInFlight else {
+      _ = refuse(
+        message, member,
+        .busy(
+          "This connection has \(Self.directCallsInFlight) calls waiting for the broker already. Wait for their answers before sending more."
+        ))
+      return false
+    }
+    peer.inFlight += 1
+    return true
+  }
+
+  /// A pending call was answered.
+  func directCallAnswered(_ message: OpaquePointer) {
+    if let peer = directPeer(of: message) { peer.inFlight -= 1 }
+  }
+
+  /// Answers org.freedesktop.DBus.Hello, which busctl and gdbus send first even to a peer: with
+  /// the connection's unique name. Returns 1 when handled.
+  func answerHello(_ message: OpaquePointer) -> Int32 {
+    guard sd_bus_message_is_method_call(message, "org.freedesktop.DBus", "Hello") > 0,
+      let peer = directPeer(of: message)
+    else { return 0 }
+    var reply: OpaquePointer?
+    guard sd_bus_message_new_method_return(message, &reply) >= 0, let reply else { return 1 }
+    defer { sd_bus_message_unref(reply) }
+    var status = sd_bus_message_append_basic(reply, CChar(UInt8(ascii: "s")), peer.name)
+    if status >= 0 { status = sd_bus_send(peer.bus, reply, nil) }
+    return 1
+  }
+
+  /// Logs a refusal at the direct socket, as refusals of calls are: rate-limited.
+  func noteRefusal(_ text: String) {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    let (logThis, suppressed) = refusals.admit(second: Int(now.tv_sec))
+    if suppressed > 0 { log(.notice, "\(suppressed) more refusals were not logged one by one") }
+    if logThis { log(.notice, text) }
+  }
+
+  /// Closes every direct connection (at exit).
+  func closePeers() {
+    for peerBus in Array(peers.keys) {
+      _ = sd_bus_flush(peerBus)
+      peerGone(peerBus)
+    }
+    processFreshPeers()
+  }
+}
+
+private let listenerReady: sd_event_io_handler_t = { _, _, _, userdata in
+  server(userdata).acceptPeers()
+  return 0
+}
+
+private let postIteration: sd_event_handler_t = { _, userdata in
+  server(userdata).processFreshPeers()
+  return 0
+}
+
+private let peerDisconnected: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message, let peerBus = sd_bus_message_get_bus(message) else { return 0 }
+  server(userdata).peerGone(peerBus)
+  return 0
+}
+
+private let peerFilter: sd_bus_message_handler_t = { message, userdata, _ in
+  guard let message else { return 0 }
+  let server = server(userdata)
+  if server.answerHello(message) > 0 { return 1 }
+  return server.filter(message)
+}

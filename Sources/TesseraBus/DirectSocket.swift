@@ -1,0 +1,226 @@
+import CSystemd
+import Glibc
+import SystemPackage
+import TesseraInterface
+
+/// tesserad's own socket, `$XDG_RUNTIME_DIR/tessera/bus`: peer-to-peer D-Bus with no bus daemon
+/// in between. Both sides use this: the daemon to listen (or take the socket systemd passes it),
+/// clients to find it and to check, before sending a byte, that the user's own broker is behind
+/// it.
+public enum DirectSocket {
+  /// The environment variable that names another socket.
+  public static let environmentVariable = "TESSERA_SOCKET"
+
+  /// Where the socket is: `$TESSERA_SOCKET`, else `$XDG_RUNTIME_DIR/tessera/bus`, else
+  /// `/run/user/UID/tessera/bus` when that runtime directory exists; nil when there is no runtime
+  /// directory at all.
+  public static func path(environment: [String: String]) -> String? {
+    if let named = environment[environmentVariable], !named.isEmpty { return named }
+    if let runtime = environment["XDG_RUNTIME_DIR"], runtime.hasPrefix("/") { return runtime + "/tessera/bus" }
+    let fallback = "/run/user/\(getuid())"
+    var st = stat()
+    guard lstat(fallback, &st) == 0, st.st_mode & S_IFMT == S_IFDIR, st.st_uid == getuid() else { return nil }
+    return fallback + "/tessera/bus"
+  }
+
+  /// The directory holding `path`.
+  static func directory(of path: String) -> String {
+    guard let slash = path.lastIndex(of: "/") else { return "." }
+    return slash == path.startIndex ? "/" : String(path[..<slash])
+  }
+
+  /// Why the socket at `path` must not be trusted (its directory or the socket belongs to someone
+  /// else, or others may write to the directory and so replace the socket), or nil when it is the
+  /// user's own. Throws ENOENT-like errors as `SystemCallError` when it is not there at all.
+  public static func checkOwnership(_ path: String) throws(SystemCallError) -> String? {
+    let me = getuid()
+    let dir = directory(of: path)
+    var st = stat()
+    try Syscall.check("stat(\(dir))") { lstat(dir, &st) }
+    if st.st_mode & S_IFMT != S_IFDIR { return "\(dir) is not a directory" }
+    if st.st_uid != me {
+      return "its directory \(dir) belongs to user \(st.st_uid), not to you (user \(me))"
+    }
+    if st.st_mode & 0o022 != 0 {
+      return
+        "its directory \(dir) may be written by others (mode \(String(st.st_mode & 0o777, radix: 8))), who could put their own socket there; run `chmod 700 \(dir)`"
+    }
+    try Syscall.check("stat(\(path))") { lstat(path, &st) }
+    if st.st_mode & S_IFMT != S_IFSOCK { return "\(path) is not a socket" }
+    if st.st_uid != me { return "\(path) belongs to user \(st.st_uid), not to you (user \(me))" }
+    return nil
+  }
+
+  /// The credentials the kernel recorded for the peer of a connected Unix socket.
+  public struct PeerCredentials: Sendable, Equatable {
+    public var pid: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+  }
+
+  /// SO_PEERCRED: who connected (or, on a client's socket, who listens), as the kernel saw it at
+  /// connect time.
+  public static func peerCredentials(_ fd: Int32) throws(SystemCallError) -> PeerCredentials {
+    // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (a GNU struct Swift does not import).
+    var cred: (Int32, UInt32, UInt32) = (0, 0, 0)
+    var length = socklen_t(MemoryLayout<(Int32, UInt32, UInt32)>.size)
+    try Syscall.check("getsockopt(SO_PEERCRED)") { getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) }
+    return PeerCredentials(pid: UInt32(bitPattern: cred.0), uid: cred.1, gid: cred.2)
+  }
+
+  /// SO_PEERPIDFD (Linux 6.5): a pidfd for the very process that connected, so a pid reused since
+  /// cannot be mistaken for it. nil where the kernel lacks it.
+  public static func peerPidfd(_ fd: Int32) -> Int32? {
+    let soPeerPidfd: Int32 = 77  // <asm-generic/socket.h>; not in older headers
+    var pidfd: Int32 = -1
+    var length = socklen_t(MemoryLayout<Int32>.size)
+    guard getsockopt(fd, SOL_SOCKET, soPeerPidfd, &pidfd, &length) == 0, pidfd >= 0 else { return nil }
+    return pidfd
+  }
+
+  /// SO_PEERSEC: the peer's LSM label (AppArmor's for snaps), as the bus daemon would report it.
+  public static func peerLabel(_ fd: Int32) -> String? {
+    var buffer = [UInt8](repeating: 0, count: 1024)
+    var length = socklen_t(buffer.count)
+    guard getsockopt(fd, SOL_SOCKET, SO_PEERSEC, &buffer, &length) == 0, length > 0 else { return nil }
+    let bytes = buffer[0..<Int(length)].prefix { $0 != 0 }
+    return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self)
+  }
+
+  /// Fills a sockaddr_un for `path`; nil when the path does not fit.
+  static func address(_ path: String) -> sockaddr_un? {
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    let capacity = MemoryLayout.size(ofValue: address.sun_path)
+    guard !bytes.isEmpty, bytes.count < capacity else { return nil }
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in
+      raw.copyBytes(from: bytes)
+      raw[bytes.count] = 0
+    }
+    return address
+  }
+
+  /// Connects to `path` (blocking, close-on-exec); returns the descriptor.
+  public static func connect(_ path: String) throws(SystemCallError) -> Int32 {
+    guard var address = address(path) else { throw SystemCallError("connect(\(path))", .fileNameTooLong) }
+    let fd = try Syscall.check("socket(AF_UNIX)") {
+      socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    }
+    do {
+      try Syscall.check("connect(\(path))") {
+        withUnsafePointer(to: &address) {
+          $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+          }
+        }
+      }
+    } catch {
+      close(fd)
+      throw error
+    }
+    return fd
+  }
+
+  /// A socket to listen on, and how it came.
+  public struct Listener: Sendable {
+    public let fd: Int32
+    public let path: String
+    /// Passed by systemd (tessera.socket) rather than made here.
+    public let fromSystemd: Bool
+  }
+
+  /// Why tesserad cannot serve the socket.
+  public struct ListenError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    /// Another tesserad already serves it.
+    public let alreadyServed: Bool
+  }
+
+  /// The socket systemd passed (tessera.socket, `sd_listen_fds`), when it is a listening Unix
+  /// stream socket; else nil. The LISTEN_* variables are consumed either way.
+  public static func fromSystemd() -> Listener? {
+    let count = sd_listen_fds(1)
+    guard count >= 1 else { return nil }
+    let fd = SD_LISTEN_FDS_START
+    // Any further descriptors are not ours to keep.
+    for extra in (fd + 1)..<(fd + count) { close(extra) }
+    guard sd_is_socket_unix(fd, Int32(SOCK_STREAM.rawValue), 1, nil, 0) > 0 else { return nil }
+    var address = sockaddr_un()
+    var length = socklen_t(MemoryLayout<sockaddr_un>.size)
+    let named = withUnsafeMutablePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    }
+    var path = ""
+    if named == 0 {
+      path = withUnsafeBytes(of: &address.sun_path) { raw in
+        String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+      }
+    }
+    _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+    _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+    return Listener(fd: fd, path: path, fromSystemd: true)
+  }
+
+  /// Creates the directory (0700) and the socket (0600) at `path` and listens on it. A socket file
+  /// nobody answers on (left by a killed tesserad) is replaced; one a live process answers on
+  /// is not: another tesserad serves it.
+  public static func listen(at path: String) throws(ListenError) -> Listener {
+    func fail(_ text: String) -> ListenError { ListenError(description: text, alreadyServed: false) }
+    guard var address = address(path) else {
+      throw fail("The socket path \(path) is too long for a Unix socket; set TESSERA_SOCKET to a shorter one.")
+    }
+    let dir = directory(of: path)
+    if mkdir(dir, 0o700) != 0 && errno != EEXIST {
+      throw fail("Could not create \(dir): \(Errno(rawValue: errno)). Check that its parent exists and is yours.")
+    }
+    var st = stat()
+    guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+      throw fail("\(dir) is not a directory. Remove it, or set TESSERA_SOCKET to another path.")
+    }
+    guard st.st_uid == getuid() else {
+      throw fail(
+        "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or set TESSERA_SOCKET to another path."
+      )
+    }
+    if st.st_mode & 0o077 != 0 { _ = chmod(dir, 0o700) }
+    if lstat(path, &st) == 0 {
+      guard st.st_mode & S_IFMT == S_IFSOCK else {
+        throw fail("\(path) exists and is not a socket. Remove it, or set TESSERA_SOCKET to another path.")
+      }
+      if let probe = try? connect(path) {
+        close(probe)
+        throw ListenError(
+          description:
+            "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad).",
+          alreadyServed: true)
+      }
+      // Nobody answers: left behind by a tesserad that was killed.
+      unlink(path)
+    }
+    let fd = socket(
+      AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+    guard fd >= 0 else { throw fail("Could not create a socket: \(Errno(rawValue: errno))") }
+    // The directory is 0700 already, so nobody else can connect in the moment before chmod.
+    let bound = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    if bound != 0 {
+      let code = Errno(rawValue: errno)
+      close(fd)
+      if code == .addressInUse {
+        throw ListenError(
+          description: "Another tesserad took \(path) at the same moment. Only one may serve it.", alreadyServed: true)
+      }
+      throw fail("Could not bind \(path): \(code)")
+    }
+    _ = chmod(path, 0o600)
+    guard Glibc.listen(fd, 128) == 0 else {
+      let code = Errno(rawValue: errno)
+      close(fd)
+      unlink(path)
+      throw fail("Could not listen on \(path): \(code)")
+    }
+    return Listener(fd: fd, path: path, fromSystemd: false)
+  }
+}
