@@ -17,6 +17,68 @@ public struct BusCallError: Error, Sendable, CustomStringConvertible {
 /// one thread. While a call is pending, signals from the broker are delivered to `onSignal`.
 public final class BusClient {
   private var bus: OpaquePointer?
+  /// Who listens on the direct socket (nil on the session bus): the kernel's record of the
+  /// process that made the socket listen, read before any byte is sent.
+  public private(set) var directPeer: DirectSocket.PeerCredentials?
+
+  /// The error names of a direct socket that is not there (no broker) or not to be trusted.
+  public static let noSocketError = "org.tessera.Client.Error.NoSocket"
+  public static let untrustedSocketError = "org.tessera.Client.Error.UntrustedSocket"
+
+  /// Connects to tesserad's own socket at `path` (peer-to-peer D-Bus): only when the socket and
+  /// its directory are the user's own, the process listening runs as the user, and `vet` (given
+  /// who listens) says nothing against it: all before a byte is sent. Throws `noSocketError`
+  /// when nothing listens there, `untrustedSocketError` when something not the user's does.
+  public init(directSocket path: String, vet: (DirectSocket.PeerCredentials) -> String? = { _ in nil })
+    throws(BusCallError)
+  {
+    do {
+      if let problem = try DirectSocket.checkOwnership(path) {
+        throw BusCallError(
+          name: Self.untrustedSocketError,
+          message:
+            "Refusing to use the socket \(path): \(problem). Remove it (or unset TESSERA_SOCKET) and start tesserad again."
+        )
+      }
+    } catch let error as SystemCallError {
+      throw BusCallError(name: Self.noSocketError, message: "\(path) is not there (\(error.errno))")
+    } catch let error as BusCallError {
+      throw error
+    } catch {
+      throw BusCallError(name: Self.noSocketError, message: "\(path): \(error)")
+    }
+    let fd: Int32
+    do { fd = try DirectSocket.connect(path) } catch {
+      throw BusCallError(name: Self.noSocketError, message: "nothing answers on \(path) (\(error.errno))")
+    }
+    let peer: DirectSocket.PeerCredentials
+    do { peer = try DirectSocket.peerCredentials(fd) } catch {
+      close(fd)
+      throw BusCallError(name: Self.untrustedSocketError, message: "Cannot tell who listens on \(path): \(error)")
+    }
+    guard peer.uid == getuid() else {
+      close(fd)
+      throw BusCallError(
+        name: Self.untrustedSocketError,
+        message:
+          "Refusing to use the socket \(path): the process listening on it (pid \(peer.pid)) runs as user \(peer.uid), not as you (user \(getuid())). Nothing was sent to it; find out who started it."
+      )
+    }
+    if let refusal = vet(peer) {
+      close(fd)
+      throw BusCallError(name: Self.untrustedSocketError, message: refusal)
+    }
+    var r = sd_bus_new(&bus)
+    if r >= 0 { r = sd_bus_set_fd(bus, fd, fd) } else { close(fd) }
+    if r >= 0 { r = sd_bus_negotiate_fds(bus, 0) }
+    if r >= 0 { r = sd_bus_start(bus) }
+    guard r >= 0 else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.Failed",
+        message: "Could not speak D-Bus on \(path): \(Syscall.describe(negative: r))")
+    }
+    directPeer = peer
+  }
 
   public init() throws(BusCallError) {
     let r = sd_bus_open_user(&bus)
@@ -36,6 +98,8 @@ public final class BusClient {
     var onSignal: ((String, [BusValue]) -> Void)?
     /// The only connection whose signals are delivered to `onSignal`.
     var signalSender: String?
+    /// A direct connection: its one peer (checked at connect) sends every signal, with no sender.
+    var direct = false
   }
 
   /// Who owns a bus name, as the bus daemon vouches for it (GetConnectionCredentials).
@@ -43,6 +107,11 @@ public final class BusClient {
     public let uniqueName: String
     public let pid: UInt32?
     public let uid: UInt32?
+    public init(uniqueName: String, pid: UInt32?, uid: UInt32?) {
+      self.uniqueName = uniqueName
+      self.pid = pid
+      self.uid = uid
+    }
   }
 
   /// The current owner of `name` (its unique name, process and user), or nil when it has none.
@@ -72,7 +141,7 @@ public final class BusClient {
     timeoutSeconds: Double = 25, signalSender: String? = nil, onSignal: ((String, [BusValue]) -> Void)? = nil,
     stopped: (() -> Bool)? = nil
   ) throws(BusCallError) -> [BusValue] {
-    guard onSignal == nil || signalSender != nil else {
+    guard onSignal == nil || signalSender != nil || directPeer != nil else {
       throw BusCallError(
         name: "org.freedesktop.DBus.Error.InvalidArgs",
         message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
@@ -89,12 +158,14 @@ public final class BusClient {
     let state = CallState()
     state.onSignal = onSignal
     state.signalSender = signalSender
+    state.direct = directPeer != nil
     let userdata = Unmanaged.passUnretained(state).toOpaque()
     var matchSlot: OpaquePointer?
     if onSignal != nil {
       try check(
         sd_bus_match_signal(
-          bus, &matchSlot, signalSender, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived,
+          bus, &matchSlot, directPeer == nil ? signalSender : nil, BrokerInterface.objectPath,
+          BrokerInterface.interfaceName, nil, signalReceived,
           userdata),
         "subscribe to signals")
     }
@@ -149,10 +220,13 @@ private let replyReceived: sd_bus_message_handler_t = { message, userdata, _ in
 private let signalReceived: sd_bus_message_handler_t = { message, userdata, _ in
   let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
   guard let message, let member = sd_bus_message_get_member(message) else { return 0 }
-  // The match names the sender already; checked again here, where it is decided.
-  guard let expected = state.signalSender, let sender = sd_bus_message_get_sender(message),
-    strcmp(sender, expected) == 0
-  else { return 0 }
+  // The match names the sender already; checked again here, where it is decided. A direct
+  // connection has one peer, the broker checked at connect, and no sender field.
+  if !state.direct {
+    guard let expected = state.signalSender, let sender = sd_bus_message_get_sender(message),
+      strcmp(sender, expected) == 0
+    else { return 0 }
+  }
   if let values = try? BusCodec.readAll(message, limits: .replies) { state.onSignal?(String(cString: member), values) }
   return 0
 }

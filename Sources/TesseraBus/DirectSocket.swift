@@ -224,3 +224,8 @@ public enum DirectSocket {
     return Listener(fd: fd, path: path, fromSystemd: false)
   }
 }
+
+/// The user's service manager, told how tesserad is doing (Type=notify); nothing without one.
+public enum ServiceManager {
+  public static func notify(_ state: String) { _ = sd_notify(0, state) }
+}

@@ -49,6 +49,10 @@ extension Tessera {
       /// com.microsoft.identity.broker1: "served", "other_broker" or "off"; nil when not running.
       var microsoftBroker: String?
       var microsoftBrokerOwner: Owner?
+      /// How the broker was reached: "socket" (its own, at `socket`) or "session_bus"; nil when
+      /// not running.
+      var connection: String?
+      var socket: String?
 
       struct Owner: Encodable {
         var pid: UInt32?
@@ -63,6 +67,7 @@ extension Tessera {
         case storeMessage = "store_message"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
+        case connection, socket
       }
     }
 
@@ -94,7 +99,7 @@ extension Tessera {
     static func report() -> (Report, Int32) {
       let report: Report
       do {
-        let broker = try TesseraBroker()
+        let broker = try connectBroker()
         report = try Self.ask(broker)
       } catch {
         let (reason, status) = notAnswered(error)
@@ -135,7 +140,22 @@ extension Tessera {
         needsAttention: health.storeProblem != nil || !health.attentionNeeded.isEmpty,
         store: health.storeProblem == nil ? "ok" : "unavailable", storeMessage: health.storeProblem,
         fronts: [BrokerInterface.busName], microsoftBroker: "off")
-      switch try broker.microsoftFront() {
+      let front: TesseraBroker.MicrosoftFront
+      switch broker.connection {
+      case .socket(let path, _):
+        report.connection = "socket"
+        report.socket = path
+        // Reached without the bus: there may be none at all, and then what needs it is off.
+        guard let answer = try? broker.microsoftFront() else {
+          report.microsoftBroker = "no_session_bus"
+          return report
+        }
+        front = answer
+      case .sessionBus:
+        report.connection = "session_bus"
+        front = try broker.microsoftFront()
+      }
+      switch front {
       case .served:
         report.fronts.append(MicrosoftBrokerInterface.busName)
         report.microsoftBroker = "served"
@@ -205,7 +225,16 @@ extension Tessera {
           print("    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))")
         }
       }
+      if let socket = report.socket {
+        print("Reached over its own socket \(socket).")
+      } else if report.connection == "session_bus" {
+        print("Reached over the session bus (\(BrokerInterface.busName)).")
+      }
       switch report.microsoftBroker {
+      case "no_session_bus":
+        print(
+          "No session bus: tesserad serves its own socket alone. Tokens, sign-in (browser or device code), accounts and the git, kubectl, SASL and exec helpers all work; the Microsoft broker protocol (MSAL apps), desktop notifications and the portal's access dialog need a session bus and are off."
+        )
       case "served":
         print("Microsoft broker protocol: served (MSAL apps, Edge and Teams get their tokens from Tessera).")
       case "other_broker":

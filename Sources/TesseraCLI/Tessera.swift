@@ -1,4 +1,5 @@
 import ArgumentParser
+import Synchronization
 import TesseraBus
 import TesseraClient
 
@@ -23,6 +24,10 @@ struct Tessera: ParsableCommand {
 
       Without --client-id, --authority or --scope, the broker's defaults from config.toml apply \
       (see tessera-config(5)). Refresh tokens never leave the broker.
+
+      Every command reaches tesserad over its own socket, $XDG_RUNTIME_DIR/tessera/bus (or \
+      $TESSERA_SOCKET), when it is there, and over the session bus otherwise; --bus, given to \
+      any command, forces the session bus. `tessera status` says which way it went.
 
       EXIT STATUS
       \(exitStatusHelp)
@@ -67,7 +72,7 @@ struct Output: ParsableArguments {
 /// Runs a client call and turns its failure into a message and the documented exit status.
 func withBroker<T>(_ body: (TesseraBroker) throws(TesseraClientError) -> T) throws -> T {
   do {
-    let broker = try TesseraBroker()
+    let broker = try connectBroker()
     return try body(broker)
   } catch {
     fail(error)
@@ -117,15 +122,32 @@ func resolveAccount(_ value: String?, broker: TesseraBroker, authority: String?)
       .invalidArgument, "Several accounts are named '\(value)'. Pass an account id (see `tessera accounts`)."))
 }
 
+/// How every command reaches the broker: its own socket when it is there, else the session bus;
+/// `--bus` (any command, anywhere before `--`) forces the session bus.
+let brokerRoute = Mutex<TesseraBroker.Route>(.automatic)
+
+/// A connection to the broker by `brokerRoute`.
+func connectBroker() throws(TesseraClientError) -> TesseraBroker {
+  try TesseraBroker(route: brokerRoute.withLock { $0 })
+}
+
+/// Takes `--bus` out of the arguments (up to `--`, after which they belong to another program).
+func takeBusFlag(_ arguments: [String]) -> [String] {
+  let end = arguments.firstIndex(of: "--") ?? arguments.endIndex
+  guard arguments[..<end].contains("--bus") else { return arguments }
+  brokerRoute.withLock { $0 = .sessionBus }
+  return arguments[..<end].filter { $0 != "--bus" } + arguments[end...]
+}
+
 /// The `tessera` command: runs the subcommand `arguments` name (the program's own, first one
 /// included) and exits with its status. Installed as git-credential-tessera too, so
 /// `git config credential.helper tessera` finds it: git runs it as
 /// `git-credential-tessera [ARGS] get|store|erase`.
 public func runTessera(_ arguments: [String] = CommandLine.arguments) -> Never {
   if arguments.first.map({ $0.split(separator: "/").last == "git-credential-tessera" }) == true {
-    Tessera.GitCredential.main(Array(arguments.dropFirst()))
+    Tessera.GitCredential.main(takeBusFlag(Array(arguments.dropFirst())))
   } else {
-    let rest = Array(arguments.dropFirst())
+    let rest = takeBusFlag(Array(arguments.dropFirst()))
     if let word = rest.first, let message = unknownCommand(word) {
       printError(message)
       exit(ClientExitStatus.usage.rawValue)
@@ -149,6 +171,6 @@ func unknownCommand(_ word: String) -> String? {
 
 /// Completes --account with the signed-in accounts' usernames (nothing when the broker does not answer).
 let accountCompletion = CompletionKind.custom { _, _, prefix in
-  guard let broker = try? TesseraBroker(), let accounts = try? broker.accounts() else { return [] }
+  guard let broker = try? connectBroker(), let accounts = try? broker.accounts() else { return [] }
   return accounts.map(\.username).filter { $0.hasPrefix(prefix) }
 }

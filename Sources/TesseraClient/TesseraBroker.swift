@@ -89,12 +89,105 @@ public final class TesseraBroker {
   /// A silent call may refresh (discovery, keys, token: each bounded at 10 s by the broker).
   static let silentTimeout: Double = 60
 
-  public init() throws(TesseraClientError) {
+  /// How to reach the broker.
+  public enum Route: Sendable, Equatable {
+    /// Its own socket ($TESSERA_SOCKET, else $XDG_RUNTIME_DIR/tessera/bus) when it is there,
+    /// else the session bus.
+    case automatic
+    /// The session bus only (`--bus`).
+    case sessionBus
+    /// This socket only.
+    case socket(String)
+  }
+
+  /// How this connection reaches the broker.
+  public enum Connection: Sendable, Equatable {
+    case socket(path: String, pid: UInt32)
+    case sessionBus
+  }
+  public let connection: Connection
+
+  public init(route: Route = .automatic) throws(TesseraClientError) {
+    var environment: [String: String] = [:]
+    for key in [DirectSocket.environmentVariable, "XDG_RUNTIME_DIR"] {
+      if let value = getenv(key) { environment[key] = String(cString: value) }
+    }
+    var socketPath: String?
+    var explicit = false
+    switch route {
+    case .sessionBus: break
+    case .socket(let path):
+      socketPath = path
+      explicit = true
+    case .automatic:
+      socketPath = DirectSocket.path(environment: environment)
+      explicit = environment[DirectSocket.environmentVariable].map { !$0.isEmpty } ?? false
+    }
+    var noSocket: String?
+    if let socketPath {
+      do {
+        let direct = try BusClient(directSocket: socketPath) { peer in
+          Self.refusal(ofSocketPeer: peer, path: socketPath, environment: environment)
+        }
+        let peer = direct.directPeer!
+        client = direct
+        connection = .socket(path: socketPath, pid: peer.pid)
+        return
+      } catch {
+        if error.name == BusClient.untrustedSocketError { throw .broker(.accessDenied(error.message)) }
+        if error.name != BusClient.noSocketError || explicit {
+          throw .unreachable(
+            "\(Self.notRunning) (\(error.message)). Start it with `tesserad` or `systemctl --user start tessera`.")
+        }
+        noSocket = error.message
+      }
+    }
     do {
       client = try BusClient()
+      connection = .sessionBus
     } catch {
+      // Neither way: say both, so a user on an SSH box knows what to start.
+      if let noSocket {
+        throw .unreachable(
+          "\(Self.notRunning): its socket \(noSocket), and there is no session bus either. Start it with `tesserad &`, or run `systemctl --user enable --now tessera.socket` once to have it started on demand."
+        )
+      }
       throw .unreachable(error.message)
     }
+  }
+
+  /// Why the process listening on the broker's socket is not the user's broker, or nil. When the
+  /// user's service manager runs tessera.service, the socket must be served from it: a process of
+  /// the service's own cgroup, or its MainPID (asked of the manager over its private socket, only
+  /// when the cheaper cgroup check does not settle it).
+  static func refusal(ofSocketPeer peer: DirectSocket.PeerCredentials, path: String, environment: [String: String])
+    -> String?
+  {
+    if let cgroup = try? Syscall.readFile("/proc/\(peer.pid)/cgroup", limit: 64 * 1024),
+      let unit = String(decoding: cgroup, as: UTF8.self).split(separator: "\n").last?.split(separator: "/").last,
+      unit == "tessera.service"
+    {
+      return nil
+    }
+    guard let runtime = environment["XDG_RUNTIME_DIR"],
+      let mainPID = serviceMainPID(managerSocket: runtime + "/systemd/private"),
+      mainPID != peer.pid
+    else { return nil }
+    return
+      "The socket \(path) is served by process \(peer.pid), but tessera.service runs as process \(mainPID): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid)."
+  }
+
+  /// tessera.service's MainPID, asked of the user's service manager on its private socket; nil
+  /// when there is no manager or the service is not running.
+  static func serviceMainPID(managerSocket: String) -> UInt32? {
+    guard let manager = try? BusClient(directSocket: managerSocket),
+      let value = try? manager.call(
+        destination: "org.freedesktop.systemd1", path: "/org/freedesktop/systemd1/unit/tessera_2eservice",
+        interface: "org.freedesktop.DBus.Properties", member: "Get",
+        arguments: [.string("org.freedesktop.systemd1.Service"), .string("MainPID")], timeoutSeconds: 5
+      ).first, case .uint32(let pid) = value, pid != 0
+    else { return nil }
+    return pid
   }
 
   private func call(
@@ -159,6 +252,10 @@ public final class TesseraBroker {
   /// tessera.service, that service's process. Only its signals are believed: any program on the bus
   /// can send an InteractionPending with a URL of its choosing.
   func verifiedBroker() throws(TesseraClientError) -> BusClient.NameOwner {
+    // On the broker's own socket, the peer was checked before anything was sent (init).
+    if case .socket(_, let pid) = connection {
+      return BusClient.NameOwner(uniqueName: BrokerInterface.busName, pid: pid, uid: getuid())
+    }
     // Peer.Ping starts the broker through D-Bus activation when it is not running.
     _ = try call("Ping", [], interface: "org.freedesktop.DBus.Peer")
     let owner: BusClient.NameOwner?
@@ -195,6 +292,11 @@ public final class TesseraBroker {
 
   /// Who serves com.microsoft.identity.broker1, as the bus daemon vouches for it.
   public func microsoftFront() throws(TesseraClientError) -> MicrosoftFront {
+    var client = client
+    if case .socket = connection {
+      // Microsoft's front lives on the session bus only.
+      do { client = try BusClient() } catch { throw .unreachable(error.message) }
+    }
     do {
       let tessera = try client.owner(of: BrokerInterface.busName)
       guard let microsoft = try client.owner(of: MicrosoftBrokerInterface.busName) else { return .off }

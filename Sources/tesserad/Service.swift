@@ -90,6 +90,7 @@ final class BusService: Service, Sendable {
         "tesserad \(BrokerInterface.version) is serving \(served.joined(separator: " and "))\(socketPath.map { " and its own socket \($0)" } ?? "")",
         metadata: ["config": "\(configPath)"])
     }
+    ServiceManager.notify("READY=1")
     for name in unowned where server.sessionBusMissing == nil {
       logger.notice(
         "\(name) is already owned by another program (another broker, such as Microsoft's identity broker), so MSAL apps keep using it; tesserad serves \(BrokerInterface.busName) and takes \(name) when that program lets go of it. To serve MSAL apps from Tessera, stop or uninstall the other broker; to silence this, set microsoft_broker = false in config.toml."
@@ -100,6 +101,7 @@ final class BusService: Service, Sendable {
         if let reason { failure.withLock { $0 = reason } }
       }
     } onGracefulShutdown: {
+      ServiceManager.notify("STOPPING=1")
       self.server.stop()
     }
     logger.info("tesserad stopped")

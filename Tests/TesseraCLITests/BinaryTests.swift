@@ -54,6 +54,8 @@ struct BinaryTests {
     var environment = [
       "PATH": "/usr/bin:/bin", "HOME": home, "XDG_CONFIG_HOME": home + "/.config",
       "DBUS_SESSION_BUS_ADDRESS": try PrivateBus.ensure(), "LANG": "C.UTF-8",
+      // No tesserad socket there: the CLI takes the private bus, whatever runs in the session.
+      "XDG_RUNTIME_DIR": home + "/run",
     ]
     environment.merge(extra) { $1 }
     process.environment = environment
