@@ -496,9 +496,11 @@ def test_a_flatpak_app_is_identified_by_its_sandbox(start_daemon, write_config):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="copies python to a root-owned path (CI runs as root)")
-def test_a_caller_that_execs_or_hands_its_connection_on_is_identified_anew(start_daemon, write_config, tmp_path):
+@pytest.mark.parametrize("path", ["session bus", "own socket"])
+def test_a_caller_that_execs_or_hands_its_connection_on_is_identified_anew(start_daemon, write_config, tmp_path, path):
     """The connection's first process is pinned (pidfd): after an exec its calls are the new
-    program's, and after it exits, whoever holds the connection is nobody Tessera knows."""
+    program's, and after it exits, whoever holds the connection is nobody Tessera knows. The same
+    on tesserad's own socket, where the process is pinned when it connects (SO_PEERPIDFD)."""
     start(start_daemon, write_config, "strict")
     b = Broker()  # this python signs in and holds the grant
     account = b.sign_in()["account"]["id"]
@@ -510,7 +512,9 @@ def test_a_caller_that_execs_or_hands_its_connection_on_is_identified_anew(start
     raw = os.path.join(HERE, "raw_dbus.py")
 
     def run(*steps):
-        out = subprocess.run([python, raw, "connect", os.environ["DBUS_SESSION_BUS_ADDRESS"], *steps],
+        address = os.environ["DBUS_SESSION_BUS_ADDRESS"] if path == "session bus" else \
+            "unix:path=" + os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
+        out = subprocess.run([python, raw, "connect", address, *steps],
                              capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode == 0, out.stderr
         return [json.loads(line) for line in out.stdout.splitlines()]

@@ -1,0 +1,268 @@
+"""tesserad's own socket, $XDG_RUNTIME_DIR/tessera/bus (issue 23): peer-to-peer D-Bus with no bus
+daemon in between. Every client takes it by itself when it is there; standard tools reach it; it
+answers as the session bus does; another user is shut out on both sides of it; a stale socket is
+replaced, a second tesserad refused; socket activation starts tesserad on the first call."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import dbus
+import dbus.connection
+import pytest
+
+from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, TESSERA, TESSERAD, Broker, options, run_cli,
+                      unwrap, wait_until)
+
+SOCKET = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
+ADDRESS = "unix:path=" + SOCKET
+NOBODY = 65534
+
+
+class DirectBroker(Broker):
+    """org.tessera.Broker1 over tesserad's own socket (dbus-python, i.e. libdbus, as a peer)."""
+
+    def __init__(self, path=SOCKET):
+        self.conn = dbus.connection.Connection("unix:path=" + path)
+        self.unique_name = ""
+
+
+def cli(*args, env=None, timeout=60):
+    return subprocess.run([TESSERA, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=env or os.environ)
+
+
+def status(*args, env=None):
+    out = cli(*args, "status", "--json", env=env)
+    return json.loads(out.stdout), out
+
+
+def test_every_client_takes_the_socket_by_itself_and_status_says_which_way(daemon):
+    st = os.stat(os.path.dirname(SOCKET))
+    assert oct(st.st_mode & 0o777) == "0o700", "the socket's directory must be the user's alone"
+    assert oct(os.stat(SOCKET).st_mode & 0o777) == "0o600"
+    report, out = status()
+    assert out.returncode in (0, 4), out.stderr
+    assert report["connection"] == "socket" and report["socket"] == SOCKET, report
+    assert ":direct." in daemon.log(), "the call did not come over the socket"
+    # --bus, given anywhere before `--`, forces the session bus.
+    report, _ = status("--bus")
+    assert report["connection"] == "session_bus" and "socket" not in report, report
+    human = cli("status").stdout
+    assert f"Reached over its own socket {SOCKET}." in human, human
+
+
+def test_busctl_gdbus_and_libdbus_reach_the_broker_on_the_socket(daemon):
+    out = subprocess.run(["busctl", f"--address={ADDRESS}", "get-property", BUS_NAME, OBJECT_PATH, IFACE, "Version"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and out.stdout.startswith('s "'), out.stderr
+    out = subprocess.run(["gdbus", "call", "--address", ADDRESS, "--dest", BUS_NAME, "--object-path", OBJECT_PATH,
+                          "--method", f"{IFACE}.GetAccounts", "{}"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and out.stdout.startswith("(["), out.stdout + out.stderr
+    # libdbus sends its first call in the same write as the end of the handshake: every one of
+    # these is answered (sd-bus alone would leave it unread, and dbus-send would time out).
+    for _ in range(20):
+        out = subprocess.run(["dbus-send", f"--address={ADDRESS}", "--print-reply", f"--dest={BUS_NAME}",
+                              OBJECT_PATH, "org.freedesktop.DBus.Peer.Ping"],
+                             capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, out.stderr
+
+
+def answer(fn):
+    """A call's result, or its error (name and message), for comparing the two paths."""
+    try:
+        return ("ok", fn())
+    except dbus.exceptions.DBusException as e:
+        return ("error", e.get_dbus_name(), e.get_dbus_message())
+
+
+def test_the_same_requests_get_the_same_answers_on_both_paths(daemon):
+    bus = Broker()
+    direct = DirectBroker()
+    alice = bus.sign_in()["account"]["id"]
+    cases = [
+        ("accounts", lambda b: b.accounts()),
+        ("silent, cached", lambda b: b.silent("tessera-test", account_id=alice)["access_token"]),
+        ("silent, no such account", lambda b: b.silent("tessera-test", account_id="no-such-account")),
+        ("silent, bad option type", lambda b: b.call(
+            "AcquireTokenSilent", "sassa{sv}", ("tessera-test", dbus.Array([], signature="s"), alice,
+                                               {"min_validity": dbus.String("soon", variant_level=1)}))),
+        ("silent, unknown option", lambda b: b.call(
+            "AcquireTokenSilent", "sassa{sv}", ("tessera-test", dbus.Array([], signature="s"), alice,
+                                               {"min_validty": dbus.UInt32(60, variant_level=1)}))),
+        ("wrong argument types", lambda b: b.call("GetAccounts", "s", ("x",))),
+        ("sign out unknown", lambda b: b.sign_out("no-such-account")),
+        ("interactive, bad prompt", lambda b: b.acquire("tessera-test", prompt="sometimes")),
+        ("unknown method", lambda b: b.call("NoSuchMethod", "", ())),
+        ("version", lambda b: b.version()),
+    ]
+    for name, fn in cases:
+        over_bus, over_socket = answer(lambda: fn(bus)), answer(lambda: fn(direct))
+        assert over_bus == over_socket, f"{name}: bus {over_bus!r} but socket {over_socket!r}"
+    assert any(a[0] == "error" for a in (answer(lambda: fn(direct)) for _, fn in cases)), "no error case ran"
+    # The same audit: both callers are this python, identified the same way.
+    lines = [line for line in daemon.log().splitlines() if "method=GetAccounts" in line]
+    exes = {part for line in lines for part in line.split() if part.startswith("caller_exe=")}
+    assert len(exes) == 1, lines
+    bus.close()
+    direct.close()
+
+
+def run_as_nobody(script, *args, pass_fds=()):
+    return subprocess.Popen(["runuser", "-u", "nobody", "--", sys.executable, "-c", textwrap.dedent(script), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=pass_fds)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user (CI runs as root)")
+def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_left_open(daemon):
+    directory = os.path.dirname(SOCKET)
+    os.chmod(directory, 0o755)
+    os.chmod(SOCKET, 0o777)
+    try:
+        attacker = run_as_nobody("""
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(sys.argv[1])
+            try:
+                s.sendall(b"\\0AUTH EXTERNAL 3635353334\\r\\n")
+                got = s.recv(4096)
+            except (ConnectionResetError, BrokenPipeError):
+                got = b""
+            print(repr(got))
+            """, SOCKET)
+        out, err = attacker.communicate(timeout=30)
+        assert attacker.returncode == 0, err
+        assert out.strip() == "b''", f"another user got an answer: {out}"
+        wait_until(lambda: f"Closed a direct connection from user {NOBODY}" in daemon.log(),
+                   what="tesserad to log the refused connection")
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(SOCKET, 0o600)
+    # The user's own clients are served as before.
+    assert status()[0]["running"] is True
+
+
+FAKE_SERVER = """
+    import os, socket, sys
+    fd = int(sys.argv[1])
+    s = socket.socket(fileno=fd)
+    s.listen(4)
+    s.settimeout(20)
+    conn, _ = s.accept()
+    conn.settimeout(2)
+    got = b""
+    try:
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    except socket.timeout:
+        pass
+    print(len(got), flush=True)
+    """
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a server as another user (CI runs as root)")
+def test_a_socket_served_by_another_user_gets_nothing_from_the_client(tmp_path):
+    # The user's own directory and socket file: only the process listening is another user's.
+    directory = tmp_path / "sock"
+    directory.mkdir(mode=0o700)
+    path = str(directory / "bus")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.set_inheritable(listener.fileno(), True)
+    fake = run_as_nobody(FAKE_SERVER, str(listener.fileno()), pass_fds=(listener.fileno(),))
+    listener.close()
+    wait_until(lambda: fake.poll() is not None or _listening(path), what="the fake server to listen")
+    out = cli("token", env=dict(os.environ, TESSERA_SOCKET=path))
+    received, err = fake.communicate(timeout=30)
+    assert out.returncode == 12, out.stdout + out.stderr  # AccessDenied
+    assert f"runs as user {NOBODY}, not as you" in out.stderr, out.stderr
+    assert received.strip() == "0", f"the fake server received {received.strip()} bytes; {err}"
+
+
+def children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _listening(path):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def test_a_socket_in_a_directory_others_may_write_is_refused(tmp_path):
+    directory = tmp_path / "open"
+    directory.mkdir()
+    os.chmod(directory, 0o777)
+    path = str(directory / "bus")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        out = cli("status", "--json", env=dict(os.environ, TESSERA_SOCKET=path))
+        report = json.loads(out.stdout)
+        assert report["running"] is False and "may be written by others" in report["reason"], report
+        assert f"chmod 700 {directory}" in report["reason"]
+        listener.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_a_stale_socket_is_replaced_and_a_second_tesserad_is_refused(start_daemon):
+    first = start_daemon()
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    first.proc = None
+    assert os.path.exists(SOCKET), "a killed tesserad leaves its socket file"
+    again = start_daemon()
+    assert status()[0]["connection"] == "socket"
+    second = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1, second.stderr
+    assert f"Another tesserad already serves {SOCKET}" in second.stderr, second.stderr
+    assert again.running and status()[0]["running"] is True
+    again.stop()
+    assert not os.path.exists(SOCKET), "tesserad removes the socket it made when it stops"
+
+
+def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
+    """The real mechanism: systemd-socket-activate listens, as tessera.socket does, and starts
+    tesserad with the socket (LISTEN_FDS) when the first client connects."""
+    os.makedirs(os.path.dirname(SOCKET), mode=0o700, exist_ok=True)
+    log = open(tmp_path / "tesserad.log", "wb")
+    activator = subprocess.Popen(["systemd-socket-activate", "-l", SOCKET, TESSERAD], stdout=log, stderr=log,
+                                 env=dict(os.environ))
+    try:
+        wait_until(lambda: os.path.exists(SOCKET), what="systemd-socket-activate to listen")
+        assert children(activator.pid) == [], "tesserad ran before anyone called"
+        report, out = status()
+        assert report["running"] is True and report["connection"] == "socket", out.stdout + out.stderr
+        text = open(tmp_path / "tesserad.log").read()
+        assert f"its own socket {SOCKET} (from systemd)" in text, text
+        (started,) = children(activator.pid)
+    finally:
+        for pid in children(activator.pid):
+            os.kill(pid, signal.SIGTERM)
+        activator.send_signal(signal.SIGTERM)
+        try:
+            activator.wait(15)
+        except subprocess.TimeoutExpired:
+            activator.kill()
+            activator.wait()
+        log.close()
+        if os.path.exists(SOCKET):
+            os.unlink(SOCKET)
