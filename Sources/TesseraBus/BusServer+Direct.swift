@@ -212,6 +212,21 @@ extension BusServer {
     if let peer = directPeer(of: message) { peer.inFlight -= 1 }
   }
 
+  /// At most this many replies wait to be written to one direct connection: a peer that does not
+  /// read them is closed, as the bus daemon drops a connection over its outgoing limit, so it
+  /// cannot make tesserad hold its replies without bound.
+  static let directRepliesQueued: UInt64 = 1024
+
+  /// Closes a direct connection whose unread replies pile up.
+  func checkBacklog(_ peer: DirectPeer) {
+    var queued: UInt64 = 0
+    guard sd_bus_get_n_queued_write(peer.bus, &queued) >= 0, queued > Self.directRepliesQueued else { return }
+    noteRefusal(
+      "Closed direct connection \(peer.name): it left \(queued) replies unread (at most \(Self.directRepliesQueued) may wait)"
+    )
+    peerGone(peer.bus)
+  }
+
   /// Answers org.freedesktop.DBus.Hello, which busctl and gdbus send first even to a peer: with
   /// the connection's unique name. Returns 1 when handled.
   func answerHello(_ message: OpaquePointer) -> Int32 {

@@ -57,6 +57,7 @@ extension BusServer {
     }
     let r = sd_bus_send(sd_bus_message_get_bus(call), reply, nil)
     if r < 0 { log(.notice, "Could not send a reply (caller gone?): \(Errno(rawValue: -r))") }
+    if let peer = directPeer(of: call) { checkBacklog(peer) }
   }
 
   func sendSignal(

@@ -3,7 +3,7 @@ import json
 import os
 import subprocess
 
-from conftest import TESSERAD, run_cli
+from conftest import TESSERA, TESSERAD, run_cli, wait_until
 
 
 def test_help():
@@ -71,12 +71,33 @@ def test_tesserad_refuses_a_bad_config(tmp_path, daemon):
     assert not daemon.has_owner()
 
 
-def test_tesserad_without_a_session_bus(tmp_path):
+def test_tesserad_without_a_session_bus_serves_its_socket_alone(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
     env["XDG_RUNTIME_DIR"] = str(tmp_path)  # no bus socket there
+    proc = subprocess.Popen([TESSERAD], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+    try:
+        wait_until(lambda: os.path.exists(tmp_path / "tessera" / "bus") or proc.poll() is not None,
+                   what="tesserad to serve its socket")
+        assert proc.poll() is None, proc.stdout.read()
+        out = subprocess.run([TESSERA, "status", "--json"], capture_output=True, text=True, timeout=20, env=env)
+        report = json.loads(out.stdout)
+        assert report["running"] and report["connection"] == "socket", report
+        assert report["microsoft_broker"] == "no_session_bus", report
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0, log
+    assert "serving its own socket alone: there is no session bus" in log, log
+
+
+def test_tesserad_with_neither_a_session_bus_nor_a_socket_says_so(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)  # no bus socket there
+    env["TESSERA_SOCKET"] = "/proc/no-such-dir/bus"  # cannot be made
     proc = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, env=env)
-    assert proc.returncode != 0
-    assert "session bus" in proc.stderr, proc.stderr
+    assert proc.returncode == 1
+    assert "session bus" in proc.stderr and "/proc/no-such-dir" in proc.stderr, proc.stderr
 
 
 def test_a_second_tesserad_does_not_take_over(daemon, broker):
