@@ -119,11 +119,15 @@ def run_as_nobody(script, *args, pass_fds=()):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user (CI runs as root)")
 def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_left_open(daemon):
-    directory = os.path.dirname(SOCKET)
-    runtime = os.path.dirname(directory)
-    os.chmod(runtime, 0o711)
-    os.chmod(directory, 0o755)
-    os.chmod(SOCKET, 0o777)
+    # Every directory above the socket made passable for others, the socket open to all: only
+    # tesserad's own check is left.
+    loosened = []
+    path = SOCKET
+    while path not in ("/", "/tmp"):
+        mode = os.stat(path).st_mode & 0o777
+        loosened.append((path, mode))
+        os.chmod(path, 0o777 if path == SOCKET else mode | 0o711)
+        path = os.path.dirname(path)
     try:
         attacker = run_as_nobody("""
             import socket, sys
@@ -143,9 +147,8 @@ def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_le
         wait_until(lambda: f"Closed a direct connection from user {NOBODY}" in daemon.log(),
                    what="tesserad to log the refused connection")
     finally:
-        os.chmod(runtime, 0o700)
-        os.chmod(directory, 0o700)
-        os.chmod(SOCKET, 0o600)
+        for path, mode in loosened:
+            os.chmod(path, mode)
     # The user's own clients are served as before.
     assert status()[0]["running"] is True
 
@@ -189,11 +192,6 @@ def test_a_socket_served_by_another_user_gets_nothing_from_the_client(tmp_path):
     assert out.returncode == 12, out.stdout + out.stderr  # AccessDenied
     assert f"runs as user {NOBODY}, not as you" in out.stderr, out.stderr
     assert received.strip() == "0", f"the fake server received {received.strip()} bytes; {err}"
-
-
-def children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def test_a_socket_in_a_directory_others_may_write_is_refused(tmp_path):
@@ -243,15 +241,15 @@ def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
                                  stderr=log, env=dict(os.environ))
     try:
         wait_until(lambda: os.path.exists(SOCKET), what="systemd-socket-activate to listen")
-        assert children(activator.pid) == [], "tesserad ran before anyone called"
+        # systemd-socket-activate execs tesserad in its own place at the first connection.
+        assert os.readlink(f"/proc/{activator.pid}/exe").endswith("systemd-socket-activate"), \
+            "tesserad ran before anyone called"
         report, out = status()
         assert report["running"] is True and report["connection"] == "socket", out.stdout + out.stderr
         text = open(tmp_path / "tesserad.log").read()
         assert f"and its own socket {SOCKET} (from systemd)" in text, text
-        (started,) = children(activator.pid)
+        assert os.path.realpath(os.readlink(f"/proc/{activator.pid}/exe")) == os.path.realpath(TESSERAD)
     finally:
-        for pid in children(activator.pid):
-            os.kill(pid, signal.SIGTERM)
         activator.send_signal(signal.SIGTERM)
         try:
             activator.wait(15)
@@ -261,3 +259,59 @@ def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
         log.close()
         if os.path.exists(SOCKET):
             os.unlink(SOCKET)
+
+
+SAME_USER_SERVER = """
+    import socket, sys
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sys.argv[1])
+    s.listen(4)
+    print("listening", flush=True)
+    s.settimeout(20)
+    conn, _ = s.accept()
+    conn.settimeout(2)
+    got = b""
+    try:
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    except socket.timeout:
+        pass
+    print(len(got), flush=True)
+    """
+
+
+def test_where_systemd_runs_tessera_service_only_its_process_is_believed(daemon, tmp_path):
+    """The user's service manager says tessera.service runs as the test's tesserad: a program of
+    the same user serving another socket gets nothing from the client, and the real one is used."""
+    manager_dir = os.path.join(os.environ["XDG_RUNTIME_DIR"], "systemd")
+    os.makedirs(manager_dir, mode=0o700, exist_ok=True)
+    manager_socket = os.path.join(manager_dir, "private")
+    manager = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "fake_systemd.py"),
+                                manager_socket, str(daemon.proc.pid)], stdout=subprocess.PIPE, text=True)
+    impostor = None
+    try:
+        assert manager.stdout.readline().strip() == "ready"
+        # The real broker, which the manager vouches for, is used.
+        report, out = status()
+        assert report["running"] and report["connection"] == "socket", out.stdout + out.stderr
+        # An impostor of the same user on a socket of its own.
+        (tmp_path / "fake").mkdir(mode=0o700)
+        fake_path = str(tmp_path / "fake" / "bus")
+        impostor = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SAME_USER_SERVER), fake_path],
+                                    stdout=subprocess.PIPE, text=True)
+        assert impostor.stdout.readline().strip() == "listening"
+        out = cli("token", env=dict(os.environ, TESSERA_SOCKET=fake_path))
+        assert out.returncode == 12, out.stdout + out.stderr
+        assert f"tessera.service runs as process {daemon.proc.pid}" in out.stderr, out.stderr
+        received = impostor.communicate(timeout=30)[0]
+        assert received.strip() == "0", f"the impostor received {received.strip()} bytes"
+    finally:
+        for proc in (manager, impostor):
+            if proc and proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+        if os.path.exists(manager_socket):
+            os.unlink(manager_socket)
