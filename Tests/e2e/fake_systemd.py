@@ -29,10 +29,9 @@ class Unit(dbus.service.Object):
 
 
 class Manager(dbus.server.Server):
-    def __init__(self, address, main_pid):
-        super().__init__(address)
-        self.main_pid = main_pid
-        self.units = []
+    """Its constructor is dbus-python's (address only); main_pid and units are set after it."""
+    main_pid = 0
+    units = []
 
     def connection_added(self, conn):
         self.units.append(Unit(conn, self.main_pid))
@@ -40,7 +39,8 @@ class Manager(dbus.server.Server):
 
 def main():
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    server = Manager("unix:path=" + sys.argv[1], int(sys.argv[2]))
+    server = Manager("unix:path=" + sys.argv[1])
+    server.main_pid = int(sys.argv[2])
     print("ready", flush=True)
     try:
         GLib.MainLoop().run()
