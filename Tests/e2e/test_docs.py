@@ -79,6 +79,12 @@ SUBSTITUTIONS = [
 # The blocks, and who runs or covers each: (file, sha256 of the text [:10], first line, claim).
 
 DOC_BLOCKS = [
+    # SSH boxes and servers: the whole sequence with no session bus, through the socket and the
+    # file store, is test_no_session_bus.py (a device-code sign-in, tokens across a restart).
+    ("README.md", "8a3bf7eeab", "tesserad &                        # or once, with a user manager: systemctl --user enable --now tessera.socket",
+     "Tests/e2e/test_no_session_bus.py::bare.device_login(idp, \"alice\")"),
+    ("README.md", "20c2e0e2b3", "busctl --address=unix:path=$XDG_RUNTIME_DIR/tessera/bus get-property org.tessera.Broker1 /org/tessera/Broker1 org.tessera.Broker1 Version",
+     "run::test_readme_busctl_reaches_the_socket"),
     ("README.md", "42c3f68237", 'curl -H "Authorization: Bearer $(tessera token)" https://graph.microsoft.com/v1.0/me',
      "run::test_curl_and_tessera_exec_reach_an_api"),
     ("README.md", "e0fdb40de5", "scripts/demo     # runs Tessera end to end against the bundled local identity provider",
@@ -661,3 +667,9 @@ def approve_pending(idp, since):
             idp.approve_device(sorted(codes)[0])
             return
         time.sleep(0.2)
+
+
+def test_readme_busctl_reaches_the_socket(daemon, doc_env):
+    """The README's busctl line, as pasted, gets the broker's version over its own socket."""
+    out = sh(doc_env, as_run(doc("README.md", "20c2e0e2b3"))).stdout
+    assert out.startswith('s "') and ":direct." in daemon.log(), out
