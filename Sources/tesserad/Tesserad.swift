@@ -132,7 +132,9 @@ struct Tesserad: AsyncParsableCommand {
         clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() },
         prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
-        journal: FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
+        // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
+        journal: store is MemoryStore
+          ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
       logger: logger)
     requests.install(
       server: server, handler: TesseraFront(broker: broker, logger: logger),
