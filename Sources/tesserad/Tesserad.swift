@@ -22,7 +22,7 @@ struct Tesserad: AsyncParsableCommand {
     abstract: "The Tessera authentication broker daemon.",
     discussion: """
       tesserad owns your OAuth 2.0 / OpenID Connect accounts and refresh tokens, keeps them in the \
-      Secret Service, and hands access tokens to local programs over the session bus as \
+      Secret Service (or, per config.toml's store, in sealed files of its own or in memory), and hands access tokens to local programs over the session bus as \
       org.tessera.Broker1. It normally starts by D-Bus activation or as the systemd user unit \
       tessera.service; run it by hand to debug.
 
