@@ -213,9 +213,28 @@ func chooseStore(_ choice: BrokerConfig.StoreChoice, environment: [String: Strin
       try await keyring.probe(withinSeconds: autoProbeSeconds)
       return chosen(keyring, "it answers with its default collection unlocked")
     } catch {
-      return chosen(file, "the Secret Service cannot be used (\(TesseraError.wrap(error).message))")
+      return chosen(file, "the Secret Service cannot be used: \(firstSentence(TesseraError.wrap(error).message))")
     }
   }
+}
+
+/// The first sentence of `text` (a period followed by a space or the end, outside parentheses):
+/// what went wrong, without the advice that follows it, which is about waiting for the keyring.
+func firstSentence(_ text: String) -> String {
+  var depth = 0
+  var index = text.startIndex
+  while index < text.endIndex {
+    switch text[index] {
+    case "(": depth += 1
+    case ")": depth = max(0, depth - 1)
+    case "." where depth == 0:
+      let next = text.index(after: index)
+      if next == text.endIndex || text[next] == " " { return String(text[...index]) }
+    default: break
+    }
+    index = text.index(after: index)
+  }
+  return text
 }
 
 /// How long `store = "auto"` waits for the Secret Service at start.
