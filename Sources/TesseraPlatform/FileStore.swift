@@ -179,7 +179,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
 
   /// Whether the directory holds records (auto keeps using a file store that does). On the queue.
   public func holdsRecords() async -> Bool {
-    (try? await run { (try? self.listDirectory())?.records.isEmpty == false }) ?? false
+    // Leftovers stay: another tesserad may be writing (this one may yet find the name taken).
+    (try? await run { (try? self.listDirectory(removingLeftovers: false))?.records.isEmpty == false }) ?? false
   }
 
   // MARK: - Loading
@@ -212,7 +213,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   }
 
   /// The directory's records and whether it has a key check; leftover temporary files go.
-  private func listDirectory() throws -> Listing {
+  private func listDirectory(removingLeftovers: Bool = true) throws -> Listing {
     guard let dir = opendir(directory) else {
       let code = Errno(rawValue: Glibc.errno)
       if code == .noSuchFileOrDirectory { return Listing() }
@@ -228,7 +229,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
         listing.hasKeyCheck = true
       } else if Self.isRecordName(name) {
         listing.records.append(name)
-      } else if name.hasSuffix(Self.temporarySuffix) {
+      } else if removingLeftovers && name.hasSuffix(Self.temporarySuffix) {
         _ = unlink(directory + "/" + name)  // a write killed before its rename: never a record
       }
     }
