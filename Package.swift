@@ -63,6 +63,7 @@ let package = Package(
         "TesseraCore", "TesseraBus", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "SystemPackage", package: "swift-system"),
+        .product(name: "Crypto", package: "swift-crypto"),
       ]
     ),
     // Typed client for org.tessera.Broker1, used by the CLI and by Swift apps: no engine.

@@ -44,6 +44,13 @@ extension Tessera {
       /// The Secret Service: "ok" or "unavailable" (then `store_message` says why); nil when not running.
       var store: String?
       var storeMessage: String?
+      /// Which store: "secret-service", "file" or "memory"; for "file" its directory and key. Nil
+      /// when not running.
+      var storeKind: String?
+      var storePath: String?
+      var storeKey: String?
+      /// What the store set aside (damaged records), one line each.
+      var storeNotes: [String]?
       /// The bus names this broker answers on.
       var fronts: [String]
       /// com.microsoft.identity.broker1: "served", "other_broker" or "off"; nil when not running.
@@ -65,6 +72,10 @@ extension Tessera {
         case needsAttention = "needs_attention"
         case store
         case storeMessage = "store_message"
+        case storeKind = "store_kind"
+        case storePath = "store_path"
+        case storeKey = "store_key"
+        case storeNotes = "store_notes"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
         case connection, socket
@@ -140,6 +151,10 @@ extension Tessera {
         needsAttention: health.storeProblem != nil || !health.attentionNeeded.isEmpty,
         store: health.storeProblem == nil ? "ok" : "unavailable", storeMessage: health.storeProblem,
         fronts: [BrokerInterface.busName], microsoftBroker: "off")
+      report.storeKind = health.storeKind
+      report.storePath = health.storePath
+      report.storeKey = health.storeKeyLocation
+      report.storeNotes = health.storeNotes.isEmpty ? nil : health.storeNotes
       let front: TesseraBroker.MicrosoftFront
       switch broker.connection {
       case .socket(let path, _):
@@ -189,8 +204,9 @@ extension Tessera {
         return
       }
       if let problem = report.storeMessage {
+        let what = report.storeKind == StatusReport.StoreKind.file ? "its file store" : "the keyring"
         print(
-          "tesserad \(report.version) is running, but cannot read the keyring: \(SafeText.clip(problem, limit: 1000))")
+          "tesserad \(report.version) is running, but cannot read \(what): \(SafeText.clip(problem, limit: 1000))")
       } else {
         let n = report.accounts.count
         print("tesserad \(report.version) is running; \(n) account\(n == 1 ? "" : "s") signed in.")
@@ -230,6 +246,17 @@ extension Tessera {
       } else if report.connection == "session_bus" {
         print("Reached over the session bus (\(BrokerInterface.busName)).")
       }
+      switch report.storeKind {
+      case StatusReport.StoreKind.file?:
+        print(
+          "Store: sealed files in \(SafeText.clip(report.storePath ?? "", limit: 500)) (key: \(SafeText.clip(report.storeKey ?? "", limit: 500)))."
+        )
+      case StatusReport.StoreKind.memory?:
+        print("Store: memory only (store = \"memory\"): nothing is written; a restart of tesserad needs a new sign-in.")
+      default:
+        print("Store: the Secret Service (desktop keyring).")
+      }
+      for note in report.storeNotes ?? [] { print("  \(SafeText.clip(note, limit: 1000))") }
       switch report.microsoftBroker {
       case "no_session_bus":
         print(

@@ -114,6 +114,29 @@ public protocol SecretStore: Sendable {
   /// started and not answering, its owner not answering). Never queued behind the store's other
   /// calls, one of which may be the call that hangs.
   func probe(withinSeconds seconds: Double) async throws
+  /// Which store this is, for `tessera status` (never a secret). Answered at once.
+  var storeDescription: StoreDescription { get }
+}
+
+/// Which store tesserad uses, as `tessera status` shows it (GetStatus's `store`).
+public struct StoreDescription: Sendable, Equatable {
+  /// "secret-service", "file" or "memory" (StatusReport.StoreKind).
+  public var kind: String
+  /// The file store's directory; nil for the others.
+  public var path: String?
+  /// Where the file store's key comes from (a file, or a systemd credential); nil for the others.
+  public var key: String?
+  /// What the store had to set aside (damaged records moved to NAME.corrupt), each said once.
+  public var notes: [String]
+
+  public init(kind: String, path: String? = nil, key: String? = nil, notes: [String] = []) {
+    self.kind = kind
+    self.path = path
+    self.key = key
+    self.notes = notes
+  }
+
+  public static let secretService = StoreDescription(kind: StatusReport.StoreKind.secretService)
 }
 
 /// A batch of store operations stopped part-way.
@@ -138,6 +161,9 @@ public struct StoreRejectedError: Error, CustomStringConvertible {
 }
 
 extension SecretStore {
+  /// The Secret Service, unless the store says otherwise (test fakes stand in for it).
+  public var storeDescription: StoreDescription { .secretService }
+
   public func apply(_ operations: [TokenCache.StoreOperation]) async throws {
     for (index, operation) in operations.enumerated() {
       do {

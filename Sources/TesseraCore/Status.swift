@@ -106,8 +106,11 @@ extension Broker {
         refreshTokenClients: Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID)))
           .sorted())
     }
+    let store = deps.store.storeDescription
     return StatusReport.Report(
       storeProblem: storeError.map { SafeText.clip($0.message, limit: 1000) }, accounts: accounts,
-      attentionNeeded: health.attentionNeeded)
+      attentionNeeded: health.attentionNeeded, storeKind: store.kind, storePath: store.path,
+      storeKeyLocation: store.key,
+      storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) })
   }
 }

@@ -27,6 +27,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var notifyFirstUse = true
   /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
   public var gitRules: [GitCredentialRule] = []
+  /// Where accounts and tokens are kept (docs/storage.md): chosen once, when tesserad starts.
+  public var store: StoreChoice = .auto
 
   public init() {}
 
@@ -47,6 +49,19 @@ public struct BrokerConfig: Sendable, Equatable {
     case microsoftBroker = "microsoft_broker"
     case accessMode = "access_mode"
     case notifyFirstUse = "notify_first_use"
+    case store
+  }
+
+  /// `store`: where tesserad keeps accounts and tokens.
+  public enum StoreChoice: String, CaseIterable, Sendable, Equatable {
+    /// The Secret Service when one answers at start with an unlocked default collection, else the
+    /// file store (and the file store while it holds items: one store per start, never both).
+    case auto
+    case secretService = "secret-service"
+    /// Sealed files under $XDG_STATE_HOME/tessera/store (FileStore).
+    case file
+    /// Nothing written: a restart needs a new sign-in.
+    case memory
   }
 
   /// The top-level keys, in the table's order.
@@ -166,6 +181,11 @@ public struct BrokerConfig: Sendable, Equatable {
       }
       accessMode = mode
     case .notifyFirstUse: notifyFirstUse = try flag()
+    case .store:
+      guard let s = value.string, let choice = StoreChoice(rawValue: s) else {
+        throw fail("must be one of \(StoreChoice.allCases.map(\.rawValue).joined(separator: ", "))")
+      }
+      store = choice
     case .logLevel:
       guard let s = value.string, Self.logLevels.contains(s) else {
         throw fail("must be one of \(Self.logLevels.joined(separator: ", "))")

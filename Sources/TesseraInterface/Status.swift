@@ -15,6 +15,22 @@ public enum StatusReport {
   public enum Store {
     public static let state = "state"
     public static let message = "message"
+    /// Which store: StoreKind's values. Absent from brokers older than this key (then the Secret
+    /// Service).
+    public static let kind = "kind"
+    /// The file store's directory.
+    public static let path = "path"
+    /// Where the file store's key comes from: the key file, or the systemd credential.
+    public static let key = "key"
+    /// What the store set aside since the daemon started (damaged records), one line each.
+    public static let notes = "notes"
+  }
+
+  /// The stores tesserad can use (config.toml's `store`, resolved at start).
+  public enum StoreKind {
+    public static let secretService = "secret-service"
+    public static let file = "file"
+    public static let memory = "memory"
   }
 
   public enum Account {
@@ -176,6 +192,12 @@ public enum StatusReport {
   public struct Report: Sendable, Equatable {
     /// Why the Secret Service could not be read (a locked keyring); nil when it could.
     public var storeProblem: String?
+    /// Which store the broker uses (StoreKind), its directory and key (file store), and what it
+    /// set aside.
+    public var storeKind: String
+    public var storePath: String?
+    public var storeKeyLocation: String?
+    public var storeNotes: [String]
     public var accounts: [AccountStatus]
     /// The accounts (ids) that need a sign-in, sorted.
     public var attentionNeeded: [String]
@@ -184,9 +206,14 @@ public enum StatusReport {
 
     public init(
       storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
-      version: String = BrokerInterface.version
+      version: String = BrokerInterface.version, storeKind: String = StoreKind.secretService, storePath: String? = nil,
+      storeKeyLocation: String? = nil, storeNotes: [String] = []
     ) {
       self.storeProblem = storeProblem
+      self.storeKind = storeKind
+      self.storePath = storePath
+      self.storeKeyLocation = storeKeyLocation
+      self.storeNotes = storeNotes
       self.accounts = accounts
       self.attentionNeeded = attentionNeeded
       self.schema = schema
@@ -196,6 +223,10 @@ public enum StatusReport {
     public var busValue: [String: BusValue] {
       var store: [String: BusValue] = [Store.state: .string(storeProblem == nil ? "ok" : "unavailable")]
       if let storeProblem { store[Store.message] = .string(storeProblem) }
+      store[Store.kind] = .string(storeKind)
+      if let storePath { store[Store.path] = .string(storePath) }
+      if let storeKeyLocation { store[Store.key] = .string(storeKeyLocation) }
+      if !storeNotes.isEmpty { store[Store.notes] = .strings(storeNotes) }
       return [
         storeKey: .dict(store), schemaKey: .uint32(schema), versionKey: .string(version),
         accountsKey: .dicts(accounts.map(\.busValue)), attentionKey: .strings(attentionNeeded),
@@ -204,8 +235,16 @@ public enum StatusReport {
 
     public init(busValue report: [String: BusValue]) {
       storeProblem = nil
-      if case .dict(let store)? = report[storeKey], store[Store.state]?.stringValue == "unavailable" {
-        storeProblem = store[Store.message]?.stringValue ?? "unavailable"
+      storeKind = StoreKind.secretService
+      storeNotes = []
+      if case .dict(let store)? = report[storeKey] {
+        if store[Store.state]?.stringValue == "unavailable" {
+          storeProblem = store[Store.message]?.stringValue ?? "unavailable"
+        }
+        if let kind = store[Store.kind]?.stringValue { storeKind = kind }
+        storePath = store[Store.path]?.stringValue
+        storeKeyLocation = store[Store.key]?.stringValue
+        if case .strings(let notes)? = store[Store.notes] { storeNotes = notes }
       }
       attentionNeeded = []
       if case .strings(let ids)? = report[attentionKey] { attentionNeeded = ids }

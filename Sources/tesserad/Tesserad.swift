@@ -22,7 +22,7 @@ struct Tesserad: AsyncParsableCommand {
     abstract: "The Tessera authentication broker daemon.",
     discussion: """
       tesserad owns your OAuth 2.0 / OpenID Connect accounts and refresh tokens, keeps them in the \
-      Secret Service, and hands access tokens to local programs over the session bus as \
+      Secret Service (or, per config.toml's store, in sealed files of its own or in memory), and hands access tokens to local programs over the session bus as \
       org.tessera.Broker1. It normally starts by D-Bus activation or as the systemd user unit \
       tessera.service; run it by hand to debug.
 
@@ -112,6 +112,13 @@ struct Tesserad: AsyncParsableCommand {
         logger.warning("tesserad serves no socket of its own", metadata: ["reason": "\(error)"])
       }
     }
+    let store: any SecretStore
+    switch await chooseStore(brokerConfig.store, environment: environment, logger: logger) {
+    case .success(let chosen): store = chosen
+    case .failure(let problem):
+      printError("tesserad: \(problem.message)")
+      throw ExitCode(78)
+    }
     let requests = RequestRouter()
     let busLogger = logger
     // Microsoft's broker protocol is one more front of the same engine, unless config.toml turns it off.
@@ -135,13 +142,15 @@ struct Tesserad: AsyncParsableCommand {
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(
-        http: http, store: SecretServiceStore(),
+        http: http, store: store,
         browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
         clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() },
         prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
-        journal: FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
+        // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
+        journal: store is MemoryStore
+          ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
       logger: logger)
     requests.install(
       server: server, handler: TesseraFront(broker: broker, logger: logger),
@@ -182,6 +191,73 @@ struct Tesserad: AsyncParsableCommand {
     }
   }
 }
+
+/// The store config.toml's `store` names, resolved once at start. `auto`: the file store while it
+/// holds records (so an account never ends up split across two stores), else the Secret Service
+/// when it answers at once with its default collection unlocked, else the file store.
+func chooseStore(_ choice: BrokerConfig.StoreChoice, environment: [String: String], logger: Logger) async -> Result<
+  any SecretStore, TesseraError
+> {
+  func fileStore() -> FileStore? {
+    FileStore.defaultLocation(environment: environment).map {
+      FileStore(directory: $0.directory, key: $0.key, logger: logger)
+    }
+  }
+  let noHome = TesseraError(
+    .configuration,
+    "store = \"\(choice.rawValue)\" needs a place for the file store: set HOME (or XDG_STATE_HOME and XDG_CONFIG_HOME)."
+  )
+  func chosen(_ store: any SecretStore, _ why: String) -> Result<any SecretStore, TesseraError> {
+    var metadata: Logger.Metadata = ["store": "\(store.storeDescription.kind)", "config": "\(choice.rawValue)"]
+    if let path = store.storeDescription.path { metadata["directory"] = "\(path)" }
+    if let key = store.storeDescription.key { metadata["key"] = "\(key)" }
+    logger.notice("Using the \(store.storeDescription.kind) store: \(why)", metadata: metadata)
+    return .success(store)
+  }
+  switch choice {
+  case .secretService: return chosen(SecretServiceStore(), "config.toml says so")
+  case .memory: return chosen(MemoryStore(), "config.toml says so; nothing is written, a restart needs a new sign-in")
+  case .file:
+    guard let file = fileStore() else { return .failure(noHome) }
+    return chosen(file, "config.toml says so")
+  case .auto:
+    guard let file = fileStore() else {
+      return chosen(SecretServiceStore(), "there is no place for a file store (no HOME)")
+    }
+    if await file.holdsRecords() {
+      return chosen(file, "the file store holds records (store = \"auto\" keeps using it)")
+    }
+    let keyring = SecretServiceStore()
+    do {
+      try await keyring.probe(withinSeconds: autoProbeSeconds)
+      return chosen(keyring, "it answers with its default collection unlocked")
+    } catch {
+      return chosen(file, "the Secret Service cannot be used: \(firstSentence(TesseraError.wrap(error).message))")
+    }
+  }
+}
+
+/// The first sentence of `text` (a period followed by a space or the end, outside parentheses):
+/// what went wrong, without the advice that follows it, which is about waiting for the keyring.
+func firstSentence(_ text: String) -> String {
+  var depth = 0
+  var index = text.startIndex
+  while index < text.endIndex {
+    switch text[index] {
+    case "(": depth += 1
+    case ")": depth = max(0, depth - 1)
+    case "." where depth == 0:
+      let next = text.index(after: index)
+      if next == text.endIndex || text[next] == " " { return String(text[...index]) }
+    default: break
+    }
+    index = text.index(after: index)
+  }
+  return text
+}
+
+/// How long `store = "auto"` waits for the Secret Service at start.
+let autoProbeSeconds = 1.5
 
 func printError(_ message: String) {
   var stderr = StandardError()

@@ -32,6 +32,7 @@ final class BrokerConfigTests: XCTestCase {
       microsoft_broker = false
       access_mode = "strict"
       notify_first_use = false
+      store = "file"
 
       [[git]]
       url = "https://git.example.com/team/"
@@ -51,10 +52,11 @@ final class BrokerConfigTests: XCTestCase {
     expected.microsoftBroker = false
     expected.accessMode = .strict
     expected.notifyFirstUse = false
-    expected.gitRules = [GitCredentialRule(host: "git.example.com", pathPrefix: "team", line: 16)]
+    expected.store = .file
+    expected.gitRules = [GitCredentialRule(host: "git.example.com", pathPrefix: "team", line: 17)]
     XCTAssertEqual(config, expected)
     // The key table is the enum: every key above is in it, and nothing else.
-    XCTAssertEqual(Set(BrokerConfig.keys).count, 14)
+    XCTAssertEqual(Set(BrokerConfig.keys).count, 15)
   }
 
   func testAnEmptyFileIsTheDefaults() throws {
@@ -67,6 +69,7 @@ final class BrokerConfigTests: XCTestCase {
       ["c.toml:2: key 'default_scope': unknown key; did you mean 'default_scopes'?"])
     XCTAssertEqual(
       problems("Log_Levle = \"debug\"\n"), ["c.toml:1: key 'Log_Levle': unknown key; did you mean 'log_level'?"])
+    XCTAssertEqual(problems("stor = \"file\"\n"), ["c.toml:1: key 'stor': unknown key; did you mean 'store'?"])
     XCTAssertEqual(
       problems("client-id = \"x\"\n"),
       [
@@ -143,6 +146,8 @@ final class BrokerConfigTests: XCTestCase {
       ("microsoft_broker = \"no\"", "must be true or false"),
       ("access_mode = \"closed\"", "must be one of open, confirm, strict"),
       ("notify_first_use = 0", "must be true or false"),
+      ("store = \"keyring\"", "key 'store': must be one of auto, secret-service, file, memory"),
+      ("store = true", "key 'store': must be one of auto, secret-service, file, memory"),
     ]
     for (text, expected) in cases {
       let found = problems("\n" + text + "\n")

@@ -103,7 +103,7 @@ def test_without_a_session_bus_every_command_and_helper_works(bare, idp, tmp_pat
     bare.start()
     report = json.loads(bare.cli("status", "--json").stdout)
     assert report["running"] and report["connection"] == "socket", report
-    assert report["microsoft_broker"] == "no_session_bus" and report.get("store") == "file", report
+    assert report["microsoft_broker"] == "no_session_bus" and report["store_kind"] == "file", report
     assert "serving its own socket alone" in bare.log()
 
     # Sign-in: device code (no browser on an SSH box), then a browser sign-in for a second account.
