@@ -114,11 +114,18 @@ struct BinaryTests {
 
   // MARK: No broker
 
-  @Test func withoutASessionBusTheBrokerIsNotRunning() throws {
+  @Test func withoutASessionBusOrASocketTheBrokerIsNotRunningAndItSaysHowToStartIt() throws {
     let outcome = try run(["token"], environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/tessera-bus"])
     #expect(outcome.status == ClientExitStatus.brokerNotRunning.rawValue)
-    #expect(outcome.stderr.contains("Cannot connect to the session bus"))
+    #expect(outcome.stderr.contains("its socket \(home)/run/tessera/bus is not there"))
+    #expect(outcome.stderr.contains("there is no session bus either"))
+    #expect(outcome.stderr.contains("systemctl --user enable --now tessera.socket"))
     #expect(outcome.stdout.isEmpty)
+    // With --bus only the bus is tried, and that is what it says.
+    let bus = try run(
+      ["--bus", "token"], environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/tessera-bus"])
+    #expect(bus.status == ClientExitStatus.brokerNotRunning.rawValue)
+    #expect(bus.stderr.contains("Cannot connect to the session bus"))
   }
 
   @Test func onABusWithoutTheBrokerItSaysHowToStartIt() throws {
