@@ -133,7 +133,7 @@ def test_without_a_session_bus_every_command_and_helper_works(bare, idp, tmp_pat
     # and told how to grant it; granted, it is served the same token.
     bare.stop()
     with open(config) as f:
-        text = f.read()
+        text = re.sub(r'(?m)^access_mode = .*\n', "", f.read())
     with open(config, "w") as f:
         f.write('access_mode = "strict"\n' + text)  # a top-level key: before the [[git]] table
     bare.start()
