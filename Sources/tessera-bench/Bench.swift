@@ -132,7 +132,14 @@ struct Bench: ParsableCommand {
     let replyBytes = Marshalled.bodySize(try direct.call(member: silent.member, arguments: silent.arguments))
     let floorServer = try FloorServer(replyBytes: replyBytes, parent: env.sessionDir)
     defer { floorServer.stop() }
-    let directLatency = try measureDirectLatency(direct: direct, floor: try floorServer.connect(), bus: client)
+    let busDaemon = try? client.call(
+      destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+      member: "GetConnectionUnixProcessID", arguments: [.string("org.freedesktop.DBus")]
+    ).first
+    let busPID: [pid_t] = if case .uint32(let pid)? = busDaemon { [pid_t(pid)] } else { [] }
+    let directLatency = try measureDirectLatency(
+      direct: direct, floor: try floorServer.connect(), bus: client,
+      servers: [[floorServer.pid], [daemon.pid], [daemon.pid] + busPID, [daemon.pid] + busPID])
     for (id, name, keyPath) in [("p50", "median", \Stats.p50), ("p99", "p99", \Stats.p99)] {
       let value = directLatency.direct[keyPath: keyPath]
       let floor = directLatency.floor[keyPath: keyPath]
@@ -144,6 +151,16 @@ struct Bench: ParsableCommand {
             "p2p floor \(fmt(floor)) µs (\(fmt(value / floor)) ×), Ping on the bus \(fmt(ping)) µs (\(fmt(value / ping)) ×); reply body \(replyBytes) bytes"
         ))
     }
+    let cpu = directLatency.serverCPU
+    let clientCPU = directLatency.clientCPU
+    let ping = cpu[2].count > 1 ? ", dbus-daemon \(fmt(cpu[2][1])) µs" : ""
+    let busSilent = cpu[3].count > 1 ? ", dbus-daemon \(fmt(cpu[3][1])) µs" : ""
+    report.add(
+      .init(
+        id: "direct_cpu_per_call", name: "Direct socket: CPU per silent call, tesserad", value: cpu[1][0], unit: "µs",
+        detail:
+          "client \(fmt(clientCPU[1])) µs; p2p floor: server \(fmt(cpu[0][0])) µs, client \(fmt(clientCPU[0])) µs; Ping on the bus: tesserad \(fmt(cpu[2][0])) µs\(ping), client \(fmt(clientCPU[2])) µs; silent on the bus (median \(fmt(directLatency.busSilent.p50)) µs in these rounds): tesserad \(fmt(cpu[3][0])) µs\(busSilent), client \(fmt(clientCPU[3])) µs"
+      ))
     report.add(
       .init(
         id: "direct_floor_ratio", name: "Direct silent median / p2p floor median",
@@ -330,20 +347,39 @@ struct Bench: ParsableCommand {
   }
 
   /// Silent calls over the direct socket, the p2p floor and Ping on the bus, interleaved in rounds.
-  func measureDirectLatency(direct: BusClient, floor: BusClient, bus: BusClient) throws -> (
-    floor: Stats, direct: Stats, ping: Stats
-  ) {
-    let calls = [(floor, BrokerCall.p2pFloor), (direct, .silent(clientID: "tessera-test")), (bus, .ping)]
-    var samples: [[Double]] = [[], [], []]
+  /// Silent calls over the direct socket, the p2p floor, Ping and silent calls on the bus,
+  /// interleaved in rounds; with the CPU time each call costs the processes on its path (from the
+  /// kernel's per-thread accounting): the servers (`servers`, per kind of call: the floor server;
+  /// tesserad; tesserad and dbus-daemon, twice), and this client's thread.
+  func measureDirectLatency(direct: BusClient, floor: BusClient, bus: BusClient, servers: [[pid_t]]) throws
+    -> (floor: Stats, direct: Stats, ping: Stats, busSilent: Stats, serverCPU: [[Double]], clientCPU: [Double])
+  {
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    let calls = [(floor, BrokerCall.p2pFloor), (direct, silent), (bus, .ping), (bus, silent)]
+    var samples: [[Double]] = calls.map { _ in [] }
+    var serverCPU = servers.map { $0.map { _ in 0.0 } }
+    var clientCPU = calls.map { _ in 0.0 }
     for _ in 0..<(smoke ? 10 : 200) {  // warm-up
       for (client, call) in calls { _ = try timeCalls(client, call, count: 1) }
     }
     for _ in 0..<rounds {
       for (index, (client, call)) in calls.enumerated() {
+        let before = servers[index].map(CPUTime.process)
+        let threadBefore = CPUTime.thread()
         samples[index] += try timeCalls(client, call, count: callsPerRound)
+        clientCPU[index] += CPUTime.thread() - threadBefore
+        for (server, pid) in servers[index].enumerated() {
+          serverCPU[index][server] += CPUTime.process(pid) - before[server]
+        }
       }
     }
-    return (Stats(samples[0]), Stats(samples[1]), Stats(samples[2]))
+    // Seconds in all → µs per call.
+    let perCall = 1e6 / Double(max(1, rounds * callsPerRound))
+    return (
+      Stats(samples[0]), Stats(samples[1]), Stats(samples[2]), Stats(samples[3]),
+      serverCPU.map { $0.map { $0 * perCall } },
+      clientCPU.map { $0 * perCall }
+    )
   }
 
   /// Calls per second for `connections` clients, each on its own connection and thread; floor,

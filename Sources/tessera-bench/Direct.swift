@@ -105,7 +105,7 @@ private let floorAnswer: sd_bus_message_handler_t = { message, userdata, _ in
 final class FloorServer {
   let socket: String
   let replyBytes: Int
-  private var pid: pid_t = 0
+  private(set) var pid: pid_t = 0
   private var lifeline: Int32 = -1
   private let directory: String
 
@@ -289,5 +289,31 @@ extension Bench {
       waitpid(pid, &status, 0)
       log("profile \(name): \(count) calls in \(fmt(elapsed * 1000)) ms, \(output)")
     }
+  }
+}
+
+/// CPU time from the kernel's accounting, in seconds.
+enum CPUTime {
+  /// The calling thread's.
+  static func thread() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+  }
+
+  /// Every thread of process `pid`, from /proc/PID/task/*/schedstat (nanoseconds on the CPU);
+  /// threads that ended since are not counted, so measure across spans where none end.
+  static func process(_ pid: pid_t) -> Double {
+    guard pid > 0, let tasks = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else {
+      return 0
+    }
+    var total = 0.0
+    for task in tasks {
+      guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/schedstat", encoding: .utf8),
+        let first = text.split(separator: " ").first, let ns = Double(first)
+      else { continue }
+      total += ns / 1e9
+    }
+    return total
   }
 }
