@@ -17,7 +17,7 @@ struct BenchCommand: ParsableCommand {
   static let configuration = CommandConfiguration(
     commandName: "tessera-bench",
     abstract: "Measure tesserad (the default), or hold it under a long load (soak).",
-    subcommands: [Bench.self, Soak.self], defaultSubcommand: Bench.self)
+    subcommands: [Bench.self, Soak.self, P2PFloor.self], defaultSubcommand: Bench.self)
 }
 
 /// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)
@@ -46,6 +46,9 @@ struct Bench: ParsableCommand {
   @Option(help: "Write BENCHMARKS.md (results, machine, how to read them) to this file.") var markdown: String?
   @Option(help: "The commit measured, for the report.") var commit = "unknown"
   @Flag(help: "One quick round of everything (CI's check that the benchmark still runs).") var smoke = false
+  @Option(help: "Also record perf profiles of the direct and bus paths into this directory (see Direct.swift).")
+  var profile: String?
+  @Option(help: "Calls per path for --profile.") var profileCalls = 20_000
 
   mutating func run() throws {
     if smoke {
@@ -120,9 +123,65 @@ struct Bench: ParsableCommand {
         value: (guarded.broker.p50 / guarded.ping.p50) / (open / latency.ping.p50), unit: "×", goal: 1.05,
         lowerIsBetter: true, detail: "each against Ping in its own run"))
 
-    // 2. Throughput at 1, 4, 16 connections.
+    // 1c. The same silent call over tesserad's own socket (peer-to-peer D-Bus, no bus daemon),
+    // against a bare peer-to-peer sd-bus call with a reply of the same size (the floor for that
+    // path, served by a child process) and against Ping on the bus, interleaved.
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    let socketPath = try Direct.socketPath()
+    let direct = try Direct.connect(socketPath)
+    let replyBytes = Marshalled.bodySize(try direct.call(member: silent.member, arguments: silent.arguments))
+    let floorServer = try FloorServer(replyBytes: replyBytes, parent: env.sessionDir)
+    defer { floorServer.stop() }
+    let busDaemon = try? client.call(
+      destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+      member: "GetConnectionUnixProcessID", arguments: [.string("org.freedesktop.DBus")]
+    ).first
+    let busPID: [pid_t] = if case .uint32(let pid)? = busDaemon { [pid_t(pid)] } else { [] }
+    let directLatency = try measureDirectLatency(
+      direct: direct, floor: try floorServer.connect(), bus: client,
+      servers: [[floorServer.pid], [daemon.pid], [daemon.pid] + busPID, [daemon.pid] + busPID])
+    for (id, name, keyPath) in [("p50", "median", \Stats.p50), ("p99", "p99", \Stats.p99)] {
+      let value = directLatency.direct[keyPath: keyPath]
+      let floor = directLatency.floor[keyPath: keyPath]
+      let ping = directLatency.ping[keyPath: keyPath]
+      report.add(
+        .init(
+          id: "direct_silent_\(id)", name: "Direct socket: silent latency, \(name)", value: value, unit: "µs",
+          detail:
+            "p2p floor \(fmt(floor)) µs (\(fmt(value / floor)) ×), Ping on the bus \(fmt(ping)) µs (\(fmt(value / ping)) ×); reply body \(replyBytes) bytes"
+        ))
+    }
+    let cpu = directLatency.serverCPU
+    let clientCPU = directLatency.clientCPU
+    let ping = cpu[2].count > 1 ? ", dbus-daemon \(fmt(cpu[2][1])) µs" : ""
+    let busSilent = cpu[3].count > 1 ? ", dbus-daemon \(fmt(cpu[3][1])) µs" : ""
+    report.add(
+      .init(
+        id: "direct_cpu_per_call", name: "Direct socket: CPU per silent call, tesserad", value: cpu[1][0], unit: "µs",
+        detail:
+          "client \(fmt(clientCPU[1])) µs; p2p floor: server \(fmt(cpu[0][0])) µs, client \(fmt(clientCPU[0])) µs; Ping on the bus: tesserad \(fmt(cpu[2][0])) µs\(ping), client \(fmt(clientCPU[2])) µs; silent on the bus (median \(fmt(directLatency.busSilent.p50)) µs in these rounds): tesserad \(fmt(cpu[3][0])) µs\(busSilent), client \(fmt(clientCPU[3])) µs"
+      ))
+    report.add(
+      .init(
+        id: "direct_floor_ratio", name: "Direct silent median / p2p floor median",
+        value: directLatency.direct.p50 / directLatency.floor.p50, unit: "×", goal: 1.3, lowerIsBetter: true))
+    if let profile {
+      try recordProfiles(
+        into: profile, count: profileCalls,
+        [
+          ("direct-silent", direct, silent), ("bus-silent", client, silent), ("bus-ping", client, .ping),
+          ("p2p-floor", try floorServer.connect(), .p2pFloor),
+        ])
+    }
+    report.add(
+      .init(
+        id: "direct_ping_ratio", name: "Direct silent median / Ping median (bus)",
+        value: directLatency.direct.p50 / directLatency.ping.p50, unit: "×", goal: 0.8, lowerIsBetter: true))
+
+    // 2. Throughput at 1, 4, 16 connections (and over the direct socket, in the same phases).
     for connections in [1, 4, 16] {
-      let rates = try measureThroughput(connections: connections)
+      let rates = try measureThroughput(
+        connections: connections, directSocket: socketPath, floorSocket: floorServer.socket)
       report.add(
         .init(
           id: "throughput_\(connections)", name: "Throughput, \(connections) connection(s)", value: rates.broker,
@@ -132,7 +191,19 @@ struct Bench: ParsableCommand {
           id: "throughput_ping_ratio_\(connections)", name: "Throughput / Ping, \(connections) connection(s)",
           value: rates.broker / rates.ping, unit: "×", goal: 0.85, lowerIsBetter: false,
           detail: "broker / floor \(fmt(rates.broker / rates.floor)) ×"))
+      report.add(
+        .init(
+          id: "direct_throughput_\(connections)", name: "Direct socket: throughput, \(connections) connection(s)",
+          value: rates.direct, unit: "calls/s",
+          detail: "Ping on the bus \(fmt(rates.ping)) calls/s, p2p floor \(fmt(rates.p2pFloor)) calls/s"))
+      report.add(
+        .init(
+          id: "direct_throughput_ping_ratio_\(connections)",
+          name: "Direct throughput / Ping on the bus, \(connections) connection(s)", value: rates.direct / rates.ping,
+          unit: "×", goal: connections == 1 ? 1.0 : 1.5, lowerIsBetter: false,
+          detail: "direct / p2p floor \(fmt(rates.direct / rates.p2pFloor)) ×"))
     }
+    floorServer.stop()
 
     // 2b. The CLI against busctl, same call.
     if let tessera {
@@ -140,11 +211,26 @@ struct Bench: ParsableCommand {
       report.add(
         .init(
           id: "cli_token", name: "`tessera token`, median wall time", value: cli.tessera, unit: "ms",
-          detail: "`busctl --user call` of the same AcquireTokenSilent \(fmt(cli.busctl)) ms"))
+          detail:
+            "`busctl --user call` of the same AcquireTokenSilent \(fmt(cli.busctl)) ms; over the session bus (`tessera --bus token`)"
+        ))
       report.add(
         .init(
           id: "cli_ratio", name: "`tessera token` / `busctl --user call`", value: cli.tessera / cli.busctl, unit: "×",
           goal: 1.2, lowerIsBetter: true))
+      report.add(
+        .init(
+          id: "direct_cli_token", name: "`tessera token` over the direct socket, median wall time",
+          value: cli.direct, unit: "ms",
+          detail: "`busctl --user call` \(fmt(cli.busctl)) ms, `tessera --bus token` \(fmt(cli.tessera)) ms"))
+      report.add(
+        .init(
+          id: "direct_cli_ratio", name: "`tessera token` (direct socket) / `busctl --user call`",
+          value: cli.direct / cli.busctl, unit: "×", goal: 1.0, lowerIsBetter: true))
+      report.add(
+        .init(
+          id: "cli_startup", name: "Start-up: `tessera --version`, median wall time", value: cli.version, unit: "ms",
+          detail: "`busctl --version` \(fmt(cli.busctlVersion)) ms (\(fmt(cli.version / cli.busctlVersion)) ×)"))
       for (name, path) in [("tessera", tessera), ("tesserad", tesserad)] {
         let binary = Binary.describe(path)
         report.add(
@@ -174,7 +260,6 @@ struct Bench: ParsableCommand {
 
     // 5c. Memory growth over many silent calls.
     let before = daemon.rssMiB()
-    let silent = BrokerCall.silent(clientID: "tessera-test")
     for _ in 0..<growthCalls { _ = try client.call(member: silent.member, arguments: silent.arguments) }
     let after = daemon.rssMiB()
     report.add(
@@ -261,38 +346,102 @@ struct Bench: ParsableCommand {
     return samples
   }
 
-  /// Calls per second for `connections` clients, each on its own connection and thread; floor and
-  /// broker phases alternate so drift hits both.
-  func measureThroughput(connections: Int) throws -> (floor: Double, ping: Double, broker: Double) {
-    var floorRates: [Double] = []
-    var pingRates: [Double] = []
-    var brokerRates: [Double] = []
-    for _ in 0..<phases {
-      floorRates.append(try phase(.floor, connections: connections))
-      pingRates.append(try phase(.ping, connections: connections))
-      brokerRates.append(try phase(.silent(clientID: "tessera-test"), connections: connections))
+  /// Silent calls over the direct socket, the p2p floor and Ping on the bus, interleaved in rounds.
+  /// Silent calls over the direct socket, the p2p floor, Ping and silent calls on the bus,
+  /// interleaved in rounds; with the CPU time each call costs the processes on its path (from the
+  /// kernel's per-thread accounting): the servers (`servers`, per kind of call: the floor server;
+  /// tesserad; tesserad and dbus-daemon, twice), and this client's thread.
+  func measureDirectLatency(direct: BusClient, floor: BusClient, bus: BusClient, servers: [[pid_t]]) throws
+    -> (floor: Stats, direct: Stats, ping: Stats, busSilent: Stats, serverCPU: [[Double]], clientCPU: [Double])
+  {
+    let silent = BrokerCall.silent(clientID: "tessera-test")
+    let calls = [(floor, BrokerCall.p2pFloor), (direct, silent), (bus, .ping), (bus, silent)]
+    var samples: [[Double]] = calls.map { _ in [] }
+    var serverCPU = servers.map { $0.map { _ in 0.0 } }
+    var clientCPU = calls.map { _ in 0.0 }
+    for _ in 0..<(smoke ? 10 : 200) {  // warm-up
+      for (client, call) in calls { _ = try timeCalls(client, call, count: 1) }
     }
-    return (Stats(floorRates).p50, Stats(pingRates).p50, Stats(brokerRates).p50)
+    for _ in 0..<rounds {
+      for (index, (client, call)) in calls.enumerated() {
+        let before = servers[index].map(CPUTime.process)
+        let threadBefore = CPUTime.thread()
+        samples[index] += try timeCalls(client, call, count: callsPerRound)
+        clientCPU[index] += CPUTime.thread() - threadBefore
+        for (server, pid) in servers[index].enumerated() {
+          serverCPU[index][server] += CPUTime.process(pid) - before[server]
+        }
+      }
+    }
+    // Seconds in all → µs per call.
+    let perCall = 1e6 / Double(max(1, rounds * callsPerRound))
+    return (
+      Stats(samples[0]), Stats(samples[1]), Stats(samples[2]), Stats(samples[3]),
+      serverCPU.map { $0.map { $0 * perCall } },
+      clientCPU.map { $0 * perCall }
+    )
   }
 
-  /// Median wall time (ms) of `tessera token` and of `busctl --user call` of the same silent call,
-  /// each a whole process with its output discarded, interleaved.
-  func measureCLI(tessera: String) throws -> (tessera: Double, busctl: Double) {
+  /// Calls per second for `connections` clients, each on its own connection and thread; floor,
+  /// Ping, broker, direct-socket and p2p-floor phases alternate so drift hits all of them.
+  func measureThroughput(connections: Int, directSocket: String, floorSocket: String) throws -> (
+    floor: Double, ping: Double, broker: Double, direct: Double, p2pFloor: Double
+  ) {
+    var rates: [[Double]] = [[], [], [], [], []]
+    for _ in 0..<phases {
+      rates[0].append(try phase(.floor, connections: connections))
+      rates[1].append(try phase(.ping, connections: connections))
+      rates[2].append(try phase(.silent(clientID: "tessera-test"), connections: connections))
+      rates[3].append(
+        try phase(.silent(clientID: "tessera-test"), connections: connections) { try Direct.connect(directSocket) })
+      rates[4].append(try phase(.p2pFloor, connections: connections) { try BusClient(directSocket: floorSocket) })
+    }
+    let p50 = rates.map { Stats($0).p50 }
+    return (p50[0], p50[1], p50[2], p50[3], p50[4])
+  }
+
+  /// Median wall time (ms) of `tessera --bus token` (the session bus, as this row always measured),
+  /// `tessera token` (which takes the direct socket by itself) and `busctl --user call` of the
+  /// same silent call, and of `tessera --version` and `busctl --version` (start-up alone): each a
+  /// whole process with its output discarded, interleaved.
+  func measureCLI(tessera: String) throws -> (
+    tessera: Double, direct: Double, busctl: Double, version: Double, busctlVersion: Double
+  ) {
+    try checkCLIConnection(tessera: tessera)
     let busctl = [
       "/usr/bin/busctl", "--user", "call", BrokerInterface.busName, BrokerInterface.objectPath,
       BrokerInterface.interfaceName, "AcquireTokenSilent", "sassa{sv}", "tessera-test", "0", "", "0",
     ]
-    let ours = [tessera, "token", "--client-id", "tessera-test"]
-    var times: ([Double], [Double]) = ([], [])
+    let commands = [
+      [tessera, "--bus", "token", "--client-id", "tessera-test"], [tessera, "token", "--client-id", "tessera-test"],
+      busctl, [tessera, "--version"], ["/usr/bin/busctl", "--version"],
+    ]
+    var times: [[Double]] = commands.map { _ in [] }
     for run in 0..<(cliRuns + 5) {
-      let a = try timeProcess(ours)
-      let b = try timeProcess(busctl)
+      let elapsed = try commands.map { try timeProcess($0) }
       if run >= 5 {  // the first runs warm the page cache
-        times.0.append(a)
-        times.1.append(b)
+        for index in elapsed.indices { times[index].append(elapsed[index]) }
       }
     }
-    return (Stats(times.0).p50, Stats(times.1).p50)
+    let p50 = times.map { Stats($0).p50 }
+    return (p50[0], p50[1], p50[2], p50[3], p50[4])
+  }
+
+  /// `tessera status --json` must say that the CLI reaches tesserad over its socket (else the
+  /// direct CLI row would measure the bus).
+  func checkCLIConnection(tessera: String) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: tessera)
+    process.arguments = ["status", "--json"]
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    try process.run()
+    let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    let report = try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any]
+    guard report?["connection"] as? String == "socket" else {
+      throw BenchError("`tessera status --json` does not report the direct socket: \(output)")
+    }
   }
 
   func timeProcess(_ argv: [String]) throws -> Double {
@@ -313,8 +462,10 @@ struct Bench: ParsableCommand {
     return elapsed
   }
 
-  func phase(_ call: BrokerCall, connections: Int) throws -> Double {
-    let clients = try (0..<connections).map { _ in try BusClient() }
+  func phase(
+    _ call: BrokerCall, connections: Int, connect: () throws -> BusClient = { try BusClient() }
+  ) throws -> Double {
+    let clients = try (0..<connections).map { _ in try connect() }
     let counts = UnsafeMutableBufferPointer<Int>.allocate(capacity: connections)
     counts.initialize(repeating: 0)
     defer { counts.deallocate() }

@@ -462,8 +462,16 @@ struct Report: Codable {
         Tessera. It is the honest limit for any service on the bus, and the broker is judged by its
         ratio to Ping. Floor, Ping and broker calls alternate in rounds (latency) or phases
         (throughput), so machine noise hits all three.
-      - **CLI** compares `tessera token` with `busctl --user call` of the same `AcquireTokenSilent`
-        (both whole processes, started alike, their median wall time over interleaved runs).
+      - **Direct socket** rows make the same calls over tesserad's own socket
+        (`$XDG_RUNTIME_DIR/tessera/bus`, peer-to-peer D-Bus, no bus daemon). Their floor, the **p2p
+        floor**, is a bare peer-to-peer sd-bus call to a child process (`tessera-bench p2p-floor`)
+        that answers with one string making a reply body as large as the silent reply's: two
+        wake-ups and the same bytes, no Tessera code. Direct calls, the p2p floor and Ping on the bus
+        alternate in the same rounds (latency) and phases (throughput).
+      - **CLI** compares `tessera --bus token` (the session bus) and `tessera token` (which takes the
+        direct socket by itself) with `busctl --user call` of the same `AcquireTokenSilent` (whole
+        processes, started alike, their median wall time over interleaved runs); start-up alone is
+        `tessera --version` against `busctl --version`.
       - **Silent** calls are `AcquireTokenSilent` answered from the in-memory cache.
       - **Single-flight** counts the refresh requests at the identity provider for 64 concurrent silent
         calls on an expired token (separate connections).
