@@ -10,6 +10,7 @@ import TesseraClient
 extension Tessera {
   struct Access: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "access",
       abstract: "See and change which app may use which account and client (per-application access control).",
       discussion: """
         Tessera tells apps apart: Flatpak and snap apps by their sandbox (reliable), other programs \
@@ -21,7 +22,8 @@ extension Tessera {
       subcommands: [List.self, Grant.self, Revoke.self, Log.self])
 
     struct List: ParsableCommand {
-      static let configuration = CommandConfiguration(abstract: "List the grants: which app may use what.")
+      static let configuration = CommandConfiguration(
+        commandName: "list", abstract: "List the grants: which app may use what.")
       @OptionGroup var output: Output
 
       func run() throws {
@@ -49,6 +51,7 @@ extension Tessera {
 
     struct Grant: ParsableCommand {
       static let configuration = CommandConfiguration(
+        commandName: "grant",
         abstract: "Let an app use a client id for an account.",
         discussion: """
           The app key is what `tessera access log` and refusals show, e.g. \
@@ -100,7 +103,8 @@ extension Tessera {
     }
 
     struct Revoke: ParsableCommand {
-      static let configuration = CommandConfiguration(abstract: "Take an app's grants away (one client id, or all).")
+      static let configuration = CommandConfiguration(
+        commandName: "revoke", abstract: "Take an app's grants away (one client id, or all).")
       @Option(name: .long, help: ArgumentHelp("The app's key.", valueName: "key")) var app: String
       @Option(name: .long, help: ArgumentHelp("Only this client id (default: all).", valueName: "id")) var clientId:
         String?
@@ -115,6 +119,7 @@ extension Tessera {
 
     struct Log: ParsableCommand {
       static let configuration = CommandConfiguration(
+        commandName: "log",
         abstract: "Show the last access decisions (allowed, refused) since the broker started.",
         discussion: """
           Every decision is also in the journal: journalctl --user MESSAGE_ID=7f1e2d3c4b5a49688776a5b4c3d2e1f0 \

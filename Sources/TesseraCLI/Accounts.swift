@@ -11,6 +11,7 @@ import TesseraClient
 extension Tessera {
   struct Accounts: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "accounts",
       abstract: "List the signed-in accounts; * marks the current one.",
       discussion: """
         On a terminal: a table with a header. Piped: one line per account, tab-separated \
@@ -66,11 +67,13 @@ extension Tessera {
 
   struct Account: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "account",
       abstract: "Choose the current account: the one used when several are signed in and none is named.",
       subcommands: [Use.self])
 
     struct Use: ParsableCommand {
       static let configuration = CommandConfiguration(
+        commandName: "use",
         abstract: "Make an account the current one of its identity provider.",
         discussion: """
           With several accounts signed in at one identity provider, a request that names no \
@@ -105,6 +108,7 @@ extension Tessera {
 
   struct Logout: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "logout",
       abstract: "Sign out: forget an account and revoke its refresh tokens.",
       discussion: """
         Without --account: the only account, or with several, the current one (see `tessera \

@@ -15,6 +15,7 @@ import TesseraClient
 extension Tessera {
   struct Config: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "config",
       abstract: "Check config.toml.", subcommands: [Check.self])
   }
 }
@@ -22,6 +23,7 @@ extension Tessera {
 extension Tessera.Config {
   struct Check: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "check",
       abstract: "Check config.toml as tesserad would, without starting anything.",
       discussion: """
         Reads the file tesserad reads (--config, else $TESSERA_CONFIG, else \

@@ -306,6 +306,7 @@ extension Tessera {
 
   struct Sasl: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "sasl",
       abstract: "Print a SASL XOAUTH2 or OAUTHBEARER initial response (for mail clients).",
       discussion: """
         Prints the base64 initial response of RFC 7628 OAUTHBEARER, or of XOAUTH2 \
@@ -361,6 +362,7 @@ extension Tessera {
 
   struct Exec: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "exec",
       abstract: "Run a command with an access token in its environment (never in its arguments).",
       discussion: """
         tessera exec --client-id CLIENT_ID --scope SCOPE ./deploy.sh  gets a token silently, puts it \

@@ -11,6 +11,7 @@ import TesseraClient
 extension Tessera {
   struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "status",
       abstract: "Show whether the broker runs, its accounts, their tokens and what needs attention.",
       discussion: """
         Always answers, within about a second: also when the broker is not running (it says \

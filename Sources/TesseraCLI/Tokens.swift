@@ -11,6 +11,7 @@ import TesseraClient
 extension Tessera {
   struct Login: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "login",
       abstract: "Sign in interactively (browser, or a device code with --device-code).",
       discussion: """
         Opens your browser at the identity provider. On a machine without a browser (SSH), use \
@@ -53,6 +54,7 @@ extension Tessera {
 
   struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "token",
       abstract: "Print an access token (from the cache, or refreshed silently).",
       discussion: """
         Prints the bare token, for `Authorization: Bearer $(tessera token)`. Never prompts: when \

@@ -191,9 +191,11 @@ def test_malformed_values_are_refused_by_type_and_size(broker, case):
 
 def test_spoofed_interaction_signals_do_not_reach_the_user(broker, browser, interactions, monitor):
     """Another program on the bus sends `tessera login` an InteractionPending with its own URL and
-    device code (broadcast, and sent to the CLI's connection): the CLI shows only the broker's."""
+    device code (broadcast, and sent to the CLI's connection): the CLI shows only the broker's.
+    The CLI is sent over the bus (--bus): on tesserad's own socket its connection has one peer,
+    the broker it checked, and no other program can send it anything."""
     browser.set("ignore")  # the test plays the browser, after the attack
-    cli = subprocess.Popen([TESSERA, "login", "--client-id", "tessera-test", "--timeout", "60"],
+    cli = subprocess.Popen([TESSERA, "--bus", "login", "--client-id", "tessera-test", "--timeout", "60"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     attacker = Broker()
     try:

@@ -244,6 +244,10 @@ def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
         # systemd-socket-activate execs tesserad in its own place at the first connection.
         assert os.readlink(f"/proc/{activator.pid}/exe").endswith("systemd-socket-activate"), \
             "tesserad ran before anyone called"
+        # The first `tessera token` starts it: no account yet, so the broker's own answer (NoSuchAccount:
+        # sign in first, exit 5), not "not running" (14).
+        first = cli("token")
+        assert first.returncode == 5 and "tessera login" in first.stderr, first.stderr
         report, out = status()
         assert report["running"] is True and report["connection"] == "socket", out.stdout + out.stderr
         text = open(tmp_path / "tesserad.log").read()
