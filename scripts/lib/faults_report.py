@@ -121,7 +121,8 @@ def main():
     sections = [refresh_section(sorted((r for r in runs if "grace_s" in r),
                                        key=lambda r: (r.get("store", "secret-service") != "secret-service", r["grace_s"])))]
     if of("SIGKILL during sign-ins and sign-outs"):
-        sections.append(sign_in_out_section(of("SIGKILL during sign-ins and sign-outs")))
+        sections.append(sign_in_out_section(sorted(of("SIGKILL during sign-ins and sign-outs"),
+                                                   key=lambda r: r.get("store", "secret-service") != "secret-service")))
     if of("keyring killed mid-write") or of("keyring locked while tokens are cached"):
         sections.append(keyring_section(of("keyring killed mid-write"), of("keyring locked while tokens are cached")))
     # Later parts add their sections here (see each test file's "fault" records).
