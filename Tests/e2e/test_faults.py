@@ -12,8 +12,13 @@ token was stored; the kills are spread over the time a forced refresh takes), re
   caller asks (tesserad's refresh journal makes the restart check it first).
 
 Part 2: SIGKILL while a sign-in completes and while a sign-out runs. After each restart the
-account is either wholly there (a silent call works) or wholly gone (no keyring item of it), and
+account is either wholly there (a silent call works) or wholly gone (no stored item of it), and
 no item is orphaned.
+
+Both parts run against each store (issue 23): the session's Secret Service (gnome-keyring), and
+the file store (config.toml `store = "file"`, a directory and key of the test's own), whose records
+the test opens with the key (Tests/lib/tessera_file_store.py) and checks with the same code. On
+the file store a kill must also leave no damaged record: every record opens, none is set aside.
 
 Rounds: $TESSERA_FAULT_ROUNDS (20, the short round the test command runs; `scripts/faults` runs
 100). With $TESSERA_FAULT_REPORT set, each variant's figures are appended there as a JSON line
@@ -29,9 +34,11 @@ import time
 import pytest
 
 from conftest import IDP_DIR, REPO, Broker, wait_until
+from tessera_file_store import FileStoreView
 from test_attention import attention_needed
 
 ROUNDS = int(os.environ.get("TESSERA_FAULT_ROUNDS", "20"))
+STORES = ["secret-service", "file"]
 SEED = int(os.environ.get("TESSERA_FAULT_SEED", "12"))
 REPORT = os.environ.get("TESSERA_FAULT_REPORT")
 
@@ -130,6 +137,33 @@ class KeyringCrashes:
         return outcome[0]
 
 
+class NoCrashes:
+    """The file store: no keyring in the way, so nothing to survive."""
+    count = 0
+
+    def survive(self, call):
+        return call()
+
+
+def store_under_test(store, tmp_path, keyring):
+    """(tesserad's extra environment, the view of what it stores, crash handling) for a store:
+    the session's keyring (gnome-keyring may abort under a killed client: KeyringCrashes), or a
+    file store of the test's own (XDG_STATE_HOME, and XDG_CONFIG_HOME for its key, under
+    tmp_path), seen through FileStoreView with the keyring helper's interface."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    if store == "secret-service":
+        return env, keyring, KeyringCrashes(keyring)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    env["CREDENTIALS_DIRECTORY"] = str(tmp_path / "no-credentials")  # never a credential for the key
+    view = FileStoreView(tmp_path / "state" / "tessera" / "store", tmp_path / "config" / "tessera" / "store.key")
+    return env, view, NoCrashes()
+
+
+def damaged(items):
+    """Records of the file store that do not open or were set aside (the keyring has none)."""
+    return items.damaged() if isinstance(items, FileStoreView) else []
+
+
 def kill_rounds(daemon, keyring, db_path, grace, state_dir, crashes):
     rng = random.Random(SEED + grace)
     account = Broker().sign_in()["account"]["id"]
@@ -164,6 +198,8 @@ def kill_rounds(daemon, keyring, db_path, grace, state_dir, crashes):
         time.sleep(0.3)
         newest_id, newest = newest_refresh_token(db_path)
         stored = crashes.survive(lambda: stored_refresh_tokens(keyring))
+        torn = isinstance(keyring, FileStoreView) and bool(keyring.leftovers())
+        assert damaged(keyring) == [], f"round {number}: a kill damaged a stored record: {damaged(keyring)}"
         if newest_id == before_id:
             phase = "before the exchange"
         elif newest in stored:
@@ -187,7 +223,8 @@ def kill_rounds(daemon, keyring, db_path, grace, state_dir, crashes):
         accounts = crashes.survive(lambda: [a["id"] for a in b.accounts()])
         assert accounts == [account], "the account must stay signed in: " + evidence
         assert crashes.survive(lambda: orphans(keyring)) == [], \
-            "no keyring item may be left without its account: " + evidence
+            "no stored item may be left without its account: " + evidence
+        assert damaged(keyring) == [], "every stored record opens: " + evidence
         assert len(crashes.survive(lambda: stored_refresh_tokens(keyring))) == 1, \
             "one refresh token per client and account: " + evidence
         if lost:
@@ -199,42 +236,47 @@ def kill_rounds(daemon, keyring, db_path, grace, state_dir, crashes):
             assert b.silent()["access_token"], evidence
             assert newest_refresh_token(db_path)[0] - refreshes_before <= 1, "at most one refresh: " + evidence
         rounds.append({"phase": phase, "lost": lost, "delay_ms": round(delay * 1000, 1),
-                       "journaled": bool(journaled), "check_s": round(reported_after, 3)})
+                       "journaled": bool(journaled), "check_s": round(reported_after, 3), "torn_write": torn})
         b.close()
     return rounds
 
 
-def summarize(name, grace, rounds):
+def summarize(name, store, grace, rounds):
     phases = {}
     for r in rounds:
         phases.setdefault(r["phase"], {"rounds": 0, "lost": 0})
         phases[r["phase"]]["rounds"] += 1
         phases[r["phase"]]["lost"] += int(r["lost"])
-    summary = {"fault": name, "grace_s": grace, "rounds": len(rounds), "lost": sum(r["lost"] for r in rounds),
+    summary = {"fault": name, "store": store, "grace_s": grace, "rounds": len(rounds),
+               "lost": sum(r["lost"] for r in rounds),
                "phases": phases, "worst_check_s": max(r["check_s"] for r in rounds),
                "median_check_s": sorted(r["check_s"] for r in rounds)[len(rounds) // 2]}
+    if store == "file":  # kills that fell inside a write: a temporary file left beside the records
+        summary["torn_writes"] = sum(r["torn_write"] for r in rounds)
     return summary
 
 
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("grace", [0, 5])
 def test_sigkill_during_refreshes_loses_nothing_outside_the_exchange(start_daemon, write_config, tmp_path, grace,
-                                                                     keyring, request):
-    state = tmp_path / "state"
-    env = {"XDG_STATE_HOME": str(state)}
+                                                                     store, keyring, request):
+    env, items, crashes = store_under_test(store, tmp_path, keyring)
     if grace:
         idp = request.getfixturevalue("grace_idp")
-        config = write_config(default_authority=idp["TESSERA_IDP_AUTHORITY"],
+        config = write_config(store=store, default_authority=idp["TESSERA_IDP_AUTHORITY"],
                               trusted_authorities=[idp["TESSERA_IDP_URL"]], ca_file=idp["TESSERA_IDP_CA"])
         env["TESSERA_IDP_CA"] = idp["TESSERA_IDP_CA"]
         db_path = os.path.join(idp["TESSERA_IDP_DIR"], "db.sqlite3")
     else:
-        config = write_config()
+        config = write_config(store=store)
         db_path = os.path.join(IDP_DIR, "db.sqlite3")
     daemon = start_daemon(config, extra_env=env)
-    crashes = KeyringCrashes(keyring)
-    rounds = kill_rounds(daemon, keyring, db_path, grace, str(state / "tessera" / "refreshing"), crashes)
-    summary = summarize("SIGKILL during a forced refresh", grace, rounds)
-    summary["keyring_crashes"] = crashes.count
+    rounds = kill_rounds(daemon, items, db_path, grace, str(tmp_path / "state" / "tessera" / "refreshing"), crashes)
+    summary = summarize("SIGKILL during a forced refresh", store, grace, rounds)
+    if store == "secret-service":
+        summary["keyring_crashes"] = crashes.count
+    else:
+        assert keyring.item_paths() == [], "the file store's daemon wrote nothing to the Secret Service"
     report(summary)
     if grace:
         assert summary["lost"] == 0, summary
@@ -269,8 +311,11 @@ def settle_after_restart(daemon, keyring):
     return b, listed
 
 
-def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemon, write_config, tmp_path, keyring):
-    daemon = start_daemon(write_config(), extra_env={"XDG_STATE_HOME": str(tmp_path / "state")})
+@pytest.mark.parametrize("store", STORES)
+def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemon, write_config, tmp_path, store,
+                                                                     keyring):
+    env, items, _ = store_under_test(store, tmp_path, keyring)
+    daemon = start_daemon(write_config(store=store), extra_env=env)
     rng = random.Random(SEED)
     alice = Broker().sign_in()["account"]["id"]  # alice stays signed in throughout: nothing may touch her
 
@@ -305,11 +350,12 @@ def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemo
             b.close()
             delay = rng.uniform(0, (sign_in_span if kind == "sign-in" else sign_out_span) * 1.2)
             kill_at_random(daemon, sign_in_bob if kind == "sign-in" else sign_out_bob, delay)
-            b, listed = settle_after_restart(daemon, keyring)
+            b, listed = settle_after_restart(daemon, items)
             evidence = f"round {number} ({kind}, kill {delay * 1000:.1f} ms in): listed {listed}\n{daemon.log()[-2500:]}"
             assert "alice" in listed, "the other account is untouched: " + evidence
             assert b.silent(account_id=alice)["access_token"], evidence
-            bob_items = [a for a in keyring.item_attributes() if a.get("kind") == "account"
+            assert damaged(items) == [], "every stored record opens: " + evidence
+            bob_items = [a for a in items.item_attributes() if a.get("kind") == "account"
                          and any(x["username"] == "bob" and x["id"] == a["account_id"] for x in b.accounts())]
             if "bob" in listed:
                 bob = next(a for a in b.accounts() if a["username"] == "bob")
@@ -317,11 +363,13 @@ def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemo
                 assert bob_items, evidence
                 outcomes[kind]["whole"] += 1
             else:
-                assert len({a.get("account_id") for a in keyring.item_attributes() if a.get("account_id")}) == 1, \
+                assert len({a.get("account_id") for a in items.item_attributes() if a.get("account_id")}) == 1, \
                     "nothing of a gone account is left: " + evidence
                 outcomes[kind]["none"] += 1
             b.close()
-    summary = {"fault": "SIGKILL during sign-ins and sign-outs", "rounds": ROUNDS, "outcomes": outcomes,
+    if store == "file":
+        assert keyring.item_paths() == [], "the file store's daemon wrote nothing to the Secret Service"
+    summary = {"fault": "SIGKILL during sign-ins and sign-outs", "store": store, "rounds": ROUNDS, "outcomes": outcomes,
                "sign_in_ms": round(sign_in_span * 1000), "sign_out_ms": round(sign_out_span * 1000),
                # Restarts that found items of a missing account and finished the job.
                "cleanups": daemon.log().count("Removing what an interrupted sign-out or sign-in left")}

@@ -4,18 +4,18 @@
   "auto"` picks the file store, a device-code sign-in survives a restart of tesserad with no new
   sign-in and no request to the IdP, and the store holds no token the IdP issued in plaintext.
 - A wrong key and a truncated record each give their documented error (docs/storage.md), and the
-  other accounts stay.
+  other accounts stay. So does a store directory made unusable (writable by others, another
+  user's, unreadable): a named StoreUnavailable, and everything is there again once it is fixed.
+  (The fault suite's SIGKILL rounds run on the file store too: test_faults.py.)
 - `store = "memory"` writes nothing: no file, no keyring item."""
-import hashlib
-import hmac
 import json
 import os
-import struct
 import subprocess
 
 import pytest
 
 from conftest import ENVIRONMENT, TESSERA, Async, Broker, expect_error, run_cli, wait_until
+from tessera_file_store import FileStoreView, record_name
 from test_faults_keyring import PrivateSession
 
 DEVICE_CLIENT = "tessera-device"
@@ -63,22 +63,6 @@ def files_under(*roots):
 def issued_tokens(idp):
     return ([row[0] for row in idp.query("SELECT token FROM oauth2_provider_accesstoken")]
             + [row[0] for row in idp.query("SELECT token FROM oauth2_provider_refreshtoken")])
-
-
-def hkdf_sha256(key, salt, info):
-    prk = hmac.new(salt, key, hashlib.sha256).digest()
-    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
-
-
-def record_name(key, attributes):
-    """The file a record with these attributes lives in (FileStore.name): HMAC-SHA256, with the
-    naming subkey, of the canonical identity."""
-    name_key = hkdf_sha256(key, b"tessera file store", b"name records, version 1")
-    identity = b"tessera record identity, version 1\x00"
-    for k in sorted(attributes, key=lambda s: s.encode()):
-        for part in (k.encode(), attributes[k].encode()):
-            identity += struct.pack(">I", len(part)) + part
-    return hmac.new(name_key, identity, hashlib.sha256).hexdigest() + ".item"
 
 
 def test_auto_uses_the_file_store_without_a_secret_service_and_keeps_sign_ins_sealed(
@@ -168,6 +152,48 @@ def test_auto_uses_the_file_store_without_a_secret_service_and_keeps_sign_ins_se
     finally:
         b.close()
         d.close()
+
+
+def test_an_unusable_store_directory_is_named_and_loses_nothing(start_daemon, write_config, tmp_path):
+    store_dir = tmp_path / "state" / "tessera" / "store"
+    items = FileStoreView(store_dir, tmp_path / "config" / "tessera" / "store.key")
+    d = start_daemon(write_config(store="file"), extra_env={
+        "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "CREDENTIALS_DIRECTORY": str(tmp_path / "no-credentials")})
+    b = Broker()
+    try:
+        alice = b.sign_in("alice")["account"]["id"]
+        before = items.tessera_items(secrets=True)
+        assert {a["kind"] for _, a, _ in before} >= {"account", "refresh_token", "access_token"}, before
+        # (mode, owner, what the error says). Root reads and writes any directory, so an unreadable
+        # one is tried only by others; a directory of another user's, or one others can write, is
+        # refused by what it is, whoever runs tesserad.
+        damages = [(0o777, None, "writable by other users"), (0o700, 65534, "belongs to another user")]
+        if os.geteuid() != 0:
+            damages.append((0o000, None, "Cannot read the file store's directory"))
+        for mode, owner, says in damages:
+            os.chmod(store_dir, mode)
+            if owner is not None:
+                os.chown(store_dir, owner, -1)
+            try:
+                message = expect_error("StoreUnavailable", b.sign_in, "bob")
+                assert str(store_dir) in message and says in message, message
+                report = json.loads(run_cli("status", "--json", check_rc=11).stdout)
+                assert report["store"] == "unavailable" and says in report["store_message"], report
+            finally:
+                if owner is not None:
+                    os.chown(store_dir, os.geteuid(), -1)
+                os.chmod(store_dir, 0o700)
+            # Fixed: everything is there, with no restart; nothing was written, deleted or set aside.
+            assert [a["id"] for a in b.accounts()] == [alice]
+            assert b.silent(account_id=alice)["access_token"]
+            assert items.damaged() == [], says
+        assert sorted(items.tessera_items(secrets=True)) == sorted(before), "the store is as it was"
+        d.restart()
+        assert [a["id"] for a in b.accounts()] == [alice]
+        assert b.silent(account_id=alice)["access_token"]
+    finally:
+        b.close()
 
 
 def test_memory_store_writes_nothing(start_daemon, write_config, keyring, tmp_path):
