@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import XCTest
 
@@ -39,5 +40,36 @@ final class CallerIdentityTests: XCTestCase {
     if me.kind == .executable { XCTAssertTrue(me.id.hasSuffix(".xctest") || me.id.contains("xctest"), me.id) }
     XCTAssertFalse(me.isVerified)
     XCTAssertNil(CallerIdentity.identify(pid: 999_999_999, label: nil), "no such process")
+  }
+
+  /// A pinned process that execs another program is seen as that program at the next recheck, and
+  /// one that ended is nobody from then on (the recheck's one fstatat, and the pidfd when it fails).
+  func testARecheckSeesAnExecAndAnEnd() throws {
+    let child = Process()
+    child.executableURL = URL(fileURLWithPath: "/bin/sh")
+    // sh waits for the go-ahead file, then becomes sleep.
+    let go = NSTemporaryDirectory() + "tessera-recheck-\(getpid())"
+    unlink(go)
+    child.arguments = ["-c", "while [ ! -e \(go) ]; do sleep 0.01; done; exec /bin/sleep 30"]
+    try child.run()
+    defer { if child.isRunning { child.terminate() } }
+    let pinned = try XCTUnwrap(CallerIdentity.pin(pid: UInt32(child.processIdentifier), label: nil))
+    let before = try XCTUnwrap(pinned.app)
+    XCTAssertFalse(pinned.recheck(), "nothing changed yet")
+    XCTAssertTrue(FileManager.default.createFile(atPath: go, contents: nil))
+    defer { unlink(go) }
+    var changed = false
+    for _ in 0..<300 where !changed {
+      usleep(10_000)
+      changed = pinned.recheck()
+    }
+    XCTAssertTrue(changed, "the exec was not seen")
+    XCTAssertNotEqual(pinned.app, before)
+    XCTAssertTrue(pinned.app?.id.contains("sleep") ?? false, "\(String(describing: pinned.app))")
+    child.terminate()
+    child.waitUntilExit()
+    XCTAssertTrue(pinned.recheck(), "the end was not seen")
+    XCTAssertNil(pinned.app)
+    XCTAssertFalse(pinned.recheck(), "an ended process stays nobody")
   }
 }
