@@ -133,7 +133,7 @@ extension BusServer {
     peers[peerBus] = peer
     peersByName[name] = peer
     var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
-    info.exe = Self.executable(of: credentials.pid)
+    info.exe = Syscall.executable(of: credentials.pid)
     var process: (any CallerProcess)?
     if callerCache.count < pinLimit {
       if let pidfd, let identifyPinned {
@@ -147,13 +147,6 @@ extension BusServer {
       close(pidfd)
     }
     callerCache[name] = (info, process)
-  }
-
-  static func executable(of pid: UInt32) -> String? {
-    var buffer = [CChar](repeating: 0, count: 4096)
-    let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
-    guard n > 0 else { return nil }
-    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
   }
 
   /// The peer a message came from, when it came over the direct socket.

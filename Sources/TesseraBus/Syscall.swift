@@ -74,3 +74,14 @@ extension Syscall {
     do { _ = try fd.writeAll(bytes) } catch { throw SystemCallError("write", error as? Errno ?? .ioError) }
   }
 }
+
+extension Syscall {
+  /// The program a process runs (readlink of /proc/PID/exe); nil when it cannot be read. A
+  /// logging hint for callers, and what `tessera status` shows of another broker.
+  public static func executable(of pid: UInt32) -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+  }
+}

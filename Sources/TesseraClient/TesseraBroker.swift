@@ -301,17 +301,10 @@ public final class TesseraBroker {
       let tessera = try client.owner(of: BrokerInterface.busName)
       guard let microsoft = try client.owner(of: MicrosoftBrokerInterface.busName) else { return .off }
       if let tessera, tessera.uniqueName == microsoft.uniqueName { return .served }
-      return .otherBroker(pid: microsoft.pid, executable: microsoft.pid.flatMap(Self.executable(of:)))
+      return .otherBroker(pid: microsoft.pid, executable: microsoft.pid.flatMap(Syscall.executable(of:)))
     } catch {
       throw .bus(name: error.name, message: error.message)
     }
-  }
-
-  private static func executable(of pid: UInt32) -> String? {
-    var buffer = [CChar](repeating: 0, count: 4096)
-    let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
-    guard n > 0 else { return nil }
-    return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
   }
 
   /// tessera.service's main process under the user's service manager; nil when the service manager

@@ -154,9 +154,13 @@ def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_le
 
 
 FAKE_SERVER = """
-    import os, socket, sys
-    fd = int(sys.argv[1])
-    s = socket.socket(fileno=fd)
+    import socket, sys
+    # A listening socket passed by descriptor (made by another user), or a path to bind.
+    if sys.argv[1].isdigit():
+        s = socket.socket(fileno=int(sys.argv[1]))
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(sys.argv[1])
     s.listen(4)
     print("listening", flush=True)
     s.settimeout(20)
@@ -265,28 +269,6 @@ def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
             os.unlink(SOCKET)
 
 
-SAME_USER_SERVER = """
-    import socket, sys
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(sys.argv[1])
-    s.listen(4)
-    print("listening", flush=True)
-    s.settimeout(20)
-    conn, _ = s.accept()
-    conn.settimeout(2)
-    got = b""
-    try:
-        while True:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            got += chunk
-    except socket.timeout:
-        pass
-    print(len(got), flush=True)
-    """
-
-
 def test_where_systemd_runs_tessera_service_only_its_process_is_believed(daemon, tmp_path):
     """The user's service manager says tessera.service runs as the test's tesserad: a program of
     the same user serving another socket gets nothing from the client, and the real one is used."""
@@ -304,7 +286,7 @@ def test_where_systemd_runs_tessera_service_only_its_process_is_believed(daemon,
         # An impostor of the same user on a socket of its own.
         (tmp_path / "fake").mkdir(mode=0o700)
         fake_path = str(tmp_path / "fake" / "bus")
-        impostor = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SAME_USER_SERVER), fake_path],
+        impostor = subprocess.Popen([sys.executable, "-c", textwrap.dedent(FAKE_SERVER), fake_path],
                                     stdout=subprocess.PIPE, text=True)
         assert impostor.stdout.readline().strip() == "listening"
         out = cli("token", env=dict(os.environ, TESSERA_SOCKET=fake_path))
