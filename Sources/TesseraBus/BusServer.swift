@@ -44,13 +44,12 @@ public final class BusServer: @unchecked Sendable {
   /// Tells which app a caller is, from its pid and security label; once per connection.
   let identify: (@Sendable (UInt32, String?) -> (any CallerProcess)?)?
   let ownUID = getuid()
-  /// How many callers are pinned at once: 4096, or fewer when the descriptor limit is low (each pin
-  /// holds two descriptors, a pidfd and its /proc directory; 256 are kept for sockets, the keyring
-  /// and HTTP).
+  /// How many callers are pinned at once: 4096, or fewer when the descriptor limit is low (256
+  /// kept for sockets, the keyring and HTTP).
   let pinLimit: Int = {
     var limit = rlimit()
-    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 256 }
-    return max(64, min(4096, (Int(clamping: limit.rlim_cur) - 256) / 2))
+    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 512 }
+    return max(64, min(4096, Int(clamping: limit.rlim_cur) - 256))
   }()
 
   // Properties (BusServer+Properties.swift): current values of those that change, by interface, then name.

@@ -210,18 +210,13 @@ public enum CallerIdentity {
   }
 }
 
-/// A bus caller's process, pinned by a pidfd from its connection's first call on (from its connect
-/// on tesserad's own socket). Each later call rechecks it with one system call, fstatat of `exe` in
-/// the process's /proc directory held open since it was pinned (that directory is the pinned
-/// process's for good: once it ends, the lookup fails, whatever has its pid now); only a failed
-/// lookup asks the pidfd whether the process ended. A process that ended leaves the connection
+/// A bus caller's process, pinned by a pidfd from its connection's first call on. Each later call
+/// rechecks it (one pidfd_send_signal and one stat): a process that ended leaves the connection
 /// unidentified for good (whoever holds it now, a child or an heir, is not what connected, and
 /// its pid may name another process), and one that exec'd another program is identified again,
 /// as what it now runs. Used on the bus thread only.
 public final class PinnedCaller: CallerProcess, @unchecked Sendable {
   private let pidfd: Int32
-  /// /proc/PID, opened while the pidfd's process was alive: that process's directory.
-  private let procfd: Int32
   private let pid: UInt32
   private let label: String?
   private var stamp: (dev: UInt64, ino: UInt64)?
@@ -232,37 +227,22 @@ public final class PinnedCaller: CallerProcess, @unchecked Sendable {
     self.pidfd = pidfd
     self.pid = pid
     self.label = label
-    procfd = open("/proc/\(pid)", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    stamp = Self.stamp(procfd)
+    stamp = CallerIdentity.programStamp(proc: "/proc/\(pid)")
     app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
-    // Checked after the directory was opened: alive now, so the directory is this process's.
-    if CallerIdentity.hasEnded(pidfd) || procfd < 0 { gone = true }
+    if CallerIdentity.hasEnded(pidfd) { gone = true }
   }
 
-  deinit {
-    close(pidfd)
-    if procfd >= 0 { close(procfd) }
-  }
-
-  /// The device and inode of the program the process runs, through its /proc directory.
-  private static func stamp(_ procfd: Int32) -> (dev: UInt64, ino: UInt64)? {
-    guard procfd >= 0 else { return nil }
-    var info = stat()
-    guard fstatat(procfd, "exe", &info, 0) == 0 else { return nil }
-    return (UInt64(info.st_dev), UInt64(info.st_ino))
-  }
+  deinit { close(pidfd) }
 
   public func recheck() -> Bool {
     if gone { return false }
-    let now = Self.stamp(procfd)
-    // The common case, one system call: the same program as before.
-    if let now, now.dev == stamp?.dev && now.ino == stamp?.ino { return false }
     guard !CallerIdentity.hasEnded(pidfd) else {
       gone = true
       let changed = app != nil
       app = nil
       return changed
     }
+    let now = CallerIdentity.programStamp(proc: "/proc/\(pid)")
     if now?.dev == stamp?.dev && now?.ino == stamp?.ino { return false }
     stamp = now
     let before = app
