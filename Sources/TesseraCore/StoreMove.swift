@@ -1,0 +1,227 @@
+import Logging
+import Synchronization
+
+/// Opens the store of a kind ("file", "secret-service") other than the one in use, for a move
+/// (`tessera store migrate`). The daemon provides it, so the engine imports no C library.
+public protocol StoreOpener: Sendable {
+  func open(_ kind: String) throws -> any SecretStore
+}
+
+/// The note of a store move under way (`$XDG_STATE_HOME/tessera/moving`): written before the
+/// first item is copied, removed once the source holds none. A note found at start means a move
+/// was interrupted: the daemon finishes it before it chooses a store.
+public protocol StoreMoveJournal: Sendable {
+  /// Writes the note durably (atomic: a note is either whole or absent).
+  func begin(from: String, to: String) throws
+  /// The move the note names, if there is one.
+  func pending() -> (from: String, to: String)?
+  /// Removes the note.
+  func end() throws
+}
+
+/// What a move did: the store kinds and how many items went across.
+public struct StoreMoveResult: Sendable, Equatable {
+  public var from: String
+  public var to: String
+  public var items: Int
+
+  public init(from: String, to: String, items: Int) {
+    self.from = from
+    self.to = to
+    self.items = items
+  }
+
+  /// MoveStore's reply.
+  public var busValue: [String: BusValue] {
+    ["from": .string(from), "to": .string(to), "items": .uint32(UInt32(clamping: items))]
+  }
+}
+
+/// The store the engine writes to, which a move switches: every reader and writer (the loader,
+/// StoreWriter, status) goes through it, so after the switch all of them use the new store.
+final class StoreSlot: SecretStore, Sendable {
+  private let inner: Mutex<any SecretStore>
+
+  init(_ store: any SecretStore) { inner = Mutex(store) }
+
+  var current: any SecretStore {
+    get { inner.withLock { $0 } }
+    set { inner.withLock { $0 = newValue } }
+  }
+
+  func loadAll() async throws -> [StoredItem] { try await current.loadAll() }
+  func save(_ item: StoredItem) async throws { try await current.save(item) }
+  func delete(matching attributes: [String: String]) async throws { try await current.delete(matching: attributes) }
+  func apply(_ operations: [TokenCache.StoreOperation]) async throws { try await current.apply(operations) }
+  func probe(withinSeconds seconds: Double) async throws { try await current.probe(withinSeconds: seconds) }
+  var storeDescription: StoreDescription { current.storeDescription }
+}
+
+/// Moving every item from one store to another, in the order that makes a kill harmless at any
+/// point: copy each item into the target (create-or-replace by its attributes, so a repeat never
+/// doubles one), then delete each from the source. Run again after an interruption, it finishes.
+public enum StoreMove {
+  /// Copies every Tessera item of `source` (of the schema version this daemon knows) into `target`,
+  /// then deletes them from `source`; returns how many. Items of other versions stay where they are.
+  @discardableResult
+  public static func moveItems(from source: any SecretStore, to target: any SecretStore) async throws -> Int {
+    let items = TokenCache.movable(try await source.loadAll())
+    guard !items.isEmpty else { return 0 }
+    try await target.apply(items.map { .save($0) })
+    try await source.apply(items.map { .delete($0.attributes) })
+    return items.count
+  }
+
+  /// How many of Tessera's items `store` holds (of the schema version this daemon knows).
+  public static func count(in store: any SecretStore) async throws -> Int {
+    TokenCache.movable(try await store.loadAll()).count
+  }
+
+  /// Finishes a move a journal names (at start, before the store is chosen): whatever the source
+  /// still holds goes to the target, then the journal goes. Returns how many items moved now.
+  public static func finish(
+    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore
+  ) async throws -> Int {
+    let moved = try await moveItems(from: source, to: target)
+    try journal.end()
+    return moved
+  }
+}
+
+extension TokenCache {
+  /// Items as they are stored, with every attribute and label rebuilt from their secret (a store
+  /// may return only their `tessera_schema` and `kind`, as the Secret Service's load does). The
+  /// secrets are kept byte for byte. Items of another schema version, or that do not decode, are
+  /// left out.
+  static func movable(_ items: [StoredItem]) -> [StoredItem] {
+    let decoder = JSONDecoder()
+    var hosts: [String: String] = [:]
+    for item in items where item.attributes["kind"] == Kind.account.rawValue && item.attributes[base] == schemaVersion {
+      if let a = try? decoder.decode(Account.self, from: Data(item.secret.utf8)) { hosts[a.id] = a.environment }
+    }
+    var seen = Set<[String: String]>()
+    var result: [StoredItem] = []
+    for item in items {
+      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
+      else { continue }
+      let data = Data(item.secret.utf8)
+      var rebuilt: StoredItem?
+      switch kind {
+      case .account: rebuilt = (try? decoder.decode(Account.self, from: data)).map(Self.item)
+      case .refreshToken: rebuilt = (try? decoder.decode(RefreshTokenRecord.self, from: data)).map(Self.item)
+      case .accessToken: rebuilt = (try? decoder.decode(AccessTokenRecord.self, from: data)).map(Self.item)
+      case .appMetadata: rebuilt = (try? decoder.decode(AppMetadataRecord.self, from: data)).map(Self.item)
+      case .grant: rebuilt = (try? decoder.decode(AccessGrant.self, from: data)).map(Self.item)
+      case .current:
+        rebuilt = (try? decoder.decode(CurrentAccountRecord.self, from: data)).map {
+          StoredItem(
+            attributes: currentAttributes($0.accountID), secret: "",
+            label: "Tessera: the current account at \(hosts[$0.accountID] ?? "its identity provider")")
+        }
+      case .use:
+        rebuilt = (try? decoder.decode(AppUseRecord.self, from: data)).map {
+          StoredItem(
+            attributes: [base: schemaVersion, "kind": Kind.use.rawValue, "app": $0.app, "account_id": $0.accountID],
+            secret: "", label: "Tessera: \($0.app) has used an account")
+        }
+      }
+      guard var rebuilt else { continue }
+      rebuilt.secret = item.secret
+      // A store with two items of one identity (it should not have) moves one: the target keeps one.
+      guard seen.insert(rebuilt.attributes).inserted else { continue }
+      result.append(rebuilt)
+    }
+    return result
+  }
+}
+
+extension Broker {
+  /// Moves every item to the store of `kind` ("file" or "secret-service") and uses it from now on
+  /// (`tessera store migrate`, MoveStore). Serialized with the store writes; kill-safe through the
+  /// move journal (see StoreMove).
+  public func moveStore(to kind: String, caller: CallerInfo?) async throws -> StoreMoveResult {
+    try checkMayManage(caller)
+    let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
+    guard kinds.contains(kind) else {
+      throw TesseraError.invalidArgument(
+        "There is no store '\(RequestOptions.clip(kind))' to move to; use one of: \(kinds.joined(separator: ", ")).")
+    }
+    let from = storeSlot.current.storeDescription.kind
+    guard from != kind else {
+      throw TesseraError.invalidArgument(
+        "Tessera keeps its items in the \(kind) store already: there is nothing to move. (`tessera status` shows the store in use.)"
+      )
+    }
+    if config.store != .auto && config.store.rawValue != kind {
+      throw TesseraError(
+        .configuration,
+        "config.toml says store = \"\(config.store.rawValue)\": set it to \"\(kind)\" or \"auto\" first, then run this again (otherwise the next start would open the \(config.store.rawValue) store)."
+      )
+    }
+    guard from != StatusReport.StoreKind.memory else {
+      throw TesseraError.invalidArgument(
+        "The memory store keeps nothing to move. Set store = \"\(kind)\" in config.toml, restart tesserad and sign in again."
+      )
+    }
+    guard let opener = deps.storeOpener, let journal = deps.moveJournal else {
+      throw TesseraError(
+        .environment, "This tesserad cannot move its store: it has no place for the move journal (set HOME).")
+    }
+    let target: any SecretStore
+    do {
+      target = try opener.open(kind)
+      try await target.probe(withinSeconds: 1.5)
+    } catch {
+      let cause = TesseraError.wrap(error)
+      throw TesseraError(
+        .storeUnavailable, "The \(kind) store cannot be used now, so nothing was moved: \(cause.message)")
+    }
+    try await ensureLoaded()
+    let source = storeSlot.current
+    let slot = storeSlot
+    // A journal of this same move (one that failed part-way) is finished; otherwise a target that
+    // already holds items of its own would mix them with these.
+    let resuming = journal.pending().map { $0.from == from && $0.to == kind } ?? false
+    if !resuming {
+      let already: Int
+      do { already = try await StoreMove.count(in: target) } catch {
+        throw TesseraError(
+          .storeUnavailable,
+          "The \(kind) store cannot be read now, so nothing was moved: \(TesseraError.wrap(error).message)")
+      }
+      if already > 0 {
+        let how =
+          kind == StatusReport.StoreKind.file
+          ? "stop tesserad, remove \(target.storeDescription.path ?? "the file store's directory"), start it again"
+          : "remove them (`secret-tool clear tessera_schema 1`: it removes only Tessera's items)"
+        throw TesseraError.invalidArgument(
+          "The \(kind) store already holds \(already) of Tessera's items (left from an earlier use): \(how), then run this again. Nothing was moved."
+        )
+      }
+    }
+    let logger = self.logger
+    let moved = try await storeWriter.exclusive { () async throws -> Int in
+      try journal.begin(from: from, to: kind)
+      let moved: Int
+      do {
+        moved = try await StoreMove.moveItems(from: source, to: target)
+      } catch {
+        let cause = TesseraError.wrap((error as? StoreBatchError)?.error ?? error)
+        logger.error(
+          "Moving the store stopped part-way; the move journal stays, and running it again (or the next start) finishes it",
+          metadata: ["from": "\(from)", "to": "\(kind)", "error": "\(cause.message)"])
+        throw TesseraError(
+          .storeUnavailable,
+          "Moving the items to the \(kind) store stopped part-way (\(cause.message)). Nothing is lost: the \(from) store is still in use and holds every item. Run `tessera store migrate --to \(kind)` again once the \(kind) store works (or restart tesserad: it finishes the move at start)."
+        )
+      }
+      slot.current = target
+      try? journal.end()
+      return moved
+    }
+    fastPath.clear()
+    logger.notice(
+      "Moved the store", metadata: ["from": "\(from)", "to": "\(kind)", "items": "\(moved)"])
+    return StoreMoveResult(from: from, to: kind, items: moved)
+  }
+}
