@@ -7,14 +7,31 @@ public protocol StoreOpener: Sendable {
   func open(_ kind: String) throws -> any SecretStore
 }
 
+/// What the move journal says: which move is under way, and whether it got to deleting the items
+/// from the source (every item is in the target by then).
+public struct StoreMoveNote: Sendable, Equatable {
+  public var from: String
+  public var to: String
+  /// False while items are copied (the source still holds every item); true once every item is
+  /// in the target and the source's copies are being deleted.
+  public var deleting: Bool
+
+  public init(from: String, to: String, deleting: Bool = false) {
+    self.from = from
+    self.to = to
+    self.deleting = deleting
+  }
+}
+
 /// The note of a store move under way (`$XDG_STATE_HOME/tessera/moving`): written before the
-/// first item is copied, removed once the source holds none. A note found at start means a move
-/// was interrupted: the daemon finishes it before it chooses a store.
+/// first item is copied, rewritten before the first is deleted from the source, removed once the
+/// source holds none. A note found at start means a move was interrupted: the daemon finishes it
+/// before it chooses a store.
 public protocol StoreMoveJournal: Sendable {
   /// Writes the note durably (atomic: a note is either whole or absent).
-  func begin(from: String, to: String) throws
+  func write(_ note: StoreMoveNote) throws
   /// The move the note names, if there is one.
-  func pending() -> (from: String, to: String)?
+  func pending() -> StoreMoveNote?
   /// Removes the note.
   func end() throws
 }
@@ -58,11 +75,46 @@ final class StoreSlot: SecretStore, Sendable {
 }
 
 /// Moving every item from one store to another, in the order that makes a kill harmless at any
-/// point: copy each item into the target (create-or-replace by its attributes, so a repeat never
-/// doubles one), then delete each from the source. Run again after an interruption, it finishes.
+/// point: the journal first; each item copied into the target (create-or-replace by its
+/// attributes, so a repeat never doubles one); the journal marked "deleting"; each item deleted
+/// from the source; the journal removed. Run again after an interruption, it finishes:
+/// - interrupted while copying, the source still holds every item: the copy is done again, and
+///   what the target holds that the source does not (copies of items the source has dropped
+///   since: the target held none of Tessera's items when the move began) is deleted;
+/// - interrupted while deleting, the target holds every item (and may have newer ones since):
+///   nothing is copied again, only what the source still holds is deleted.
 public enum StoreMove {
+  /// Runs (or finishes) the move of every item from `source` to `target` the journal names, or
+  /// starts one (no journal). Returns how many items were copied (when copying), else deleted.
+  @discardableResult
+  public static func run(
+    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore, fromKind: String,
+    toKind: String
+  ) async throws -> Int {
+    var note = journal.pending() ?? StoreMoveNote(from: fromKind, to: toKind)
+    var moved = 0
+    if !note.deleting {
+      try journal.write(note)
+      let items = TokenCache.movable(try await source.loadAll())
+      let wanted = Set(items.map(\.attributes))
+      let stale = TokenCache.movable(try await target.loadAll()).filter { !wanted.contains($0.attributes) }
+      // Deleted first: deleting matches on a subset of attributes, so it may take a wanted item
+      // with it, which the copy then puts back.
+      try await target.apply(stale.map { .delete($0.attributes) })
+      try await target.apply(items.map { .save($0) })
+      moved = items.count
+      note.deleting = true
+      try journal.write(note)
+    }
+    let left = TokenCache.movable(try await source.loadAll())
+    try await source.apply(left.map { .delete($0.attributes) })
+    try journal.end()
+    return note.deleting && moved == 0 ? left.count : moved
+  }
+
   /// Copies every Tessera item of `source` (of the schema version this daemon knows) into `target`,
-  /// then deletes them from `source`; returns how many. Items of other versions stay where they are.
+  /// then deletes them from `source`; returns how many. Items of other versions stay where they
+  /// are. (Without a journal: `run` is the kill-safe move.)
   @discardableResult
   public static func moveItems(from source: any SecretStore, to target: any SecretStore) async throws -> Int {
     let items = TokenCache.movable(try await source.loadAll())
@@ -75,16 +127,6 @@ public enum StoreMove {
   /// How many of Tessera's items `store` holds (of the schema version this daemon knows).
   public static func count(in store: any SecretStore) async throws -> Int {
     TokenCache.movable(try await store.loadAll()).count
-  }
-
-  /// Finishes a move a journal names (at start, before the store is chosen): whatever the source
-  /// still holds goes to the target, then the journal goes. Returns how many items moved now.
-  public static func finish(
-    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore
-  ) async throws -> Int {
-    let moved = try await moveItems(from: source, to: target)
-    try journal.end()
-    return moved
   }
 }
 
@@ -147,6 +189,18 @@ extension Broker {
         "There is no store '\(RequestOptions.clip(kind))' to move to; use one of: \(kinds.joined(separator: ", ")).")
     }
     let from = storeSlot.current.storeDescription.kind
+    if let journal = deps.moveJournal, let note = journal.pending(), note.deleting, note.to == from, note.to == kind,
+      let opener = deps.storeOpener
+    {
+      // A move that stopped while deleting from the source (this store holds every item): finish it.
+      let source = try opener.open(note.from)
+      let target = storeSlot.current
+      let deleted = try await storeWriter.exclusive {
+        try await StoreMove.run(journal, from: source, to: target, fromKind: note.from, toKind: note.to)
+      }
+      logger.notice("Finished an earlier store move", metadata: ["from": "\(note.from)", "to": "\(kind)"])
+      return StoreMoveResult(from: note.from, to: kind, items: deleted)
+    }
     guard from != kind else {
       throw TesseraError.invalidArgument(
         "Tessera keeps its items in the \(kind) store already: there is nothing to move. (`tessera status` shows the store in use.)"
@@ -179,10 +233,15 @@ extension Broker {
     try await ensureLoaded()
     let source = storeSlot.current
     let slot = storeSlot
-    // A journal of this same move (one that failed part-way) is finished; otherwise a target that
-    // already holds items of its own would mix them with these.
-    let resuming = journal.pending().map { $0.from == from && $0.to == kind } ?? false
-    if !resuming {
+    // A journal of this same move (one that failed part-way) is finished; another move's must be
+    // finished first (at start); otherwise a target that already holds items of its own would mix
+    // them with these.
+    if let note = journal.pending(), note.from != from || note.to != kind {
+      throw TesseraError.invalidArgument(
+        "An earlier move from the \(note.from) store to the \(note.to) store is not finished: restart tesserad (it finishes it at start), then run this again if you still need to."
+      )
+    }
+    if journal.pending() == nil {
       let already: Int
       do { already = try await StoreMove.count(in: target) } catch {
         throw TesseraError(
@@ -201,22 +260,25 @@ extension Broker {
     }
     let logger = self.logger
     let moved = try await storeWriter.exclusive { () async throws -> Int in
-      try journal.begin(from: from, to: kind)
       let moved: Int
       do {
-        moved = try await StoreMove.moveItems(from: source, to: target)
+        moved = try await StoreMove.run(journal, from: source, to: target, fromKind: from, toKind: kind)
       } catch {
         let cause = TesseraError.wrap((error as? StoreBatchError)?.error ?? error)
+        let deleting = journal.pending()?.deleting == true
         logger.error(
           "Moving the store stopped part-way; the move journal stays, and running it again (or the next start) finishes it",
-          metadata: ["from": "\(from)", "to": "\(kind)", "error": "\(cause.message)"])
+          metadata: ["from": "\(from)", "to": "\(kind)", "error": "\(cause.message)", "deleting": "\(deleting)"])
+        if deleting {
+          // Every item is in the target: use it; what the source still holds goes at the retry.
+          slot.current = target
+        }
         throw TesseraError(
           .storeUnavailable,
-          "Moving the items to the \(kind) store stopped part-way (\(cause.message)). Nothing is lost: the \(from) store is still in use and holds every item. Run `tessera store migrate --to \(kind)` again once the \(kind) store works (or restart tesserad: it finishes the move at start)."
+          "Moving the items to the \(kind) store stopped part-way (\(cause.message)). Nothing is lost: tesserad uses the \(deleting ? kind : from) store, which holds every item. Run `tessera store migrate --to \(kind)` again once both stores work (or restart tesserad: it finishes the move at start)."
         )
       }
       slot.current = target
-      try? journal.end()
       return moved
     }
     fastPath.clear()

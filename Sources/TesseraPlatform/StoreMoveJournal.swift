@@ -4,7 +4,7 @@ import TesseraBus
 import TesseraCore
 
 /// The note of a store move under way, as a file: `$XDG_STATE_HOME/tessera/moving` (0600 in a
-/// 0700 directory), holding `from=KIND` and `to=KIND` lines. Written atomically and durably
+/// 0700 directory), holding `from=KIND`, `to=KIND` and `phase=copying|deleting` lines. Written atomically and durably
 /// (`moving.tmp`, fsync, rename, fsync of the directory), so a note is whole or absent.
 public final class FileStoreMoveJournal: StoreMoveJournal {
   public let path: String
@@ -24,7 +24,7 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
 
   static let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
 
-  public func begin(from: String, to: String) throws {
+  public func write(_ note: StoreMoveNote) throws {
     var made = ""
     for part in directory.split(separator: "/") {
       made += "/" + part
@@ -37,7 +37,8 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
         FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
         permissions: [.ownerReadWrite])
       do {
-        try Syscall.writeAll(fd, Array("from=\(from)\nto=\(to)\n".utf8))
+        let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
+        try Syscall.writeAll(fd, Array(text.utf8))
         guard fsync(fd.rawValue) == 0 else { throw Errno(rawValue: Glibc.errno) }
         try fd.close()
       } catch {
@@ -59,7 +60,7 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
     }
   }
 
-  public func pending() -> (from: String, to: String)? {
+  public func pending() -> StoreMoveNote? {
     guard let bytes = try? Syscall.readFile(path, limit: 4096, followLinks: false) else { return nil }
     var fields: [String: String] = [:]
     for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
@@ -69,7 +70,7 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
     guard let from = fields["from"], let to = fields["to"], from != to, Self.kinds.contains(from),
       Self.kinds.contains(to)
     else { return nil }
-    return (from, to)
+    return StoreMoveNote(from: from, to: to, deleting: fields["phase"] == "deleting")
   }
 
   public func end() throws {

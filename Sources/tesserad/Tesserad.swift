@@ -269,28 +269,32 @@ struct DaemonStoreOpener: StoreOpener {
 /// A move journal left at start means `tessera store migrate` was interrupted (killed, or a store
 /// failed part-way): the move is finished now, before the store is chosen, and the target is
 /// used. Returns nil when there was no journal. When the move cannot be finished yet (the target
-/// is locked, say), the source is used (it still holds every item not yet deleted from it) and
-/// the journal stays for the next start.
+/// is locked, say), the journal stays for the next start, and the store that holds every item is
+/// used: the source while items were being copied, the target once they were being deleted.
 func finishInterruptedMove(
   _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice, logger: Logger
 ) async -> (any SecretStore)? {
   guard let journal, let move = journal.pending() else { return nil }
-  let metadata: Logger.Metadata = ["from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)"]
+  let metadata: Logger.Metadata = [
+    "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
+    "phase": "\(move.deleting ? "deleting" : "copying")",
+  ]
   do {
     let source = try opener.open(move.from)
     let target = try opener.open(move.to)
     try await source.probe(withinSeconds: autoProbeSeconds)
     try await target.probe(withinSeconds: autoProbeSeconds)
-    let moved = try await StoreMove.finish(journal, from: source, to: target)
+    let moved = try await StoreMove.run(journal, from: source, to: target, fromKind: move.from, toKind: move.to)
     logger.notice(
-      "Using the \(move.to) store: a store move (tessera store migrate) was interrupted; finished it now (\(moved) items moved at this start)",
+      "Using the \(move.to) store: a store move (tessera store migrate) was interrupted; finished it now (\(moved) items)",
       metadata: metadata.merging(["items": "\(moved)"]) { $1 })
     return target
   } catch {
+    let using = move.deleting ? move.to : move.from
     logger.error(
-      "A store move (tessera store migrate) was interrupted and cannot be finished now; using the \(move.from) store, which still holds what was not moved, and finishing the move at a later start",
+      "A store move (tessera store migrate) was interrupted and cannot be finished now; using the \(using) store, which holds every item, and finishing the move at a later start",
       metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
-    return try? opener.open(move.from)
+    return try? opener.open(using)
   }
 }
 

@@ -11,6 +11,8 @@ final class KindStore: SecretStore, Sendable {
   let stripsAttributes: Bool
   /// Saves left before every save fails as a locked keyring does; nil: never.
   let savesLeft = Mutex<Int?>(nil)
+  /// Deletes left before every delete fails so; nil: never.
+  let deletesLeft = Mutex<Int?>(nil)
 
   init(_ base: FakeStore = FakeStore(), kind: String, stripsAttributes: Bool = false) {
     self.base = base
@@ -36,7 +38,16 @@ final class KindStore: SecretStore, Sendable {
     if refused { throw TesseraError.storeUnavailable("the fake \(kind) store is locked") }
     try await base.save(item)
   }
-  func delete(matching attributes: [String: String]) async throws { try await base.delete(matching: attributes) }
+  func delete(matching attributes: [String: String]) async throws {
+    let refused = deletesLeft.withLock { left -> Bool in
+      guard let count = left else { return false }
+      if count == 0 { return true }
+      left = count - 1
+      return false
+    }
+    if refused { throw TesseraError.storeUnavailable("the fake \(kind) store is locked") }
+    try await base.delete(matching: attributes)
+  }
   func probe(withinSeconds seconds: Double) async throws { try await base.probe(withinSeconds: seconds) }
   var storeDescription: StoreDescription { StoreDescription(kind: kind) }
 
@@ -47,9 +58,14 @@ final class KindStore: SecretStore, Sendable {
 }
 
 final class MemoryMoveJournal: StoreMoveJournal, Sendable {
-  let note = Mutex<(from: String, to: String)?>(nil)
-  func begin(from: String, to: String) throws { note.withLock { $0 = (from, to) } }
-  func pending() -> (from: String, to: String)? { note.withLock { $0 } }
+  let note = Mutex<StoreMoveNote?>(nil)
+  /// Every note written, in order.
+  let written = Mutex<[StoreMoveNote]>([])
+  func write(_ note: StoreMoveNote) throws {
+    self.note.withLock { $0 = note }
+    written.withLock { $0.append(note) }
+  }
+  func pending() -> StoreMoveNote? { note.withLock { $0 } }
   func end() throws { note.withLock { $0 = nil } }
 }
 
@@ -178,8 +194,7 @@ final class StoreMoveTests: XCTestCase {
     // Nothing lost: the source holds everything and is still in use; the journal says what to finish.
     XCTAssertEqual(s.keyring.contents, s.before)
     XCTAssertEqual(s.file.contents.count, 3)
-    XCTAssertEqual(s.journal.pending()?.from, "secret-service")
-    XCTAssertEqual(s.journal.pending()?.to, "file")
+    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: "secret-service", to: "file", deleting: false))
     let status = try await s.broker.status()
     XCTAssertEqual(status.storeKind, "secret-service")
     _ = try await silent(s.broker)
@@ -193,33 +208,83 @@ final class StoreMoveTests: XCTestCase {
     XCTAssertNil(s.journal.pending())
   }
 
+  func testASourceFailingWhileDeletingSwitchesToTheTargetAndARetryFinishes() async throws {
+    let s = try await prepare()
+    s.keyring.deletesLeft.withLock { $0 = 2 }
+    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: "file", caller: nil) }
+    // Every item is in the target, which is used now; the source's leftovers wait for the retry.
+    XCTAssertEqual(s.file.contents, s.before)
+    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: "secret-service", to: "file", deleting: true))
+    let status = try await s.broker.status()
+    XCTAssertEqual(status.storeKind, "file")
+    _ = try await silent(s.broker)
+    XCTAssertFalse(s.keyring.contents.isEmpty)
+    s.keyring.deletesLeft.withLock { $0 = nil }
+    let result = try await s.broker.moveStore(to: "file", caller: nil)
+    XCTAssertEqual(result.from, "secret-service")
+    XCTAssertTrue(s.keyring.contents.isEmpty)
+    XCTAssertEqual(s.file.contents, s.before)
+    XCTAssertNil(s.journal.pending())
+  }
+
   func testTheStartFinishesAMoveKilledAtAnyPoint() async throws {
     let s = try await prepare()
+    let all = s.h.store.items.withLock { $0 }
     let items = s.before.count
-    // Killed after k copies (and, past the copies, after some deletes): the journal is there, the
-    // start finishes it, and every item ends in the target exactly once.
-    for copied in [0, 1, items / 2, items] {
+    func stores() -> (KindStore, KindStore) {
       let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
-      keyring.base.items.withLock { $0 = s.h.store.items.withLock { $0 } }
-      let file = KindStore(kind: "file")
+      keyring.base.items.withLock { $0 = all }
+      return (keyring, KindStore(kind: "file"))
+    }
+    // Killed while copying, after k copies: the copy is done again, nothing doubled.
+    for copied in [0, 1, items / 2, items] {
+      let (keyring, file) = stores()
       let journal = MemoryMoveJournal()
-      try journal.begin(from: "secret-service", to: "file")
+      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
       let movable = TokenCache.movable(try await keyring.loadAll())
       for item in movable.prefix(copied) { try await file.save(item) }
-      if copied == items {
-        // Past every copy: some deletes done too.
-        for item in movable.prefix(items / 2) { try await keyring.delete(matching: item.attributes) }
-      }
-      let left = try await StoreMove.count(in: keyring)
-      let moved = try await StoreMove.finish(journal, from: keyring, to: file)
+      let moved = try await StoreMove.run(
+        journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
       XCTAssertEqual(file.contents, s.before, "killed after \(copied) copies")
       XCTAssertTrue(keyring.contents.isEmpty)
       XCTAssertNil(journal.pending())
-      XCTAssertEqual(moved, left)
+      XCTAssertEqual(moved, items)
+      XCTAssertEqual(journal.written.withLock { $0.map(\.deleting) }, [false, false, true])
+    }
+    // Killed while copying, then the source was used and dropped an item (a sign-out): the
+    // target's copy of it goes too.
+    do {
+      let (keyring, file) = stores()
+      let journal = MemoryMoveJournal()
+      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
+      for item in TokenCache.movable(try await keyring.loadAll()) { try await file.save(item) }
+      let dropped = try XCTUnwrap(all.first { $0.attributes["kind"] == "access_token" })
+      try await keyring.delete(matching: dropped.attributes)
+      try await StoreMove.run(journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
+      XCTAssertEqual(file.contents, s.before.filter { $0["(secret)"] != dropped.secret })
+      XCTAssertEqual(file.contents.count, items - 1)
+      XCTAssertTrue(keyring.contents.isEmpty)
+    }
+    // Killed while deleting: the target holds every item (one newer since): nothing is copied
+    // again, the source's leftovers go.
+    do {
+      let (keyring, file) = stores()
+      let journal = MemoryMoveJournal()
+      let movable = TokenCache.movable(try await keyring.loadAll())
+      for item in movable { try await file.save(item) }
+      try journal.write(StoreMoveNote(from: "secret-service", to: "file", deleting: true))
+      for item in movable.prefix(items / 2) { try await keyring.delete(matching: item.attributes) }
+      var newer = movable[movable.count - 1]
+      newer.secret = newer.secret.replacingOccurrences(of: "}", with: #","note":"newer"}"#)
+      try await file.save(newer)
+      let after = file.contents
+      try await StoreMove.run(journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
+      XCTAssertEqual(file.contents, after)
+      XCTAssertTrue(keyring.contents.isEmpty)
+      XCTAssertNil(journal.pending())
       // Finishing again does nothing.
       let again = try await StoreMove.moveItems(from: keyring, to: file)
       XCTAssertEqual(again, 0)
-      XCTAssertEqual(file.contents, s.before)
     }
   }
 }
