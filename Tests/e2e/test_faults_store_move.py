@@ -71,7 +71,9 @@ def test_sigkill_during_store_moves_loses_nothing_and_doubles_nothing(start_daem
     assert contents(keyring) == before
 
     rng = random.Random(SEED)
-    outcomes = {"not started": 0, "finished at start": 0, "finished before the kill": 0}
+    journal = tmp_path / "state" / "tessera" / "moving"
+    outcomes = {"not started": 0, "finished at start, killed while copying": 0,
+                "finished at start, killed while deleting": 0, "finished before the kill": 0}
     for number in range(ROUNDS):
         where = status_kind()
         to = "file" if where == "secret-service" else "secret-service"
@@ -89,26 +91,28 @@ def test_sigkill_during_store_moves_loses_nothing_and_doubles_nothing(start_daem
         if keyring_pid() is None:
             crashes.count += 1
             start_keyring_unlocked(keyring)
+        phase = journal.read_text().split("phase=")[-1].strip() if journal.exists() else None
         log_before = daemon.log().count("was interrupted; finished it now")
         daemon.start()
         kind = status_kind()
         finished = daemon.log().count("was interrupted; finished it now") > log_before
         in_keyring = crashes.survive(lambda: contents(keyring))
         in_files = contents(files)
-        evidence = (f"round {number} (to {to}, kill {delay * 1000:.1f} ms in, span {span * 1000:.0f} ms): "
+        evidence = (f"round {number} (to {to}, journal {phase}, kill {delay * 1000:.1f} ms in, span {span * 1000:.0f} ms): "
                     f"{len(in_keyring)} in the keyring, {len(in_files)} in the file store, using {kind}\n"
                     f"{daemon.log()[-2500:]}")
         assert not (set(in_keyring) & set(in_files)), "no item is in both stores: " + evidence
         assert sorted(in_keyring + in_files) == before, "nothing lost, nothing doubled: " + evidence
         assert (in_files if kind == "file" else in_keyring) == before, "the store in use holds them all: " + evidence
         assert files.damaged() == [], "every record opens: " + evidence
-        assert not os.path.exists(tmp_path / "state" / "tessera" / "moving"), "no move is left: " + evidence
+        assert not journal.exists(), "no move is left: " + evidence
         b = Broker()
         for account in accounts:
             assert b.silent(account_id=account)["access_token"], evidence
         b.close()
         if finished:
-            outcomes["finished at start"] += 1
+            assert phase in ("copying", "deleting"), evidence
+            outcomes[f"finished at start, killed while {phase}"] += 1
         elif kind == where:
             outcomes["not started"] += 1
         else:
