@@ -3,12 +3,15 @@ Secret Service move to the file store with every item kept byte for byte (attrib
 secrets), the keyring keeps no Tessera item, silent tokens need no sign-in and no request to the
 IdP, a restart with store = "auto" finds them in the file store; and back to the Secret Service.
 A move the configuration or the stores do not allow is refused with what to do, and moves nothing.
+A move interrupted while copying whose target is locked at the next start waits (the source, which
+holds every item, serves) and is finished at the start after the unlock.
 (SIGKILL in the middle of moves: test_faults_store_move.py.)"""
 import json
 import subprocess
 
 from conftest import TESSERA, Broker
 from tessera_file_store import FileStoreView
+from tessera_keyring import LOGIN_COLLECTION
 
 
 def own_file_store(tmp_path):
@@ -131,3 +134,37 @@ def test_a_move_that_is_not_allowed_says_what_to_do_and_moves_nothing(start_daem
     assert contents(files) == before and len(keyring.tessera_items()) == 1
     assert store_kind() == "file"
     assert Broker().silent()["access_token"]
+
+
+def test_an_interrupted_move_waits_for_a_locked_target_and_is_finished_at_the_next_start(
+        start_daemon, write_config, tmp_path, keyring):
+    env, files = own_file_store(tmp_path)
+    daemon = start_daemon(write_config(store="auto"), extra_env=env)
+    b = Broker()
+    alice = b.sign_in("alice")["account"]["id"]
+    b.close()
+    before = contents(keyring)
+    assert migrate("--to", "file").returncode == 0
+    daemon.stop()
+    # As a kill while copying back to the keyring leaves it: the journal, some items copied.
+    journal = tmp_path / "state" / "tessera" / "moving"
+    journal.write_text("from=file\nto=secret-service\nphase=copying\n")
+    account_item = next(x for x in before if ("kind", "account") in x[0])
+    keyring.create_item(dict(account_item[0]), account_item[1], collection=LOGIN_COLLECTION)
+    keyring.lock()
+    daemon.start()
+    assert "cannot be finished now; using the file store" in daemon.log()
+    assert store_kind() == "file"
+    assert Broker().silent(account_id=alice)["access_token"], "the store that holds every item serves"
+    assert journal.exists() and contents(files) == before
+    daemon.stop()
+
+    keyring.unlock()
+    daemon.start()
+    assert "Using the secret-service store: a store move (tessera store migrate) was interrupted; finished it now" \
+        in daemon.log()
+    assert store_kind() == "secret-service"
+    assert not journal.exists()
+    assert contents(keyring) == before, "each item once, none lost"
+    assert files.tessera_items() == []
+    assert Broker().silent(account_id=alice)["access_token"]
