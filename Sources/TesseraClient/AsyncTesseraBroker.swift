@@ -50,6 +50,11 @@ public struct AsyncTesseraBroker: Sendable {
     try await run { broker throws(TesseraClientError) in try broker.setCurrentAccount(account, authority: authority) }
   }
 
+  /// Moves every item to another store and makes tesserad use it (see TesseraBroker).
+  public func moveStore(to: String) async throws(TesseraClientError) -> TesseraBroker.StoreMove {
+    try await run { broker throws(TesseraClientError) in try broker.moveStore(to: to) }
+  }
+
   /// The broker's health report (GetStatus).
   public func status() async throws(TesseraClientError) -> StatusReport.Report {
     try await run { broker throws(TesseraClientError) in try broker.status() }

@@ -390,6 +390,25 @@ public final class TesseraBroker {
     return AccountInfo(busValue: reply.first?.dictValue ?? [:])
   }
 
+  /// What a store move did (MoveStore): the store kinds and how many items went across.
+  public struct StoreMove: Sendable, Equatable, Encodable {
+    public var from: String
+    public var to: String
+    public var items: Int
+  }
+
+  /// Moves every item to the store `to` ("file" or "secret-service") and makes tesserad use it
+  /// (`tessera store migrate`). Safe to interrupt: tesserad finishes an interrupted move at start.
+  public func moveStore(to: String) throws(TesseraClientError) -> StoreMove {
+    // Moving many items through the keyring can take a while.
+    let none: [String: BusValue] = [:]
+    let reply = try call(BrokerInterface.MethodName.moveStore, [.string(to), .dict(none)], timeout: 300)
+    let result = reply.first?.dictValue ?? [:]
+    var items = 0
+    if case .uint32(let count)? = result["items"] { items = Int(count) }
+    return StoreMove(from: result["from"]?.stringValue ?? "", to: result["to"]?.stringValue ?? "", items: items)
+  }
+
   /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).
   public func cancel(correlationID: String) throws(TesseraClientError) {
     _ = try call(.cancel, [.string(correlationID)])

@@ -15,13 +15,20 @@ public struct BrokerDependencies: Sendable {
   public var prompter: (any AccessPrompter)?
   /// Notes of refreshes in flight, which survive a kill (issue 12); nil: none kept.
   public var journal: (any RefreshJournal)?
+  /// Opens the other store for a move (`tessera store migrate`); nil: stores cannot be moved.
+  public var storeOpener: (any StoreOpener)?
+  /// The note of a store move under way; nil: stores cannot be moved.
+  public var moveJournal: (any StoreMoveJournal)?
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
     events: any BrokerEvents, clock: any BrokerClock,
     afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil,
-    journal: (any RefreshJournal)? = nil
+    journal: (any RefreshJournal)? = nil, storeOpener: (any StoreOpener)? = nil,
+    moveJournal: (any StoreMoveJournal)? = nil
   ) {
+    self.storeOpener = storeOpener
+    self.moveJournal = moveJournal
     self.prompter = prompter
     self.journal = journal
     self.http = http
@@ -51,6 +58,8 @@ public actor Broker {
   var loaded = false
   /// Every write to the Secret Service, in order.
   let storeWriter: StoreWriter
+  /// The store in use, which a move switches (`deps.store` is this slot).
+  let storeSlot: StoreSlot
   /// A value each time a write failed and left operations for a retry (see runStoreRetries).
   let storeWriteFailures: AsyncStream<Void>
   /// Single flight, lanes, refresh-ahead, backoff and throttling.
@@ -77,6 +86,10 @@ public actor Broker {
 
   public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
     self.config = config
+    let slot = (dependencies.store as? StoreSlot) ?? StoreSlot(dependencies.store)
+    var dependencies = dependencies
+    dependencies.store = slot
+    self.storeSlot = slot
     self.deps = dependencies
     self.logger = logger
     self.policy = config.authorityPolicy

@@ -77,6 +77,23 @@ final class StoreWriter: Sendable {
     await state.withLock { $0.lane }?.value
   }
 
+  /// Runs `body` on the write lane: after every write queued before it (those that failed earlier
+  /// are written first; when they still cannot be, this throws and `body` does not run), and
+  /// before any queued after it.
+  func exclusive<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    let task: Task<T, any Error> = state.withLock { state in
+      let previous = state.lane
+      let run = Task { () async throws -> T in
+        await previous?.value
+        try await self.write([], retryLater: true)
+        return try await body()
+      }
+      state.lane = Task { _ = await run.result }
+      return run
+    }
+    return try await task.value
+  }
+
   /// Runs on the lane: no other write runs meanwhile.
   private func write(_ operations: [TokenCache.StoreOperation], retryLater: Bool) async throws {
     let older = state.withLock { state in

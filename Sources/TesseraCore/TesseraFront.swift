@@ -184,6 +184,17 @@ public struct TesseraFront: Sendable {
       var info = account.info
       info.current = true
       return [.dict(info.busValue)]
+    case .moveStore:
+      try RequestOptions.checkText(string(0), name: "to", max: 64, allowSpaces: false)
+      if let key = dict(1).keys.sorted().first {
+        throw TesseraError.invalidArgument(
+          "MoveStore takes no option '\(RequestOptions.clip(key))': its options must be empty.")
+      }
+      metadata["to"] = "\(string(0))"
+      let result = try await broker.moveStore(to: string(0), caller: caller)
+      metadata["from"] = "\(result.from)"
+      metadata["items"] = "\(result.items)"
+      return [.dict(result.busValue)]
     case .cancel:
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)

@@ -112,6 +112,7 @@ public enum BrokerInterface {
     case revoke = "Revoke"
     case getAccessLog = "GetAccessLog"
     case setCurrentAccount = "SetCurrentAccount"
+    case moveStore = "MoveStore"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -142,6 +143,8 @@ public enum BrokerInterface {
       case .getAccessLog: Method(rawValue, inputs: [], outputs: [Arg("records", "aa{sv}")])
       case .setCurrentAccount:
         Method(rawValue, inputs: [Arg("account", "s"), Arg("authority", "s")], outputs: [Arg("result", "a{sv}")])
+      case .moveStore:
+        Method(rawValue, inputs: [Arg("to", "s"), Arg("options", "a{sv}")], outputs: [Arg("result", "a{sv}")])
       }
     }
   }

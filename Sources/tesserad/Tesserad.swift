@@ -113,11 +113,19 @@ struct Tesserad: AsyncParsableCommand {
       }
     }
     let store: any SecretStore
-    switch await chooseStore(brokerConfig.store, environment: environment, logger: logger) {
-    case .success(let chosen): store = chosen
-    case .failure(let problem):
-      printError("tesserad: \(problem.message)")
-      throw ExitCode(78)
+    let moveJournal = FileStoreMoveJournal.defaultPath(environment: environment).map(FileStoreMoveJournal.init(path:))
+    let opener = DaemonStoreOpener(environment: environment, logger: logger)
+    if let finished = await finishInterruptedMove(
+      moveJournal, opener: opener, configured: brokerConfig.store, logger: logger)
+    {
+      store = finished
+    } else {
+      switch await chooseStore(brokerConfig.store, environment: environment, logger: logger) {
+      case .success(let chosen): store = chosen
+      case .failure(let problem):
+        printError("tesserad: \(problem.message)")
+        throw ExitCode(78)
+      }
     }
     let requests = RequestRouter()
     let busLogger = logger
@@ -150,7 +158,8 @@ struct Tesserad: AsyncParsableCommand {
         prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
         // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
         journal: store is MemoryStore
-          ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:))),
+          ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
+        storeOpener: opener, moveJournal: moveJournal),
       logger: logger)
     requests.install(
       server: server, handler: TesseraFront(broker: broker, logger: logger),
@@ -234,6 +243,58 @@ func chooseStore(_ choice: BrokerConfig.StoreChoice, environment: [String: Strin
     } catch {
       return chosen(file, "the Secret Service cannot be used: \(firstSentence(TesseraError.wrap(error).message))")
     }
+  }
+}
+
+/// Opens the store of a kind for a move (`tessera store migrate`) and for finishing one at start.
+struct DaemonStoreOpener: StoreOpener {
+  let environment: [String: String]
+  let logger: Logger
+
+  func open(_ kind: String) throws -> any SecretStore {
+    switch kind {
+    case StatusReport.StoreKind.secretService: return SecretServiceStore()
+    case StatusReport.StoreKind.file:
+      guard let location = FileStore.defaultLocation(environment: environment) else {
+        throw TesseraError(
+          .configuration, "The file store needs a place: set HOME (or XDG_STATE_HOME and XDG_CONFIG_HOME).")
+      }
+      return FileStore(directory: location.directory, key: location.key, logger: logger)
+    default:
+      throw TesseraError.invalidArgument("There is no store '\(kind)' to move to; use file or secret-service.")
+    }
+  }
+}
+
+/// A move journal left at start means `tessera store migrate` was interrupted (killed, or a store
+/// failed part-way): the move is finished now, before the store is chosen, and the target is
+/// used. Returns nil when there was no journal. When the move cannot be finished yet (the target
+/// is locked, say), the journal stays for the next start, and the store that holds every item is
+/// used: the source while items were being copied, the target once they were being deleted.
+func finishInterruptedMove(
+  _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice, logger: Logger
+) async -> (any SecretStore)? {
+  guard let journal, let move = journal.pending() else { return nil }
+  let metadata: Logger.Metadata = [
+    "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
+    "phase": "\(move.deleting ? "deleting" : "copying")",
+  ]
+  do {
+    let source = try opener.open(move.from)
+    let target = try opener.open(move.to)
+    try await source.probe(withinSeconds: autoProbeSeconds)
+    try await target.probe(withinSeconds: autoProbeSeconds)
+    let moved = try await StoreMove.run(journal, from: source, to: target, fromKind: move.from, toKind: move.to)
+    logger.notice(
+      "Using the \(move.to) store: a store move (tessera store migrate) was interrupted; finished it now (\(moved) items)",
+      metadata: metadata.merging(["items": "\(moved)"]) { $1 })
+    return target
+  } catch {
+    let using = move.deleting ? move.to : move.from
+    logger.error(
+      "A store move (tessera store migrate) was interrupted and cannot be finished now; using the \(using) store, which holds every item, and finishing the move at a later start",
+      metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
+    return try? opener.open(using)
   }
 }
 

@@ -224,6 +224,24 @@ def clock_section(records):
     return text
 
 
+def store_move_section(records):
+    text = ("## SIGKILL during store moves (Tests/e2e/test_faults_store_move.py)\n\n"
+            "Two accounts with two clients each and app grants are moved back and forth between the Secret\n"
+            "Service and the file store (`tessera store migrate`); each round kills tesserad at a random moment\n"
+            "within the time a whole move takes and restarts it (`store = \"auto\"`). Invariants: every item\n"
+            "(attributes and secret) is in exactly one store, none is lost, tesserad uses the store that holds\n"
+            "them, no move journal is left, no file-store record is damaged, silent calls work.\n\n"
+            "| items | move | rounds | not started | finished at start (copying) | finished at start (deleting) "
+            "| finished before the kill | invariant broken |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    for r in records:
+        o = r["outcomes"]
+        text += (f"| {r['items']} | {r['move_ms']} ms | {r['rounds']} | {o['not started']} | "
+                 f"{o['finished at start, killed while copying']} | {o['finished at start, killed while deleting']} | "
+                 f"{o['finished before the kill']} | 0 |\n")
+    return text
+
+
 def later_sections(runs):
     """(renderer, records) of the sections parts 3 to 6 add."""
     sections = []
@@ -235,6 +253,9 @@ def later_sections(runs):
         "a client that never reads its replies", "messages at the bus's size limit")]
     if callers:
         sections.append((callers_section, callers))
+    moves = [r for r in runs if r.get("fault") == "SIGKILL during store moves"]
+    if moves:
+        sections.append((store_move_section, moves))
     soak = [r for r in runs if r.get("fault") == "soak"]
     if soak:
         sections.append((soak_section, soak))

@@ -1,0 +1,289 @@
+import Logging
+import Synchronization
+
+/// Opens the store of a kind ("file", "secret-service") other than the one in use, for a move
+/// (`tessera store migrate`). The daemon provides it, so the engine imports no C library.
+public protocol StoreOpener: Sendable {
+  func open(_ kind: String) throws -> any SecretStore
+}
+
+/// What the move journal says: which move is under way, and whether it got to deleting the items
+/// from the source (every item is in the target by then).
+public struct StoreMoveNote: Sendable, Equatable {
+  public var from: String
+  public var to: String
+  /// False while items are copied (the source still holds every item); true once every item is
+  /// in the target and the source's copies are being deleted.
+  public var deleting: Bool
+
+  public init(from: String, to: String, deleting: Bool = false) {
+    self.from = from
+    self.to = to
+    self.deleting = deleting
+  }
+}
+
+/// The note of a store move under way (`$XDG_STATE_HOME/tessera/moving`): written before the
+/// first item is copied, rewritten before the first is deleted from the source, removed once the
+/// source holds none. A note found at start means a move was interrupted: the daemon finishes it
+/// before it chooses a store.
+public protocol StoreMoveJournal: Sendable {
+  /// Writes the note durably (atomic: a note is either whole or absent).
+  func write(_ note: StoreMoveNote) throws
+  /// The move the note names, if there is one.
+  func pending() -> StoreMoveNote?
+  /// Removes the note.
+  func end() throws
+}
+
+/// What a move did: the store kinds and how many items went across.
+public struct StoreMoveResult: Sendable, Equatable {
+  public var from: String
+  public var to: String
+  public var items: Int
+
+  public init(from: String, to: String, items: Int) {
+    self.from = from
+    self.to = to
+    self.items = items
+  }
+
+  /// MoveStore's reply.
+  public var busValue: [String: BusValue] {
+    ["from": .string(from), "to": .string(to), "items": .uint32(UInt32(clamping: items))]
+  }
+}
+
+/// The store the engine writes to, which a move switches: every reader and writer (the loader,
+/// StoreWriter, status) goes through it, so after the switch all of them use the new store.
+final class StoreSlot: SecretStore, Sendable {
+  private let inner: Mutex<any SecretStore>
+
+  init(_ store: any SecretStore) { inner = Mutex(store) }
+
+  var current: any SecretStore {
+    get { inner.withLock { $0 } }
+    set { inner.withLock { $0 = newValue } }
+  }
+
+  func loadAll() async throws -> [StoredItem] { try await current.loadAll() }
+  func save(_ item: StoredItem) async throws { try await current.save(item) }
+  func delete(matching attributes: [String: String]) async throws { try await current.delete(matching: attributes) }
+  func apply(_ operations: [TokenCache.StoreOperation]) async throws { try await current.apply(operations) }
+  func probe(withinSeconds seconds: Double) async throws { try await current.probe(withinSeconds: seconds) }
+  var storeDescription: StoreDescription { current.storeDescription }
+}
+
+/// Moving every item from one store to another, in the order that makes a kill harmless at any
+/// point: the journal first; each item copied into the target (create-or-replace by its
+/// attributes, so a repeat never doubles one); the journal marked "deleting"; each item deleted
+/// from the source; the journal removed. Run again after an interruption, it finishes:
+/// - interrupted while copying, the source still holds every item: the copy is done again, and
+///   what the target holds that the source does not (copies of items the source has dropped
+///   since: the target held none of Tessera's items when the move began) is deleted;
+/// - interrupted while deleting, the target holds every item (and may have newer ones since):
+///   nothing is copied again, only what the source still holds is deleted.
+public enum StoreMove {
+  /// Runs (or finishes) the move of every item from `source` to `target` the journal names, or
+  /// starts one (no journal). Returns how many items were copied (when copying), else deleted.
+  @discardableResult
+  public static func run(
+    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore, fromKind: String,
+    toKind: String
+  ) async throws -> Int {
+    var note = journal.pending() ?? StoreMoveNote(from: fromKind, to: toKind)
+    var moved = 0
+    if !note.deleting {
+      try journal.write(note)
+      let items = TokenCache.movable(try await source.loadAll())
+      let wanted = Set(items.map(\.attributes))
+      let stale = TokenCache.movable(try await target.loadAll()).filter { !wanted.contains($0.attributes) }
+      // Deleted first: deleting matches on a subset of attributes, so it may take a wanted item
+      // with it, which the copy then puts back.
+      try await target.apply(stale.map { .delete($0.attributes) })
+      try await target.apply(items.map { .save($0) })
+      moved = items.count
+      note.deleting = true
+      try journal.write(note)
+    }
+    let left = TokenCache.movable(try await source.loadAll())
+    try await source.apply(left.map { .delete($0.attributes) })
+    try journal.end()
+    return note.deleting && moved == 0 ? left.count : moved
+  }
+
+  /// Copies every Tessera item of `source` (of the schema version this daemon knows) into `target`,
+  /// then deletes them from `source`; returns how many. Items of other versions stay where they
+  /// are. (Without a journal: `run` is the kill-safe move.)
+  @discardableResult
+  public static func moveItems(from source: any SecretStore, to target: any SecretStore) async throws -> Int {
+    let items = TokenCache.movable(try await source.loadAll())
+    guard !items.isEmpty else { return 0 }
+    try await target.apply(items.map { .save($0) })
+    try await source.apply(items.map { .delete($0.attributes) })
+    return items.count
+  }
+
+  /// How many of Tessera's items `store` holds (of the schema version this daemon knows).
+  public static func count(in store: any SecretStore) async throws -> Int {
+    TokenCache.movable(try await store.loadAll()).count
+  }
+}
+
+extension TokenCache {
+  /// Items as they are stored, with every attribute and label rebuilt from their secret (a store
+  /// may return only their `tessera_schema` and `kind`, as the Secret Service's load does). The
+  /// secrets are kept byte for byte. Items of another schema version, or that do not decode, are
+  /// left out.
+  static func movable(_ items: [StoredItem]) -> [StoredItem] {
+    let decoder = JSONDecoder()
+    var hosts: [String: String] = [:]
+    for item in items where item.attributes["kind"] == Kind.account.rawValue && item.attributes[base] == schemaVersion {
+      if let a = try? decoder.decode(Account.self, from: Data(item.secret.utf8)) { hosts[a.id] = a.environment }
+    }
+    var seen = Set<[String: String]>()
+    var result: [StoredItem] = []
+    for item in items {
+      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
+      else { continue }
+      let data = Data(item.secret.utf8)
+      var rebuilt: StoredItem?
+      switch kind {
+      case .account: rebuilt = (try? decoder.decode(Account.self, from: data)).map(Self.item)
+      case .refreshToken: rebuilt = (try? decoder.decode(RefreshTokenRecord.self, from: data)).map(Self.item)
+      case .accessToken: rebuilt = (try? decoder.decode(AccessTokenRecord.self, from: data)).map(Self.item)
+      case .appMetadata: rebuilt = (try? decoder.decode(AppMetadataRecord.self, from: data)).map(Self.item)
+      case .grant: rebuilt = (try? decoder.decode(AccessGrant.self, from: data)).map(Self.item)
+      case .current:
+        rebuilt = (try? decoder.decode(CurrentAccountRecord.self, from: data)).map {
+          StoredItem(
+            attributes: currentAttributes($0.accountID), secret: "",
+            label: "Tessera: the current account at \(hosts[$0.accountID] ?? "its identity provider")")
+        }
+      case .use:
+        rebuilt = (try? decoder.decode(AppUseRecord.self, from: data)).map {
+          StoredItem(
+            attributes: [base: schemaVersion, "kind": Kind.use.rawValue, "app": $0.app, "account_id": $0.accountID],
+            secret: "", label: "Tessera: \($0.app) has used an account")
+        }
+      }
+      guard var rebuilt else { continue }
+      rebuilt.secret = item.secret
+      // A store with two items of one identity (it should not have) moves one: the target keeps one.
+      guard seen.insert(rebuilt.attributes).inserted else { continue }
+      result.append(rebuilt)
+    }
+    return result
+  }
+}
+
+extension Broker {
+  /// Moves every item to the store of `kind` ("file" or "secret-service") and uses it from now on
+  /// (`tessera store migrate`, MoveStore). Serialized with the store writes; kill-safe through the
+  /// move journal (see StoreMove).
+  public func moveStore(to kind: String, caller: CallerInfo?) async throws -> StoreMoveResult {
+    try checkMayManage(caller)
+    let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
+    guard kinds.contains(kind) else {
+      throw TesseraError.invalidArgument(
+        "There is no store '\(RequestOptions.clip(kind))' to move to; use one of: \(kinds.joined(separator: ", ")).")
+    }
+    let from = storeSlot.current.storeDescription.kind
+    if let journal = deps.moveJournal, let note = journal.pending(), note.deleting, note.to == from, note.to == kind,
+      let opener = deps.storeOpener
+    {
+      // A move that stopped while deleting from the source (this store holds every item): finish it.
+      let source = try opener.open(note.from)
+      let target = storeSlot.current
+      let deleted = try await storeWriter.exclusive {
+        try await StoreMove.run(journal, from: source, to: target, fromKind: note.from, toKind: note.to)
+      }
+      logger.notice("Finished an earlier store move", metadata: ["from": "\(note.from)", "to": "\(kind)"])
+      return StoreMoveResult(from: note.from, to: kind, items: deleted)
+    }
+    guard from != kind else {
+      throw TesseraError.invalidArgument(
+        "Tessera keeps its items in the \(kind) store already: there is nothing to move. (`tessera status` shows the store in use.)"
+      )
+    }
+    if config.store != .auto && config.store.rawValue != kind {
+      throw TesseraError(
+        .configuration,
+        "config.toml says store = \"\(config.store.rawValue)\": set it to \"\(kind)\" or \"auto\" first, then run this again (otherwise the next start would open the \(config.store.rawValue) store)."
+      )
+    }
+    guard from != StatusReport.StoreKind.memory else {
+      throw TesseraError.invalidArgument(
+        "The memory store keeps nothing to move. Set store = \"\(kind)\" in config.toml, restart tesserad and sign in again."
+      )
+    }
+    guard let opener = deps.storeOpener, let journal = deps.moveJournal else {
+      throw TesseraError(
+        .environment, "This tesserad cannot move its store: it has no place for the move journal (set HOME).")
+    }
+    let target: any SecretStore
+    do {
+      target = try opener.open(kind)
+      try await target.probe(withinSeconds: 1.5)
+    } catch {
+      let cause = TesseraError.wrap(error)
+      throw TesseraError(
+        .storeUnavailable, "The \(kind) store cannot be used now, so nothing was moved: \(cause.message)")
+    }
+    try await ensureLoaded()
+    let source = storeSlot.current
+    let slot = storeSlot
+    // A journal of this same move (one that failed part-way) is finished; another move's must be
+    // finished first (at start); otherwise a target that already holds items of its own would mix
+    // them with these.
+    if let note = journal.pending(), note.from != from || note.to != kind {
+      throw TesseraError.invalidArgument(
+        "An earlier move from the \(note.from) store to the \(note.to) store is not finished: restart tesserad (it finishes it at start), then run this again if you still need to."
+      )
+    }
+    if journal.pending() == nil {
+      let already: Int
+      do { already = try await StoreMove.count(in: target) } catch {
+        throw TesseraError(
+          .storeUnavailable,
+          "The \(kind) store cannot be read now, so nothing was moved: \(TesseraError.wrap(error).message)")
+      }
+      if already > 0 {
+        let how =
+          kind == StatusReport.StoreKind.file
+          ? "stop tesserad, remove \(target.storeDescription.path ?? "the file store's directory"), start it again"
+          : "remove them (`secret-tool clear tessera_schema 1`: it removes only Tessera's items)"
+        throw TesseraError.invalidArgument(
+          "The \(kind) store already holds \(already) of Tessera's items (left from an earlier use): \(how), then run this again. Nothing was moved."
+        )
+      }
+    }
+    let logger = self.logger
+    let moved = try await storeWriter.exclusive { () async throws -> Int in
+      let moved: Int
+      do {
+        moved = try await StoreMove.run(journal, from: source, to: target, fromKind: from, toKind: kind)
+      } catch {
+        let cause = TesseraError.wrap((error as? StoreBatchError)?.error ?? error)
+        let deleting = journal.pending()?.deleting == true
+        logger.error(
+          "Moving the store stopped part-way; the move journal stays, and running it again (or the next start) finishes it",
+          metadata: ["from": "\(from)", "to": "\(kind)", "error": "\(cause.message)", "deleting": "\(deleting)"])
+        if deleting {
+          // Every item is in the target: use it; what the source still holds goes at the retry.
+          slot.current = target
+        }
+        throw TesseraError(
+          .storeUnavailable,
+          "Moving the items to the \(kind) store stopped part-way (\(cause.message)). Nothing is lost: tesserad uses the \(deleting ? kind : from) store, which holds every item. Run `tessera store migrate --to \(kind)` again once both stores work (or restart tesserad: it finishes the move at start)."
+        )
+      }
+      slot.current = target
+      return moved
+    }
+    fastPath.clear()
+    logger.notice(
+      "Moved the store", metadata: ["from": "\(from)", "to": "\(kind)", "items": "\(moved)"])
+    return StoreMoveResult(from: from, to: kind, items: moved)
+  }
+}

@@ -1,0 +1,81 @@
+import Glibc
+import SystemPackage
+import TesseraBus
+import TesseraCore
+
+/// The note of a store move under way, as a file: `$XDG_STATE_HOME/tessera/moving` (0600 in a
+/// 0700 directory), holding `from=KIND`, `to=KIND` and `phase=copying|deleting` lines. Written atomically and durably
+/// (`moving.tmp`, fsync, rename, fsync of the directory), so a note is whole or absent.
+public final class FileStoreMoveJournal: StoreMoveJournal {
+  public let path: String
+  let directory: String
+
+  public init(path: String) {
+    self.path = path
+    directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+  }
+
+  /// `$XDG_STATE_HOME/tessera/moving`, else `~/.local/state/tessera/moving`.
+  public static func defaultPath(environment: [String: String]) -> String? {
+    if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/tessera/moving" }
+    guard let home = environment["HOME"], home.hasPrefix("/") else { return nil }
+    return home + "/.local/state/tessera/moving"
+  }
+
+  static let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
+
+  public func write(_ note: StoreMoveNote) throws {
+    var made = ""
+    for part in directory.split(separator: "/") {
+      made += "/" + part
+      _ = mkdir(made, 0o700)
+    }
+    let temporary = path + ".tmp"
+    _ = unlink(temporary)
+    do {
+      let fd = try FileDescriptor.open(
+        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
+        permissions: [.ownerReadWrite])
+      do {
+        let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
+        try Syscall.writeAll(fd, Array(text.utf8))
+        guard fsync(fd.rawValue) == 0 else { throw Errno(rawValue: Glibc.errno) }
+        try fd.close()
+      } catch {
+        try? fd.close()
+        throw error
+      }
+      guard rename(temporary, path) == 0 else { throw Errno(rawValue: Glibc.errno) }
+      let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+      if dir >= 0 {
+        _ = fsync(dir)
+        close(dir)
+      }
+    } catch {
+      _ = unlink(temporary)
+      throw TesseraError(
+        .environment,
+        "Cannot write the store move journal \(path) (\(error)), so nothing was moved. Check the disk and the directory's permissions."
+      )
+    }
+  }
+
+  public func pending() -> StoreMoveNote? {
+    guard let bytes = try? Syscall.readFile(path, limit: 4096, followLinks: false) else { return nil }
+    var fields: [String: String] = [:]
+    for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
+      guard let equals = line.firstIndex(of: "=") else { continue }
+      fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
+    }
+    guard let from = fields["from"], let to = fields["to"], from != to, Self.kinds.contains(from),
+      Self.kinds.contains(to)
+    else { return nil }
+    return StoreMoveNote(from: from, to: to, deleting: fields["phase"] == "deleting")
+  }
+
+  public func end() throws {
+    guard unlink(path) == 0 || Glibc.errno == ENOENT else {
+      throw TesseraError(.environment, "Cannot remove the store move journal \(path): \(Errno(rawValue: Glibc.errno)).")
+    }
+  }
+}
