@@ -10,9 +10,11 @@ import Testing
 /// the bus, a signal goes to the one connection it is for, a connection that closes is reported
 /// gone; listening replaces a stale socket and refuses a served one; the client refuses a socket
 /// others may replace and says when there is none.
-@Suite(.serialized)
-struct DirectSocketTests {
-  final class Harness: Sendable {
+///
+/// Part of ServerTests' serialized suite, not a suite of its own: no two servers' tests run at once
+/// (a pending call of one was seen answered NoReply once while the other ran, not understood yet).
+extension ServerTests {
+  final class DirectHarness: Sendable {
     let directory: String
     let path: String
     let server: BusServer
@@ -57,7 +59,7 @@ struct DirectSocketTests {
   }
 
   @Test func aCallReachesTheHandlerWithTheCallerTheKernelReportedAndComesBack() async throws {
-    let h = try await Harness(reply: { call in
+    let h = try await DirectHarness(reply: { call in
       .success([.dict(["n": .strings(call.arguments.compactMap(\.stringValue))])])
     })
     let client = try BusClient(directSocket: h.path)
@@ -70,7 +72,7 @@ struct DirectSocketTests {
   }
 
   @Test func wrongArgumentTypesAreRefusedAsOnTheBus() async throws {
-    let h = try await Harness()
+    let h = try await DirectHarness()
     let client = try BusClient(directSocket: h.path)
     #expect {
       try h.call(client, "GetAccounts", [.string("x")])
@@ -82,7 +84,7 @@ struct DirectSocketTests {
   }
 
   @Test func aSignalForOneConnectionReachesItAndAClosedConnectionIsReportedGone() async throws {
-    let h = try await Harness(reply: { _ in nil })  // the sign-in never ends: the call times out
+    let h = try await DirectHarness(reply: { _ in nil })  // the sign-in never ends: the call times out
     let server = h.server
     let signalled = Locked<[String]>([])
     let sender = Task {
@@ -106,7 +108,7 @@ struct DirectSocketTests {
   }
 
   @Test func listeningReplacesAStaleSocketAndRefusesAServedOne() async throws {
-    let h = try await Harness()
+    let h = try await DirectHarness()
     #expect {
       _ = try DirectSocket.listen(at: h.path)
     } throws: { error in
@@ -123,7 +125,7 @@ struct DirectSocketTests {
   }
 
   @Test func theClientRefusesASocketOthersMayReplaceAndSaysWhenThereIsNone() async throws {
-    let h = try await Harness()
+    let h = try await DirectHarness()
     let directory = h.directory + "/tessera"
     chmod(directory, 0o777)
     defer { chmod(directory, 0o700) }
