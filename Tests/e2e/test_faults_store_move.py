@@ -19,11 +19,10 @@ import json
 import os
 import random
 import subprocess
-import threading
 import time
 
-from conftest import TESSERA, Broker, wait_until
-from test_faults import KeyringCrashes, report
+from conftest import TESSERA, Broker
+from test_faults import KeyringCrashes, kill_at_random, report
 from test_store_migrate import contents, own_file_store
 
 ROUNDS = int(os.environ.get("TESSERA_FAULT_ROUNDS", "6"))
@@ -78,14 +77,7 @@ def test_sigkill_during_store_moves_loses_nothing_and_doubles_nothing(start_daem
         where = status_kind()
         to = "file" if where == "secret-service" else "secret-service"
         delay = rng.uniform(0, span)
-        caller = threading.Thread(target=lambda: migrate(to))
-        caller.start()
-        time.sleep(delay)
-        daemon.proc.kill()
-        daemon.proc.wait()
-        daemon.proc = None
-        caller.join(60)
-        wait_until(lambda: not daemon.has_owner(), what="the killed daemon's name to be released")
+        kill_at_random(daemon, lambda _: migrate(to), delay)
         # gnome-keyring may abort under a killed client (see test_faults.KeyringCrashes): a desktop
         # starts it again, so does this.
         if keyring_pid() is None:
