@@ -88,7 +88,8 @@ enum BusCodec {
       if length > budget.limits.stringBytes {
         throw OverLimit(description: "a string of \(length) bytes (at most \(budget.limits.stringBytes))")
       }
-      return .string(String(cString: p))
+      // Measured once already: no second strlen. sd-bus validated the UTF-8 as it read it.
+      return .string(String(decoding: UnsafeRawBufferPointer(start: p, count: length), as: UTF8.self))
     case UInt8(ascii: "b"):
       var v: Int32 = 0
       try check(sd_bus_message_read_basic(m, type, &v), "read bool")

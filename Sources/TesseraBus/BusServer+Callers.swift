@@ -9,7 +9,11 @@ import TesseraInterface
 extension BusServer {
   /// The AccessDenied text for a message from another user's connection; nil for our own user.
   func refusalForAnotherUser(_ message: OpaquePointer) -> String? {
-    let caller = callerInfo(message)
+    refusalForAnotherUser(callerInfo(message))
+  }
+
+  /// The same, for a caller already looked up (each lookup rechecks its process: once per call).
+  func refusalForAnotherUser(_ caller: CallerInfo) -> String? {
     guard caller.uid != ownUID else { return nil }
     return
       "This broker serves user \(ownUID) only; the caller runs as \(caller.uid.map { "user \($0)" } ?? "an unknown user")."

@@ -31,7 +31,7 @@ extension BusServer {
     let caller = callerInfo(message)
     // A session bus serves one user; a bus that lets another user connect (or a peer that passed
     // its connection on) must not reach anyone's tokens through it. Refused before anything else.
-    if let refusal = refusalForAnotherUser(message) { return refuse(message, member, .accessDenied(refusal)) }
+    if let refusal = refusalForAnotherUser(caller) { return refuse(message, member, .accessDenied(refusal)) }
     let call = Call(interface: object.description, member: member, arguments: arguments, caller: caller)
     switch answerAtOnce?(call) {
     case .reply(let result)?:
