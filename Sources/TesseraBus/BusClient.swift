@@ -188,6 +188,44 @@ public final class BusClient {
     return try withExtendedLifetime(state) { () throws(BusCallError) -> [BusValue] in try state.reply!.get() }
   }
 
+  /// Waits for the broker's signal `member` (sent by `signalSender`, a unique name, on the bus;
+  /// by the one peer on a direct connection) and returns its values; or returns nil once `until`
+  /// says so (asked every `interval` seconds). Throws when the connection closes.
+  public func waitForSignal(
+    _ member: String, signalSender: String?, interval: Double = 0.2, until: () -> Bool
+  ) throws(BusCallError) -> [BusValue]? {
+    guard signalSender != nil || directPeer != nil else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.InvalidArgs",
+        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
+    }
+    let state = CallState()
+    state.signalSender = signalSender
+    state.direct = directPeer != nil
+    var received: [BusValue]?
+    state.onSignal = { name, values in if name == member { received = values } }
+    var matchSlot: OpaquePointer?
+    try check(
+      sd_bus_match_signal(
+        bus, &matchSlot, directPeer == nil ? signalSender : nil, BrokerInterface.objectPath,
+        BrokerInterface.interfaceName, member, signalReceived, Unmanaged.passUnretained(state).toOpaque()),
+      "subscribe to \(member)")
+    defer { sd_bus_slot_unref(matchSlot) }
+    return try withExtendedLifetime(state) { () throws(BusCallError) -> [BusValue]? in
+      while true {
+        let r = sd_bus_process(bus, nil)
+        if r < 0 || sd_bus_is_open(bus) <= 0 {
+          throw BusCallError(
+            name: "org.freedesktop.DBus.Error.Disconnected", message: "The connection to the broker closed.")
+        }
+        if let received { return received }
+        if r > 0 { continue }
+        if until() { return nil }
+        try check(sd_bus_wait(bus, UInt64(interval * 1_000_000)), "wait")
+      }
+    }
+  }
+
   /// The error of a call given up through `stopped`.
   public static let stoppedError = "org.tessera.Client.Error.Stopped"
 

@@ -18,11 +18,17 @@ extension BusServer {
     var inFlight = 0
     /// Read until idle once its handshake is over (see `processFreshPeers`).
     var fresh = true
-    init(bus: OpaquePointer, name: String) {
+    /// The forward it came through (BusServer+Forwards.swift); nil on tesserad's own socket.
+    let forward: String?
+    init(bus: OpaquePointer, name: String, forward: String? = nil) {
       self.bus = bus
       self.name = name
+      self.forward = forward
     }
   }
+
+  /// The direct connections of this machine's own callers (not those that came through a forward).
+  var localPeers: [OpaquePointer] { peers.compactMap { $0.value.forward == nil ? $0.key : nil } }
 
   /// At most this many direct connections at once: each holds a socket and a pidfd.
   var directPeerLimit: Int { max(16, min(1024, pinLimit / 2)) }
@@ -42,9 +48,8 @@ extension BusServer {
     _ = sd_event_source_set_enabled(postSource, Int32(SD_EVENT_ON))
   }
 
-  /// Accepts every connection waiting on the listening socket.
-  func acceptPeers() {
-    guard let listenFD = listener?.fd else { return }
+  /// Accepts every connection waiting on a listening socket: tesserad's own, or a forward's.
+  func acceptPeers(from listenFD: Int32, forward: ForwardListener? = nil) {
     while true {
       let fd = accept(listenFD, nil, nil)
       if fd < 0 {
@@ -56,13 +61,13 @@ extension BusServer {
       // Close-on-exec at once; every program tesserad starts closes all inherited descriptors too.
       _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
       _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-      admitPeer(fd)
+      admitPeer(fd, forward: forward)
     }
   }
 
   /// Checks who connected (another user's connection is closed before a byte is read from it)
   /// and makes it an sd-bus server connection on this loop.
-  private func admitPeer(_ fd: Int32) {
+  private func admitPeer(_ fd: Int32, forward: ForwardListener?) {
     guard let credentials = try? DirectSocket.peerCredentials(fd) else {
       close(fd)
       return
@@ -81,8 +86,10 @@ extension BusServer {
       return
     }
     // Pinned now, at connect time: the process that connected, not whatever has its pid later.
-    let pidfd = DirectSocket.peerPidfd(fd)
-    let label = DirectSocket.peerLabel(fd)
+    // A forward's caller is known by the listener it came through instead (its process is ssh,
+    // or one in a container).
+    let pidfd = forward == nil ? DirectSocket.peerPidfd(fd) : nil
+    let label = forward == nil ? DirectSocket.peerLabel(fd) : nil
     nextPeerNumber &+= 1
     let name = ":direct.\(nextPeerNumber)"
     var peerBus: OpaquePointer?
@@ -100,7 +107,7 @@ extension BusServer {
       if let pidfd { close(pidfd) }
       return
     }
-    let peer = DirectPeer(bus: peerBus, name: name)
+    let peer = DirectPeer(bus: peerBus, name: name, forward: forward?.info.name)
     let me = Unmanaged.passUnretained(self).toOpaque()
     let steps: [(String, () -> Int32)] = [
       ("server", { sd_bus_set_server(peerBus, 1, self.serverID) }),
@@ -135,7 +142,10 @@ extension BusServer {
     var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
     info.exe = Syscall.executable(of: credentials.pid)
     var process: (any CallerProcess)?
-    if callerCache.count < pinLimit {
+    if let forward {
+      info.app = forward.info.identity
+      forward.info.connections += 1
+    } else if callerCache.count < pinLimit {
       if let pidfd, let identifyPinned {
         process = identifyPinned(pidfd, credentials.pid, label)
       } else {
@@ -161,6 +171,10 @@ extension BusServer {
     guard let peer = peers.removeValue(forKey: peerBus) else { return }
     peersByName[peer.name] = nil
     callerCache[peer.name] = nil
+    if let name = peer.forward, let forward = forwards[name] {
+      forward.info.connections = forward.info.connections > 0 ? forward.info.connections - 1 : 0
+    }
+    ownerLeft(peer.name)
     // Closed after this iteration (processFreshPeers): this may run inside the connection's own
     // dispatch, which must not find it closed under it.
     closingPeers.append(peerBus)
@@ -253,8 +267,8 @@ extension BusServer {
   }
 }
 
-private let listenerReady: sd_event_io_handler_t = { _, _, _, userdata in
-  server(userdata).acceptPeers()
+private let listenerReady: sd_event_io_handler_t = { _, fd, _, userdata in
+  server(userdata).acceptPeers(from: fd)
   return 0
 }
 

@@ -35,6 +35,15 @@ let propertyGetter: sd_bus_property_get_t = { bus, _, _, property, reply, userda
   {
     return sd_bus_error_set(error, TesseraError.Code.accessDenied.dbusName, refusal)
   }
+  // A forwarded caller may read the version alone.
+  if let asking = sd_bus_get_current_message(bus), let peer = exported.server.directPeer(of: asking),
+    let forward = peer.forward, !BrokerInterface.forwardedProperties.contains(name)
+  {
+    return sd_bus_error_set(
+      error, TesseraError.Code.accessDenied.dbusName,
+      "A caller that comes through the forward \(forward) may only get tokens: the property \(name) is not served to it."
+    )
+  }
   guard let value = exported.server.propertyValue(exported.description, name) else { return -EINVAL }
   do {
     try BusCodec.append(reply, value)

@@ -69,7 +69,8 @@ extension BusServer {
       connections = [peer.bus]
     } else {
       if let bus { connections.append(bus) }
-      if destination == nil && directInterfaces.contains(interface) { connections += peers.keys }
+      // Broadcasts tell of the user's accounts: not to forwarded callers.
+      if destination == nil && directInterfaces.contains(interface) { connections += localPeers }
     }
     for connection in connections {
       var signal: OpaquePointer?

@@ -77,6 +77,8 @@ public final class BusServer: @unchecked Sendable {
   var nextPeerNumber: UInt64 = 0
   var serverID = sd_id128_t()
   var postSource: OpaquePointer?
+  /// Forwards of the socket (BusServer+Forwards.swift), by name.
+  var forwards: [String: ForwardListener] = [:]
   /// Without a session bus, why not (set on the bus thread before `start` returns); the server
   /// then serves the direct socket alone.
   public private(set) var sessionBusMissing: String?
@@ -109,6 +111,8 @@ public final class BusServer: @unchecked Sendable {
     case call(Outgoing)
     case watch(SignalWatch)
     case signal(path: String, interface: String, destination: String?, member: String, arguments: [BusValue])
+    /// Work that touches the bus thread's state (forwards), run there.
+    case run(@Sendable () -> Void)
     case exit
   }
 
@@ -267,6 +271,7 @@ public final class BusServer: @unchecked Sendable {
     }
     guard name.hasPrefix(":") else { return }
     callerCache[name] = nil
+    ownerLeft(name)
     onCallerGone(name)
   }
 
@@ -287,7 +292,9 @@ public final class BusServer: @unchecked Sendable {
       case .signal(let path, let interface, let destination, let member, let arguments):
         sendSignal(path: path, interface: interface, member: member, arguments: arguments, to: destination)
       case .property(let path, let interface, let name):
-        let connections = (bus.map { [$0] } ?? []) + (directInterfaces.contains(interface) ? Array(peers.keys) : [])
+        // Not to forwarded callers: a changing property carries the user's data (account ids).
+        let connections =
+          (bus.map { [$0] } ?? []) + (directInterfaces.contains(interface) ? localPeers : [])
         for connection in connections {
           let r = name.withCString { pointer -> Int32 in
             var names: [UnsafeMutablePointer<CChar>?] = [UnsafeMutablePointer(mutating: pointer), nil]
@@ -301,6 +308,8 @@ public final class BusServer: @unchecked Sendable {
         startCall(outgoing)
       case .watch(let watch):
         startWatch(watch)
+      case .run(let work):
+        work()
       case .exit:
         // Callers still waiting (an interactive sign-in, say) get an answer, not a NoReply.
         for (_, message) in pending {
@@ -308,6 +317,7 @@ public final class BusServer: @unchecked Sendable {
           sd_bus_message_unref(message)
         }
         pending.removeAll()
+        closeForwards(reason: "tesserad is stopping")
         closePeers()
         if let bus { _ = sd_bus_flush(bus) }
         sd_event_exit(event, 0)

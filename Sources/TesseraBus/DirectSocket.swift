@@ -24,7 +24,7 @@ public enum DirectSocket {
   }
 
   /// The directory holding `path`.
-  static func directory(of path: String) -> String {
+  public static func directory(of path: String) -> String {
     guard let slash = path.lastIndex(of: "/") else { return "." }
     return slash == path.startIndex ? "/" : String(path[..<slash])
   }
@@ -32,12 +32,27 @@ public enum DirectSocket {
   /// Why the socket at `path` must not be trusted (its directory or the socket belongs to someone
   /// else, or others may write to the directory and so replace the socket), or nil when it is the
   /// user's own. Throws ENOENT-like errors as `SystemCallError` when it is not there at all.
+  ///
+  /// A socket in a shared sticky directory (`/tmp`, where ssh puts a forward's socket on the
+  /// remote host: `tessera forward`) is the user's own when the directory belongs to root or the
+  /// user and the socket is the user's with no permission for others: in a sticky directory only
+  /// its owner may remove or replace it.
   public static func checkOwnership(_ path: String) throws(SystemCallError) -> String? {
     let me = getuid()
     let dir = directory(of: path)
     var st = stat()
     try Syscall.check("stat(\(dir))") { lstat(dir, &st) }
     if st.st_mode & S_IFMT != S_IFDIR { return "\(dir) is not a directory" }
+    if st.st_mode & 0o1000 != 0 && (st.st_uid == 0 || st.st_uid == me) {
+      try Syscall.check("stat(\(path))") { lstat(path, &st) }
+      if st.st_mode & S_IFMT != S_IFSOCK { return "\(path) is not a socket" }
+      if st.st_uid != me { return "\(path) belongs to user \(st.st_uid), not to you (user \(me))" }
+      if st.st_mode & 0o077 != 0 {
+        return
+          "others may connect to \(path) (mode \(String(st.st_mode & 0o777, radix: 8))) in the shared directory \(dir); a forward's socket is 0600 (sshd's StreamLocalBindMask)"
+      }
+      return nil
+    }
     if st.st_uid != me {
       return "its directory \(dir) belongs to user \(st.st_uid), not to you (user \(me))"
     }
@@ -49,6 +64,13 @@ public enum DirectSocket {
     if st.st_mode & S_IFMT != S_IFSOCK { return "\(path) is not a socket" }
     if st.st_uid != me { return "\(path) belongs to user \(st.st_uid), not to you (user \(me))" }
     return nil
+  }
+
+  /// Whether `path` is in a shared sticky directory, where only a forward's socket can be (tesserad
+  /// listens only in a directory of the user's own): its listener is ssh's, not tessera.service.
+  public static func isInSharedDirectory(_ path: String) -> Bool {
+    var st = stat()
+    return lstat(directory(of: path), &st) == 0 && st.st_mode & 0o1000 != 0 && st.st_mode & 0o002 != 0
   }
 
   /// The credentials the kernel recorded for the peer of a connected Unix socket.
@@ -162,37 +184,69 @@ public enum DirectSocket {
     return Listener(fd: fd, path: path, fromSystemd: true)
   }
 
+  /// What a socket is listened on for: tesserad's own (its messages speak of another tesserad and
+  /// TESSERA_SOCKET), or a forward's (`tessera forward`), in tesserad's own directory, which it
+  /// makes, or in one the user chose, which must exist already.
+  public enum Purpose: Sendable, Equatable {
+    case broker
+    case forward(makeDirectory: Bool)
+  }
+
   /// Creates the directory (0700) and the socket (0600) at `path` and listens on it. A socket file
   /// nobody answers on (left by a killed tesserad) is replaced; one a live process answers on
-  /// is not: another tesserad serves it.
-  public static func listen(at path: String) throws(ListenError) -> Listener {
+  /// is not: another tesserad serves it. For a forward in a directory the user chose, that
+  /// directory must exist, be the user's and not be writable by others (it is left as it is).
+  public static func listen(at path: String, purpose: Purpose = .broker) throws(ListenError) -> Listener {
     func fail(_ text: String) -> ListenError { ListenError(description: text, alreadyServed: false) }
-    guard var address = address(path) else {
-      throw fail("The socket path \(path) is too long for a Unix socket; set TESSERA_SOCKET to a shorter one.")
-    }
-    let dir = directory(of: path)
-    if mkdir(dir, 0o700) != 0 && errno != EEXIST {
-      throw fail("Could not create \(dir): \(Errno(rawValue: errno)). Check that its parent exists and is yours.")
-    }
-    var st = stat()
-    guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
-      throw fail("\(dir) is not a directory. Remove it, or set TESSERA_SOCKET to another path.")
-    }
-    guard st.st_uid == getuid() else {
+    let elsewhere = purpose == .broker ? "set TESSERA_SOCKET to another path" : "choose another path"
+    guard path.hasPrefix("/"), var address = address(path) else {
       throw fail(
-        "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or set TESSERA_SOCKET to another path."
+        "The socket path \(path) is not absolute or too long for a Unix socket (\(MemoryLayout<sockaddr_un>.size - 3) bytes at most); \(elsewhere)."
       )
     }
-    if st.st_mode & 0o077 != 0 { _ = chmod(dir, 0o700) }
+    let dir = directory(of: path)
+    var st = stat()
+    switch purpose {
+    case .broker, .forward(makeDirectory: true):
+      // A forward's directory is inside tesserad's own (`…/tessera/forward`): both are made.
+      if case .forward = purpose, mkdir(directory(of: dir), 0o700) != 0 && errno != EEXIST {
+        throw fail("Could not create \(directory(of: dir)): \(Errno(rawValue: errno)).")
+      }
+      if mkdir(dir, 0o700) != 0 && errno != EEXIST {
+        throw fail("Could not create \(dir): \(Errno(rawValue: errno)). Check that its parent exists and is yours.")
+      }
+      guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+        throw fail("\(dir) is not a directory. Remove it, or \(elsewhere).")
+      }
+      guard st.st_uid == getuid() else {
+        throw fail(
+          "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or \(elsewhere)."
+        )
+      }
+      if st.st_mode & 0o077 != 0 { _ = chmod(dir, 0o700) }
+    case .forward(makeDirectory: false):
+      guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+        throw fail("\(dir) is not a directory. Make it first (`mkdir -m 700 \(dir)`), or \(elsewhere).")
+      }
+      guard st.st_uid == getuid() else {
+        throw fail("\(dir) belongs to user \(st.st_uid), not to you; \(elsewhere) (a directory of yours).")
+      }
+      if st.st_mode & 0o022 != 0 {
+        throw fail(
+          "Others may write to \(dir) (mode \(String(st.st_mode & 0o777, radix: 8))) and could replace the socket; run `chmod go-w \(dir)` or \(elsewhere)."
+        )
+      }
+    }
     if lstat(path, &st) == 0 {
       guard st.st_mode & S_IFMT == S_IFSOCK else {
-        throw fail("\(path) exists and is not a socket. Remove it, or set TESSERA_SOCKET to another path.")
+        throw fail("\(path) exists and is not a socket. Remove it, or \(elsewhere).")
       }
       if let probe = try? connect(path) {
         close(probe)
         throw ListenError(
-          description:
-            "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad).",
+          description: purpose == .broker
+            ? "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad)."
+            : "A process already listens on \(path); \(elsewhere), or stop what listens there.",
           alreadyServed: true)
       }
       // Nobody answers: left behind by a tesserad that was killed.
@@ -201,16 +255,22 @@ public enum DirectSocket {
     let fd = socket(
       AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
     guard fd >= 0 else { throw fail("Could not create a socket: \(Errno(rawValue: errno))") }
-    // The directory is 0700 already, so nobody else can connect in the moment before chmod.
+    // Bound with no permission for others from the start (the chosen directory of a forward may
+    // be searchable by others), then made 0600.
+    let oldMask = umask(0o177)
     let bound = withUnsafePointer(to: &address) {
       $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
+    let bindErrno = errno
+    umask(oldMask)
     if bound != 0 {
-      let code = Errno(rawValue: errno)
+      let code = Errno(rawValue: bindErrno)
       close(fd)
       if code == .addressInUse {
         throw ListenError(
-          description: "Another tesserad took \(path) at the same moment. Only one may serve it.", alreadyServed: true)
+          description: purpose == .broker
+            ? "Another tesserad took \(path) at the same moment. Only one may serve it."
+            : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
       }
       throw fail("Could not bind \(path): \(code)")
     }

@@ -163,6 +163,9 @@ public final class TesseraBroker {
   static func refusal(ofSocketPeer peer: DirectSocket.PeerCredentials, path: String, environment: [String: String])
     -> String?
   {
+    // A forward's socket on a remote host (in /tmp, made by ssh): served by ssh, never by a
+    // tessera.service there.
+    if DirectSocket.isInSharedDirectory(path) { return nil }
     if let cgroup = try? Syscall.readFile("/proc/\(peer.pid)/cgroup", limit: 64 * 1024),
       let unit = String(decoding: cgroup, as: UTF8.self).split(separator: "\n").last?.split(separator: "/").last,
       unit == "tessera.service"
@@ -407,6 +410,46 @@ public final class TesseraBroker {
     var items = 0
     if case .uint32(let count)? = result["items"] { items = Int(count) }
     return StoreMove(from: result["from"]?.stringValue ?? "", to: result["to"]?.stringValue ?? "", items: items)
+  }
+
+  /// Makes a forward of the broker's socket (`tessera forward`): a listener at `path` ("" for
+  /// `$XDG_RUNTIME_DIR/tessera/forward/NAME`) whose callers are the app `forward:NAME` and may
+  /// only get tokens. Not `lasting`: it ends when this connection closes. Returns its path.
+  public func addForward(name: String, host: String, path: String = "", lasting: Bool) throws(TesseraClientError)
+    -> String
+  {
+    let options: [String: BusValue] = lasting ? [RequestOptions.lasting.key: .bool(true)] : [:]
+    let reply = try call(.addForward, [.string(name), .string(host), .string(path), .dict(options)])
+    return reply.first?.stringValue ?? ""
+  }
+
+  /// Ends a forward; the `tessera forward` that made it is told (ForwardEnded) and ends its ssh.
+  public func removeForward(name: String) throws(TesseraClientError) {
+    _ = try call(.removeForward, [.string(name)])
+  }
+
+  /// The live forwards.
+  public func forwards() throws(TesseraClientError) -> [ForwardInfo] {
+    guard case .dicts(let list)? = try call(.listForwards, []).first else { return [] }
+    return list.map(ForwardInfo.init(busValue:))
+  }
+
+  /// Waits until forward `name` is ended by someone else (ForwardEnded: `--stop`, tesserad
+  /// stopping), returning why; or returns nil once `until` says so (asked every 200 ms).
+  /// The connection closing (tesserad gone) counts as the forward ending.
+  public func waitForForwardEnd(_ name: String, until: () -> Bool) throws(TesseraClientError) -> String? {
+    let sender = try verifiedBroker().uniqueName
+    do {
+      while true {
+        guard
+          let values = try client.waitForSignal(
+            BrokerInterface.forwardEnded, signalSender: connection == .sessionBus ? sender : nil, until: until)
+        else { return nil }
+        if values.first?.stringValue == name { return values.dropFirst().first?.stringValue ?? "ended" }
+      }
+    } catch {
+      return "the connection to tesserad closed (\(error.message))"
+    }
   }
 
   /// Cancels this connection's interactive sign-in with that correlation id (it ends with Cancelled).

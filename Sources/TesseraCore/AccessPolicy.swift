@@ -38,6 +38,9 @@ struct AccessPolicy {
 
   func decide(_ request: AccessRequest, grants cache: TokenCache, canAsk: Bool) -> Decision {
     let app = request.caller.app
+    // A forward may only get tokens: never sign in (that opens a browser or shows a code here),
+    // list or sign out, whatever its grants say.
+    if let app, app.kind == .forward, request.operation != .token { return .refuse }
     if let app, cache.hasGrant(app: app.key, request) {
       return .allow(reason: "grant", noteUse: true)
     }
@@ -100,6 +103,10 @@ struct AccessPolicy {
   /// command that grants it.
   func refusal(_ request: AccessRequest, heldByOther: Bool) -> TesseraError {
     let app = request.caller.app
+    if let app, app.kind == .forward, request.operation != .token {
+      return Self.forwardRefusal(
+        app, request.operation == .signIn ? "sign in (do that here: `tessera login`)" : request.operation.rawValue)
+    }
     let who = app?.display ?? "An app Tessera could not identify (its process may have ended)"
     var message =
       "\(who) has no grant to use \(request.username)'s sign-in for client \(request.clientID)"
@@ -128,7 +135,8 @@ struct AccessPolicy {
   /// The accounts `caller` may see: those it holds a grant for (all of them in open mode, or for
   /// the daemon's own requests: nil).
   func visibleAccountIDs(_ caller: CallerInfo?, grants: [AccessGrant]) -> Set<String>? {
-    guard let caller, mode != .open else { return nil }
+    // A forward (another machine, a container) sees only what it holds a grant for, in every mode.
+    guard let caller, mode != .open || caller.app?.kind == .forward else { return nil }
     guard let app = caller.app else { return [] }
     let mine = grants.filter { $0.app == app.key && $0.allows(.listAccounts) }
     if mine.contains(where: { $0.accountID == AccessGrant.anyAccount }) { return nil }
@@ -138,6 +146,7 @@ struct AccessPolicy {
   /// Whether `caller` may sign `account` out (of `clientID`, or of every client): an app only an
   /// account it holds a sign-out grant for, and of one client only one it holds.
   func checkSignOut(_ caller: CallerInfo?, account: Account, clientID: String?, grants: [AccessGrant]) throws {
+    if let app = caller?.app, app.kind == .forward { throw Self.forwardRefusal(app, "sign accounts out") }
     guard let caller, mode != .open else { return }
     let allowed =
       caller.app.map { app in
@@ -169,6 +178,13 @@ struct AccessPolicy {
       throw TesseraError.accessDenied(
         "\(app.display) runs in a sandbox and may not see or change who gets tokens. Run `tessera access` outside it.")
     }
+    if app.kind == .forward { throw forwardRefusal(app, "see or change who gets tokens") }
+  }
+
+  /// A forwarded caller (another machine, a container) may only get tokens.
+  static func forwardRefusal(_ app: AppIdentity, _ what: String) -> TesseraError {
+    .accessDenied(
+      "\(app.display) may only get tokens: it may not \(what). Do that on the machine tesserad runs on.")
   }
 
   // MARK: Audit

@@ -19,14 +19,17 @@ public struct BrokerDependencies: Sendable {
   public var storeOpener: (any StoreOpener)?
   /// The note of a store move under way; nil: stores cannot be moved.
   public var moveJournal: (any StoreMoveJournal)?
+  /// Forwards of the socket (`tessera forward`); nil: none can be made.
+  public var forwards: (any ForwardListeners)?
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
     events: any BrokerEvents, clock: any BrokerClock,
     afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil,
     journal: (any RefreshJournal)? = nil, storeOpener: (any StoreOpener)? = nil,
-    moveJournal: (any StoreMoveJournal)? = nil
+    moveJournal: (any StoreMoveJournal)? = nil, forwards: (any ForwardListeners)? = nil
   ) {
+    self.forwards = forwards
     self.storeOpener = storeOpener
     self.moveJournal = moveJournal
     self.prompter = prompter

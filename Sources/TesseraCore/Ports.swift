@@ -1,6 +1,18 @@
 // The ports through which the core reaches the outside world. TesseraPlatform implements them
 // with sd-bus, libsecret, libcurl, sockets and processes; unit tests implement them with fakes.
 
+/// Forwards of tesserad's socket (`tessera forward`, issue 24): listeners of their own that the
+/// bus layer runs, each of whose callers is the app `forward:NAME`.
+public protocol ForwardListeners: Sendable {
+  /// Opens a listener for forward `name` to `host` at `path` ("" for the default place); returns
+  /// the socket's path. Not lasting: it ends when `owner`'s connection closes.
+  func open(name: String, host: String, path: String, lasting: Bool, owner: CallerInfo) async throws -> String
+  /// Ends forward `name`; false when there is none.
+  func close(name: String, reason: String) async -> Bool
+  /// The live forwards.
+  func list() async -> [ForwardInfo]
+}
+
 /// Wall-clock time and sleeping, injectable so tests control expiry and polling.
 public protocol BrokerClock: Sendable {
   /// Current time (wall clock, which keeps counting while the machine is suspended).

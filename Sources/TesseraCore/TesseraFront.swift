@@ -111,6 +111,10 @@ public struct TesseraFront: Sendable {
         "\(name) was called with arguments of type (\(signature)); it takes \(expected). Fix the call's argument types."
       )
     }
+    // Checked on the bus thread already; again here, where every front's calls end up.
+    if let app = caller.app, app.kind == .forward, !BrokerInterface.forwardedMethods.contains(name) {
+      throw AccessPolicy.forwardRefusal(app, "call \(name)")
+    }
     func string(_ i: Int) -> String { args[i].stringValue ?? "" }
     func strings(_ i: Int) -> [String] { if case .strings(let v) = args[i] { v } else { [] } }
     func dict(_ i: Int) -> [String: BusValue] { args[i].dictValue ?? [:] }
@@ -195,6 +199,47 @@ public struct TesseraFront: Sendable {
       metadata["from"] = "\(result.from)"
       metadata["items"] = "\(result.items)"
       return [.dict(result.busValue)]
+    case .addForward:
+      try await broker.checkMayManage(caller)
+      let (name, host, path) = (string(0), string(1), string(2))
+      guard AppIdentity.isForwardName(name) else {
+        throw TesseraError.invalidArgument(
+          "'\(RequestOptions.clip(name))' cannot name a forward: use 1 to 64 of the letters A-Z a-z, digits, '.', '_' and '-', not starting with '.'."
+        )
+      }
+      try RequestOptions.checkText(host, name: "host", max: 255)
+      try RequestOptions.checkText(path, name: "path", max: 107)
+      guard path.isEmpty || path.hasPrefix("/") else {
+        throw TesseraError.invalidArgument(
+          "The forward's path '\(RequestOptions.clip(path))' must be absolute (or empty for the default place).")
+      }
+      try RequestOptions.validate(dict(3), for: .addForward)
+      var lasting = false
+      if case .bool(let value)? = dict(3)[RequestOptions.lasting.key] { lasting = value }
+      guard let forwards = broker.deps.forwards else {
+        throw TesseraError.invalidArgument("This tesserad cannot make forwards (it serves no socket of its own).")
+      }
+      metadata["forward"] = "\(name)"
+      metadata["host"] = "\(host)"
+      let made = try await forwards.open(name: name, host: host, path: path, lasting: lasting, owner: caller)
+      metadata["path"] = "\(made)"
+      return [.string(made)]
+    case .removeForward:
+      try await broker.checkMayManage(caller)
+      try RequestOptions.checkText(string(0), name: "name", max: 64)
+      metadata["forward"] = "\(string(0))"
+      guard let forwards = broker.deps.forwards,
+        await forwards.close(name: string(0), reason: "ended by RemoveForward (`tessera forward --stop`)")
+      else {
+        throw TesseraError.invalidArgument(
+          "There is no forward named '\(RequestOptions.clip(string(0)))'. `tessera forward --list` shows the live ones."
+        )
+      }
+      return []
+    case .listForwards:
+      try await broker.checkMayManage(caller)
+      let list = await broker.deps.forwards?.list() ?? []
+      return [.dicts(list.map(\.busValue))]
     case .cancel:
       metadata["correlation_id"] = "\(string(0))"
       try await broker.cancel(correlationID: string(0), caller: caller)

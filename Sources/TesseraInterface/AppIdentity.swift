@@ -7,9 +7,12 @@
 ///   scope of that name, and programs started from an app (a terminal's shell) share its scope.
 /// - `executable`: weak. The program's path, plus its device and inode when the file is not
 ///   owned by root (a user-writable program replaced by another is another app).
+/// - `forward`: every caller that reaches tesserad through one forward's listener (`tessera
+///   forward`, issue 24): a remote host over ssh, or a container. Known by the listener it came
+///   through, not by a process; it may only get tokens (BrokerInterface.forwardedMethods).
 public struct AppIdentity: Sendable, Hashable, Codable {
   public enum Kind: String, Sendable, Codable, CaseIterable {
-    case flatpak, snap, desktop, executable
+    case flatpak, snap, desktop, executable, forward
   }
 
   public var kind: Kind
@@ -17,11 +20,30 @@ public struct AppIdentity: Sendable, Hashable, Codable {
   public var id: String
   /// For executables not owned by root: "DEV:INODE" of the file, part of the identity.
   public var fileID: String?
+  /// For a forward: where it leads, as shown ("over ssh to build01", "socket /path"); not part of
+  /// the key, so a forward's grants hold whatever host it is started for next.
+  public var forwardedTo: String?
 
-  public init(kind: Kind, id: String, fileID: String? = nil) {
+  public init(kind: Kind, id: String, fileID: String? = nil, forwardedTo: String? = nil) {
     self.kind = kind
     self.id = id
     self.fileID = fileID
+    self.forwardedTo = forwardedTo
+  }
+
+  /// The caller of forward `name`, leading to `place` ("over ssh to HOST", "socket PATH").
+  public static func forward(_ name: String, to place: String) -> AppIdentity {
+    AppIdentity(kind: .forward, id: name, forwardedTo: place)
+  }
+
+  /// Whether `name` may name a forward: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot
+  /// (it is also the listener's file name).
+  public static func isForwardName(_ name: String) -> Bool {
+    !name.isEmpty && name.utf8.count <= 64 && !name.hasPrefix(".")
+      && name.utf8.allSatisfy { c in
+        (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x2E || c == 0x5F
+          || c == 0x2D
+      }
   }
 
   /// Whether the platform vouches for the identity (a sandbox), rather than the process saying so.
@@ -36,6 +58,7 @@ public struct AppIdentity: Sendable, Hashable, Codable {
       case .snap: "snap"
       case .desktop: "desktop"
       case .executable: "exe"
+      case .forward: "forward"
       }
     return "\(prefix):\(id)" + (fileID.map { "@\($0)" } ?? "")
   }
@@ -50,6 +73,9 @@ public struct AppIdentity: Sendable, Hashable, Codable {
     case "flatpak": kind = .flatpak
     case "snap": kind = .snap
     case "desktop": kind = .desktop
+    case "forward":
+      guard Self.isForwardName(rest) else { return nil }
+      kind = .forward
     case "exe":
       kind = .executable
       guard rest.hasPrefix("/") else { return nil }
@@ -60,6 +86,7 @@ public struct AppIdentity: Sendable, Hashable, Codable {
     default: return nil
     }
     id = rest
+    forwardedTo = nil
   }
 
   /// How it is shown to the user: "org.example.App (Flatpak)", "/usr/bin/git (unverified)".
@@ -69,6 +96,20 @@ public struct AppIdentity: Sendable, Hashable, Codable {
     case .snap: "\(id) (snap)"
     case .desktop: "\(id) (desktop app, unverified)"
     case .executable: "\(id) (unverified)"
+    case .forward: "\(id) (forwarded\(forwardedTo.map { " \($0)" } ?? ""))"
+    }
+  }
+
+  /// How sure Tessera is of who asks, for the user's question (the portal dialog, the
+  /// notification).
+  public var assurance: String {
+    switch kind {
+    case .flatpak: "Tessera is sure which app this is (Flatpak sandbox)."
+    case .snap: "Tessera is sure which app this is (snap sandbox)."
+    case .desktop, .executable:
+      "Tessera cannot verify which program this is: any program of yours could call itself this."
+    case .forward:
+      "The request comes through the forward \(id) (`tessera forward`): anything that can reach its socket on the other side (the remote host's administrator included) asks through it."
     }
   }
 }

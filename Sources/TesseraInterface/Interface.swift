@@ -113,6 +113,9 @@ public enum BrokerInterface {
     case getAccessLog = "GetAccessLog"
     case setCurrentAccount = "SetCurrentAccount"
     case moveStore = "MoveStore"
+    case addForward = "AddForward"
+    case removeForward = "RemoveForward"
+    case listForwards = "ListForwards"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -145,6 +148,12 @@ public enum BrokerInterface {
         Method(rawValue, inputs: [Arg("account", "s"), Arg("authority", "s")], outputs: [Arg("result", "a{sv}")])
       case .moveStore:
         Method(rawValue, inputs: [Arg("to", "s"), Arg("options", "a{sv}")], outputs: [Arg("result", "a{sv}")])
+      case .addForward:
+        Method(
+          rawValue, inputs: [Arg("name", "s"), Arg("host", "s"), Arg("path", "s"), Arg("options", "a{sv}")],
+          outputs: [Arg("path", "s")])
+      case .removeForward: Method(rawValue, inputs: [Arg("name", "s")], outputs: [])
+      case .listForwards: Method(rawValue, inputs: [], outputs: [Arg("forwards", "aa{sv}")])
       }
     }
   }
@@ -155,8 +164,23 @@ public enum BrokerInterface {
     signals: [
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
       .init("AccountsChanged", []),
+      .init(forwardEnded, [Arg("name", "s"), Arg("reason", "s")]),
     ],
     properties: [.init("Version", .string(version)), .init(attentionNeeded, .strings([]), emitsChange: true)])
+
+  /// Sent to the connection that made a forward when it ends by RemoveForward or tesserad
+  /// stopping: `tessera forward` then ends its ssh.
+  public static let forwardEnded = "ForwardEnded"
+
+  /// What a caller that came through a forward may call (issue 24): tokens, the accounts it
+  /// holds a grant for, and cancelling its own call. Everything else is refused on the bus
+  /// thread, before the engine sees it, and again by the engine.
+  public static let forwardedMethods: Set<String> = [
+    MethodName.acquireTokenSilent.rawValue, MethodName.getAccounts.rawValue, MethodName.countHiddenAccounts.rawValue,
+    MethodName.cancel.rawValue,
+  ]
+  /// The one property a forwarded caller may read.
+  public static let forwardedProperties: Set<String> = ["Version"]
 
   /// The accounts (ids) that need the user to sign in again; PropertiesChanged tells when it changes.
   public static let attentionNeeded = "AttentionNeeded"

@@ -9,6 +9,7 @@ public enum OptionMethod: String, Sendable, CaseIterable {
   case acquireTokenSilent = "AcquireTokenSilent"
   case getAccounts = "GetAccounts"
   case signOut = "SignOut"
+  case addForward = "AddForward"
 
   /// What its `a{sv}` argument is called, in messages: GetAccounts takes a filter.
   public var argumentWord: String { self == .getAccounts ? "filter" : "option" }
@@ -141,11 +142,12 @@ public enum RequestOptions {
     "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
   public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")
   public static let revoke = RequestOption("revoke", .bool, [.signOut], default: "true")
+  public static let lasting = RequestOption("lasting", .bool, [.addForward], default: "false")
 
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, rejectedToken, clientID, username, revoke,
+    minValidity, timeout, rejectedToken, clientID, username, revoke, lasting,
   ]
 
   /// The default of `min_validity`, in seconds.

@@ -234,10 +234,7 @@ extension DesktopNotifier: AccessPrompter {
   /// Asks through a notification with three actions: "Allow once", "Always allow", "Deny". nil
   /// when no notification server answers, the user dismisses it, or 2 minutes pass.
   public func ask(_ question: AccessQuestion) async -> AccessAnswer? {
-    let sure =
-      question.app.isVerified
-      ? "Tessera is sure which app this is (\(question.app.kind == .flatpak ? "Flatpak" : "snap") sandbox)."
-      : "Tessera cannot verify which program this is: any program of yours could call itself this."
+    let sure = question.app.assurance
     let scopes =
       question.scopes.isEmpty ? "" : " (scopes: \(SafeText.clip(question.scopes.joined(separator: " "), limit: 300)))"
     let body = Self.escapeMarkup(

@@ -105,10 +105,7 @@ public final class PortalAccessPrompter: AccessPrompter {
     let user = SafeText.clip(q.username, limit: 200)
     let title = "Allow \(SafeText.clip(q.app.id, limit: 120)) to use \(SafeText.clip(q.username, limit: 120))?"
     let subtitle = "\(app) asks to use the sign-in of \(user) for client \(SafeText.clip(q.clientID, limit: 200))."
-    var body =
-      q.app.isVerified
-      ? "Tessera is sure which app this is (\(q.app.kind == .flatpak ? "Flatpak" : "snap") sandbox)."
-      : "Tessera cannot verify which program this is: any program of yours could call itself this."
+    var body = q.app.assurance
     if !q.scopes.isEmpty { body += " Scopes: \(SafeText.clip(q.scopes.joined(separator: " "), limit: 300))." }
     if q.operation != AccessGrant.Operation.token.rawValue { body += " It asks to: \(q.operation)." }
     return (title, subtitle, body)

@@ -2,7 +2,12 @@ import Logging
 import ServiceLifecycle
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraPlatform
+
+#if canImport(Glibc)
+  import Glibc
+#endif
 
 /// tesserad's long-running jobs, each a swift-service-lifecycle `Service` in one group, so their
 /// start and shutdown order is declared (Tesserad.run): they start in the group's order and stop
@@ -75,6 +80,49 @@ struct EventsService: Service {
           "The sign-in started from the notification did not finish",
           metadata: ["account_id": "\(accountID)", "error": "\(TesseraError.wrap(error))"])
       }
+    }
+  }
+}
+
+/// The engine's forwards (`tessera forward`), as listeners of the bus server: by default in
+/// `tessera/forward/` beside tesserad's own socket.
+struct BusForwards: ForwardListeners {
+  let server: BusServer
+  /// `…/tessera/forward`, beside the socket tesserad serves; nil when it serves none.
+  let directory: String?
+  let clock: any BrokerClock
+
+  func open(name: String, host: String, path: String, lasting: Bool, owner: CallerInfo) async throws -> String {
+    var place = path
+    if place.isEmpty {
+      guard let directory else {
+        throw TesseraError.invalidArgument(
+          "tesserad serves no socket of its own here, so it has no place for a forward's socket; give one (`tessera forward --socket PATH`)."
+        )
+      }
+      place = directory + "/" + name
+    }
+    return try await server.openForward(
+      BusServer.ForwardRequest(
+        name: name, host: host, path: place, makeDirectory: path.isEmpty, lasting: lasting, owner: owner),
+      now: Int64(clock.now().timeIntervalSince1970))
+  }
+
+  func close(name: String, reason: String) async -> Bool { await server.closeForward(name, reason: reason) }
+
+  func list() async -> [ForwardInfo] { await server.forwardList() }
+
+  /// Removes the sockets a killed tesserad left in the forwards' directory (nothing serves them:
+  /// the forwards of this run are made after).
+  static func removeStale(in directory: String) {
+    guard let dir = opendir(directory) else { return }
+    defer { closedir(dir) }
+    while let entry = readdir(dir) {
+      let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+      guard name != ".", name != ".." else { continue }
+      var st = stat()
+      let path = directory + "/" + name
+      if lstat(path, &st) == 0, st.st_mode & S_IFMT == S_IFSOCK, st.st_uid == getuid() { unlink(path) }
     }
   }
 }

@@ -146,6 +146,10 @@ struct Tesserad: AsyncParsableCommand {
       identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) },
       identifyPinned: { pidfd, pid, label in CallerIdentity.pin(pidfd: pidfd, pid: pid, label: label) },
       listener: listener)
+    // Forwards' sockets go beside tesserad's own (`tessera/forward/`); a killed run's are removed.
+    let forwardDirectory = listener.map { DirectSocket.directory(of: $0.path) + "/forward" }
+    if let forwardDirectory { BusForwards.removeStale(in: forwardDirectory) }
+    let forwards = BusForwards(server: server, directory: forwardDirectory, clock: SystemClock())
     let notifier = DesktopNotifier(server: server, logger: logger)
     let broker = Broker(
       config: brokerConfig,
@@ -159,7 +163,7 @@ struct Tesserad: AsyncParsableCommand {
         // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
         journal: store is MemoryStore
           ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
-        storeOpener: opener, moveJournal: moveJournal),
+        storeOpener: opener, moveJournal: moveJournal, forwards: forwards),
       logger: logger)
     requests.install(
       server: server, handler: TesseraFront(broker: broker, logger: logger),

@@ -147,3 +147,58 @@ final class AccessPolicyTests: XCTestCase {
     XCTAssertEqual(policy.log.records.dropLast().last?.count, 1005, "the tool's count went on past the log's size")
   }
 }
+
+/// A forward's callers (`tessera forward`, issue 24): tokens by the mode's rules, nothing else
+/// whatever the mode or the grants say.
+final class ForwardAccessPolicyTests: XCTestCase {
+  let forward = AppIdentity.forward("build01", to: "over ssh to build01.example")
+
+  func request(_ operation: AccessGrant.Operation) -> AccessRequest {
+    AccessRequest(
+      caller: CallerInfo(busName: ":direct.3", pid: 5, uid: 1000, app: forward), clientID: "app1", accountID: "acct1",
+      username: "alice@idp.test", scopes: [], authority: "https://idp.test", operation: operation)
+  }
+
+  func testAForwardGetsTokensByTheModeAndNeverSignsInEvenWithAGrant() {
+    var granted = TokenCache()
+    _ = granted.upsert(
+      grant: AccessGrant(app: forward.key, clientID: "app1", accountID: "*", grantedAt: 0, via: "user"))
+    XCTAssertEqual(
+      AccessPolicy(mode: .open).decide(request(.token), grants: TokenCache(), canAsk: true),
+      .allow(reason: "open mode", noteUse: true))
+    XCTAssertEqual(AccessPolicy(mode: .confirm).decide(request(.token), grants: TokenCache(), canAsk: true), .ask)
+    XCTAssertEqual(AccessPolicy(mode: .strict).decide(request(.token), grants: TokenCache(), canAsk: true), .refuse)
+    XCTAssertEqual(
+      AccessPolicy(mode: .strict).decide(request(.token), grants: granted, canAsk: true),
+      .allow(reason: "grant", noteUse: true))
+    for mode in AccessMode.allCases {
+      for operation in [AccessGrant.Operation.signIn, .listAccounts, .signOut] {
+        XCTAssertEqual(
+          AccessPolicy(mode: mode).decide(request(operation), grants: granted, canAsk: true), .refuse,
+          "\(mode) \(operation)")
+      }
+    }
+    let refusal = AccessPolicy(mode: .open).refusal(request(.signIn), heldByOther: false)
+    XCTAssertTrue(refusal.message.contains("may only get tokens"), refusal.message)
+    XCTAssertTrue(refusal.message.contains("tessera login"), refusal.message)
+  }
+
+  func testAForwardSeesOnlyGrantedAccountsInOpenModeToo() throws {
+    let caller = CallerInfo(busName: ":direct.3", app: forward)
+    let grants = [AccessGrant(app: forward.key, clientID: "app1", accountID: "acct1", grantedAt: 0, via: "user")]
+    XCTAssertEqual(AccessPolicy(mode: .open).visibleAccountIDs(caller, grants: grants), ["acct1"])
+    XCTAssertEqual(AccessPolicy(mode: .open).visibleAccountIDs(caller, grants: []), [])
+    // Other apps in open mode still see every account.
+    XCTAssertNil(
+      AccessPolicy(mode: .open).visibleAccountIDs(
+        CallerInfo(busName: ":1.4", app: AppIdentity(kind: .executable, id: "/usr/bin/tool")), grants: []))
+    XCTAssertThrowsError(try AccessPolicy.checkMayManage(caller)) { error in
+      XCTAssertTrue("\(error)".contains("may only get tokens"), "\(error)")
+    }
+    let account = Account(
+      id: "acct1", username: "alice@idp.test", name: "Alice", authority: "https://idp.test", environment: "idp.test",
+      realm: "r", localAccountID: "sub")
+    XCTAssertThrowsError(
+      try AccessPolicy(mode: .open).checkSignOut(caller, account: account, clientID: nil, grants: grants))
+  }
+}

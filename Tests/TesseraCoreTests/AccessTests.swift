@@ -203,6 +203,16 @@ final class AccessTests: XCTestCase {
     XCTAssertNil(AppIdentity(key: "exe:relative"))
     XCTAssertNil(AppIdentity(key: "other:x"))
     XCTAssertNil(AppIdentity(key: "flatpak:a\nb"))
+    // A forward is its name: where it leads is shown, never part of the key its grants hold.
+    let forward = AppIdentity.forward("build01", to: "over ssh to build01.example")
+    XCTAssertEqual(forward.key, "forward:build01")
+    XCTAssertEqual(AppIdentity(key: forward.key)?.key, forward.key)
+    XCTAssertEqual(AppIdentity(key: forward.key)?.kind, .forward)
+    for bad in [
+      "forward:", "forward:.hidden", "forward:a b", "forward:a/b", "forward:" + String(repeating: "x", count: 65),
+    ] {
+      XCTAssertNil(AppIdentity(key: bad), bad)
+    }
   }
 
   // MARK: Narrowed grants, first use, hidden accounts
