@@ -90,7 +90,7 @@ def remote_host(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     assert os.access(TESSERA, os.X_OK), f"{TESSERA} is missing: build it (swift build)"
-    host = RemoteHost(tmp_path_factory.mktemp("sshd"), [REMOTE_USER, OTHER_USER])
+    host = RemoteHost(tmp_path_factory.mktemp("sshd"), [REMOTE_USER, OTHER_USER])  # users a failure leaves: make_user
     try:
         host.install().start()
         hello = host.ssh("echo", "hello from", "$USER")
@@ -102,6 +102,7 @@ def remote_host(tmp_path_factory):
         assert blocked.returncode != 0, "the remote user can enter the session's XDG_RUNTIME_DIR"
         yield host
     finally:
+        host.clean()
         host.close()
 
 
@@ -303,7 +304,6 @@ def test_strict_mode_refuses_a_forward_until_it_is_granted(start_daemon, write_c
 
 
 def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
-    Broker().sign_in()
     keep = ["sh", "-c", 'echo "$TESSERA_SOCKET"; exec sleep 60']
 
     # While it runs: listed, with its socket here (0600 in a 0700 directory) and there.
