@@ -237,7 +237,8 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
         said = out.stdout + out.stderr
         assert out.returncode == 12 and REFUSED in said, (command, out.returncode, said)
         assert "build01" in said, (command, said)
-    # Nothing happened: still signed in, no sign-in started (browser or device code), no grant added.
+    # Nothing happened: still signed in, no sign-in started (a browser tesserad opened would have
+    # asked the IdP's /authorize; a device code is a device grant), no grant added.
     assert [a["id"] for a in b.accounts()] == [alice["id"]]
     assert not any("/authorize" in r["path"] for r in idp.requests(mark)), "a sign-in started"
     assert idp.last_device_grant() == device_grants, "a device code was asked for"
