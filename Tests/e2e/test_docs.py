@@ -133,6 +133,22 @@ DOC_BLOCKS = [
     ("docs/integrations.md", "065ed2b617", "# printf is the shell's own, so the token reaches curl on a pipe, not in an argument.",
      "run::test_curl_and_tessera_exec_reach_an_api"),
     ("docs/integrations.md", "ccbc6890a7", "{", "Tests/e2e/test_cli.py::def test_token_accounts_status"),
+    # tessera forward (issue 24): a real sshd and bubblewrap, as root (test_forward.py); the
+    # commands there are these, with the test's ssh_config (-F) and the test's own paths.
+    ("README.md", "a250d417d0",
+     "tessera forward build01.example.com                        # a login shell there, in which `tessera token` works",
+     "Tests/e2e/test_forward.py::def test_a_forward_lives_as_long_as_its_ssh"),
+    ("README.md", "287666728c", "mkdir -p -m 700 ~/.local/share/tessera-devbox",
+     "Tests/e2e/test_forward.py::def test_a_container_forward_serves_another_mount_namespace"),
+    ("docs/integrations.md", "74dfb5bf85",
+     "# ~/.config/tessera/config.toml on the remote host: only what its helpers read.",
+     "Tests/e2e/test_forward.py::def test_git_on_the_remote_host_clones_with_the_credential_helper"),
+    ("docs/integrations.md", "455aa8a2a8",
+     "# On the remote host, once: tessera and the helper's name for it on PATH, git told to use it.",
+     "Tests/e2e/test_forward.py::\"git-credential-tessera\""),
+    ("docs/integrations.md", "875967ab7c", "# A lasting socket for containers: its directory yours alone, the socket 0600.",
+     "Tests/e2e/test_forward.py::def test_a_container_forward_serves_another_mount_namespace"),
+    ("docs/integrations.md", "68d8b1a2e6", "{", "Tests/e2e/test_forward.py::def in_container"),
 ]
 
 

@@ -17,6 +17,11 @@ TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap faketime)
 # For the unit tests of the man pages (Tests/TesseraCLITests/ManPageTests.swift runs
 # `man --warnings` on docs/man/*): man-db's man(1) and the groff it formats with.
 TESSERA_TEST_PACKAGES=(man-db groff-base)
+# OpenSSH's server and client, for the tests of `tessera forward` (Tests/e2e/test_forward.py runs
+# an sshd of its own on 127.0.0.1, never the system's service). Not in the lists every script
+# installs: on a desktop, where systemd runs as init, the package would enable and start sshd on
+# port 22. tessera_install_test_sshd installs it only where no systemd runs (a container, CI).
+TESSERA_SSH_TEST_PACKAGES=(openssh-server openssh-client)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
@@ -52,4 +57,42 @@ tessera_install_kubectl() {
         return 0
     fi
     tessera_install_packages kubernetes-client
+}
+
+# tessera_install_test_sshd: TESSERA_SSH_TEST_PACKAGES, only where systemd is not init (else the
+# forward tests skip and say how to enable them), and without enabling or starting an sshd service
+# (the tests start /usr/sbin/sshd themselves): a policy-rc.d refuses every service start during the
+# install (a container's own is kept), and the links that enable ssh.service are removed after it.
+tessera_install_test_sshd() {
+    if dpkg -s openssh-server >/dev/null 2>&1; then
+        echo "openssh-server is installed"
+        return 0
+    fi
+    if [[ -d /run/systemd/system ]]; then
+        echo "openssh-server not installed: systemd runs as init here, and the package would start sshd on" \
+            "port 22; Tests/e2e/test_forward.py skips its ssh tests (install openssh-server yourself to run them)"
+        return 0
+    fi
+    local sudo=() rc=0 made_policy=0
+    if [[ $(id -u) -ne 0 ]]; then
+        if ! command -v sudo >/dev/null; then
+            echo "not root and no sudo: install these first: ${TESSERA_SSH_TEST_PACKAGES[*]}" >&2
+            return 1
+        fi
+        sudo=(sudo)
+    fi
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\n# scripts/lib/packages.sh: no service starts while openssh-server is installed\nexit 101\n' |
+            "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null && "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d &&
+            made_policy=1
+    fi
+    tessera_install_packages "${TESSERA_SSH_TEST_PACKAGES[@]}" || rc=$?
+    if [[ $made_policy -eq 1 ]]; then
+        "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
+    fi
+    # Only links this install made: the package is there now and was not before.
+    if [[ $rc -eq 0 ]] && dpkg -s openssh-server >/dev/null 2>&1; then
+        "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/ssh.service /etc/systemd/system/sshd.service
+    fi
+    return $rc
 }
