@@ -32,10 +32,6 @@ extension BusServer {
     // A session bus serves one user; a bus that lets another user connect (or a peer that passed
     // its connection on) must not reach anyone's tokens through it. Refused before anything else.
     if let refusal = refusalForAnotherUser(caller) { return refuse(message, member, .accessDenied(refusal)) }
-    // A caller that came through a forward (a remote host, a container) may only get tokens.
-    if let app = caller.app, app.kind == .forward, !BrokerInterface.forwardedMethods.contains(member) {
-      return refuse(message, member, .accessDenied(Self.forwardRefusal(app, member)))
-    }
     let call = Call(interface: object.description, member: member, arguments: arguments, caller: caller)
     switch answerAtOnce?(call) {
     case .reply(let result)?:
@@ -99,11 +95,6 @@ extension BusServer {
     }
     return replyError(message, failure)
   }
-  /// The refusal of a method a forwarded caller may not call.
-  static func forwardRefusal(_ app: AppIdentity, _ member: String) -> String {
-    "\(app.display) may only get tokens: \(member) is not served through a forward. Run it on the machine tesserad runs on (sign-ins, sign-outs, grants and the access log stay there)."
-  }
-
   func exportedObject(of message: OpaquePointer) -> ExportedObject? {
     guard let path = sd_bus_message_get_path(message) else { return nil }
     let interface = sd_bus_message_get_interface(message)

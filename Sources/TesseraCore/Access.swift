@@ -226,15 +226,24 @@ extension Broker {
 
   // MARK: Audit
 
-  func audit(_ kind: AccessPolicy.AuditKind, _ request: AccessRequest, reason: String) {
+  /// A forwarded caller asked for something other than a token: refused, and audited with the
+  /// method it called as the operation.
+  public func auditForwardRefusal(_ caller: CallerInfo, method: String) {
+    let request = AccessRequest(
+      caller: caller, clientID: "", accountID: "", username: "", scopes: [], authority: "", operation: .token)
+    audit(.refused, request, reason: "forwarded callers may only get tokens", operation: method)
+  }
+
+  func audit(_ kind: AccessPolicy.AuditKind, _ request: AccessRequest, reason: String, operation: String? = nil) {
     let caller = request.caller
-    let count = access.record(kind, request, reason: reason, at: Int64(deps.clock.now().timeIntervalSince1970))
+    let count = access.record(
+      kind, request, reason: reason, at: Int64(deps.clock.now().timeIntervalSince1970), operation: operation)
     let metadata: Logger.Metadata = [
       "MESSAGE_ID": "\(kind == .allowed ? AuditMessage.allowed : AuditMessage.refused)",
       "app": "\(caller.app?.display ?? "unidentified")", "app_key": "\(caller.appKey ?? "unidentified")",
       "caller_pid": "\(caller.pid.map(String.init) ?? "?")", "client_id": "\(request.clientID)",
       "account": "\(request.username)", "scopes": "\(request.scopes.joined(separator: " "))",
-      "operation": "\(request.operation.rawValue)", "reason": "\(reason)",
+      "operation": "\(operation ?? request.operation.rawValue)", "reason": "\(reason)",
       // A count per app that journald's rate limit cannot hide: a gap in it shows lines were dropped.
       "app_decisions": "\(count)",
     ]

@@ -192,14 +192,16 @@ struct AccessPolicy {
   enum AuditKind { case allowed, refused }
 
   /// Records a decision in the access log; returns the app's decision count (for the journal line).
-  mutating func record(_ kind: AuditKind, _ request: AccessRequest, reason: String, at: Int64) -> Int {
+  mutating func record(
+    _ kind: AuditKind, _ request: AccessRequest, reason: String, at: Int64, operation: String? = nil
+  ) -> Int {
     let caller = request.caller
     let key = caller.appKey ?? "unidentified"
     let count = counts.note(key, allowed: kind == .allowed)
     log.append(
       AuditRecord(
         at: at, app: caller.app, appKey: key, clientID: request.clientID, account: request.username,
-        scopes: request.scopes, operation: request.operation.rawValue,
+        scopes: request.scopes, operation: operation ?? request.operation.rawValue,
         decision: kind == .allowed ? "allowed" : "refused", reason: reason, count: count))
     return count
   }

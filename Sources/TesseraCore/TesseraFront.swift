@@ -111,8 +111,10 @@ public struct TesseraFront: Sendable {
         "\(name) was called with arguments of type (\(signature)); it takes \(expected). Fix the call's argument types."
       )
     }
-    // Checked on the bus thread already; again here, where every front's calls end up.
+    // A caller that came through a forward (a remote host, a container) may only get tokens:
+    // anything else is refused before it is looked at, and audited.
     if let app = caller.app, app.kind == .forward, !BrokerInterface.forwardedMethods.contains(name) {
+      await broker.auditForwardRefusal(caller, method: name)
       throw AccessPolicy.forwardRefusal(app, "call \(name)")
     }
     func string(_ i: Int) -> String { args[i].stringValue ?? "" }

@@ -7,6 +7,7 @@ connection on a forward's listener is the app `forward:NAME`: it may get tokens 
 mode says) and nothing else, and no refresh token ever leaves this machine."""
 import json
 import os
+import pty
 import re
 import select
 import shutil
@@ -18,9 +19,9 @@ import time
 import pytest
 
 from conftest import TESSERA, Broker, run_cli, wait_until
-from resource_servers import CA
+from resource_servers import CA, KubeAPI
 from test_access import PortalBackend
-from test_integrations import git_server  # noqa: F401  (the fixture)
+from test_integrations import git_server, kubectl_version  # noqa: F401  (the fixture)
 from tessera_sshd import SSHServer, why_not
 
 FORWARD_DIR = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "forward")
@@ -213,6 +214,84 @@ def test_git_on_the_remote_host_clones_with_the_credential_helper(daemon, remote
     b.close()
 
 
+def test_kubectl_on_the_remote_host_uses_the_exec_plugin(daemon, remote):
+    version = kubectl_version()
+    assert version is not None, "kubectl is not installed: scripts/test installs it (kubernetes-client)"
+    b = Broker()
+    b.sign_in()
+    api = KubeAPI()
+    try:
+        api_version = "client.authentication.k8s.io/v1" if version >= (1, 22) else "client.authentication.k8s.io/v1beta1"
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
+                  "clusters": [{"name": "test", "cluster": {"server": api.url,
+                                                            "certificate-authority": f"{REMOTE_HOME}/ca.pem"}}],
+                  "users": [{"name": "me", "user": {"exec": {
+                      "apiVersion": api_version, "command": REMOTE_TESSERA,
+                      "args": ["kube-credential", "--client-id", "tessera-test"],
+                      **({"interactiveMode": "Never"} if version >= (1, 22) else {})}}}],
+                  "contexts": [{"name": "test", "context": {"cluster": "test", "user": "me"}}]}
+        path = os.path.join(REMOTE_HOME, "kube.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        entry = remote.users[REMOTE_USER]
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+        try:
+            out = forward(remote, "env", f"HOME={REMOTE_HOME}", "kubectl", "--kubeconfig", path, "get", "--raw",
+                          "/api/v1/namespaces/default/pods")
+        finally:
+            os.unlink(path)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["items"][0]["metadata"]["name"] == "pod-of-alice"
+        assert {r[3] for r in api.requests if r[4] == 200} == {"alice"}
+    finally:
+        api.close()
+        b.close()
+
+
+def test_an_interactive_login_shell_gets_the_socket_and_its_exit_status_comes_back(daemon, remote):
+    b = Broker()
+    token = b.sign_in()["access_token"]
+    # With a terminal and no command, ssh gets -t and the remote user's login shell runs.
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([TESSERA, "forward", "--name", "build01", remote.host, "-F", remote.config],
+                            stdin=secondary, stdout=secondary, stderr=secondary, close_fds=True)
+    os.close(secondary)
+    seen = b""
+    try:
+        os.write(primary, f'echo "SOCKET=$TESSERA_SOCKET"; {REMOTE_TESSERA} token --client-id tessera-test; '
+                          f'echo DONE; exit 3\n'.encode())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([primary], [], [], 1)
+            if ready:
+                try:
+                    seen += os.read(primary, 65536)
+                except OSError:
+                    break
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(primary)
+    text = seen.decode(errors="replace")
+    assert rc == 3, text
+    assert re.search(r"SOCKET=/tmp/tessera-fwd-[0-9a-f]{16}\.sock", text), text
+    assert token in text, text
+    assert not os.path.exists(local_socket("build01"))
+    b.close()
+
+
+def test_a_chosen_remote_socket_path_is_used_and_removed(daemon, remote):
+    path = f"/tmp/tessera-chosen-{os.getpid()}.sock"
+    out = run_cli("forward", "--name", "build01", "--remote-socket", path, remote.host, "-F", remote.config, "--",
+                  "sh", "-c", 'echo "$TESSERA_SOCKET"; test -S "$TESSERA_SOCKET"', timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == path
+    assert not os.path.exists(path), "the wrapper removes the socket ssh left"
+    relative = run_cli("forward", "--remote-socket", "tmp/x.sock", remote.host)
+    assert relative.returncode == 64 and "absolute" in relative.stderr
+
+
 # ----------------------------------------------------------------------------------------------
 # What a forward may not do
 
@@ -244,10 +323,12 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
     assert idp.last_device_grant() == device_grants, "a device code was asked for"
     grants = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
     assert not any(g["client_id"] == "tessera-other" for g in grants), grants
-    # Every refusal is in tesserad's log, naming the forward (they are refused before the engine,
-    # whose access log records token decisions).
-    refusals = [line for line in daemon.log().splitlines() if REFUSED in line]
-    assert refusals and all("build01" in line for line in refusals), refusals
+    # Every refusal is audited: in the access log, as the forward (with its host) and the method.
+    records = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+    refused = {r["operation"] for r in records if r["app_key"] == "forward:build01" and r["decision"] == "refused"}
+    assert {"SignOut", "Grant", "ListGrants", "GetAccessLog", "GetStatus", "SetCurrentAccount",
+            "AcquireToken"} <= refused, refused
+    assert all("tessera-remote" in r["app"] for r in records if r["app_key"] == "forward:build01"), records
 
     # bob signs in on the desktop: the forward still sees only the account it was granted.
     b.sign_in("bob")
