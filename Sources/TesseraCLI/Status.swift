@@ -114,6 +114,15 @@ extension Tessera {
         let broker = try connectBroker()
         report = try Self.ask(broker)
       } catch {
+        // It answered, but not to this program (a forward's callers, a sandboxed app in strict
+        // mode): running, and why it said nothing more.
+        if case .broker(let refusal) = error, refusal.code == .accessDenied {
+          return (
+            Report(
+              running: true, reason: refusal.message, version: "", accounts: [], needsAttention: false, fronts: []),
+            refusal.code.exitCode
+          )
+        }
         let (reason, status) = notAnswered(error)
         return (
           Report(
@@ -194,6 +203,11 @@ extension Tessera {
     }
 
     static func show(_ report: Report, now: Int64) {
+      if report.running, let reason = report.reason {
+        print(
+          "tesserad is running, but does not report its status to this program: \(SafeText.clip(reason, limit: 2000))")
+        return
+      }
       guard report.running else {
         let reason = (report.reason ?? "").split(separator: "\n").map { SafeText.clip(String($0), limit: 2000) }
         if reason.count > 1 {

@@ -316,6 +316,10 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
         said = out.stdout + out.stderr
         assert out.returncode == 12 and REFUSED in said, (command, out.returncode, said)
         assert "build01" in said, (command, said)
+        if command == ["status"]:
+            assert "tesserad is running, but does not report its status" in said, said
+    status = json.loads(remote_tessera(remote, "status", "--json").stdout)
+    assert status["running"] is True and REFUSED in status["reason"], status
     # Nothing happened: still signed in, no sign-in started (a browser tesserad opened would have
     # asked the IdP's /authorize; a device code is a device grant), no grant added.
     assert [a["id"] for a in b.accounts()] == [alice["id"]]
