@@ -407,6 +407,10 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     assert isinstance(entry["connections"], int) and abs(entry["since"] - time.time()) < 60, entry
     assert stat.S_IMODE(os.stat(FORWARD_DIR).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(local_socket("build01")).st_mode) == 0o600
+    # For people: one row with its name, where it leads, and how it ends (piped: tab-separated).
+    rows = [line.split("\t") for line in run_cli("forward", "--list", check_rc=0).stdout.splitlines()]
+    assert [r[:2] for r in rows] == [["build01", "tessera-remote"]], rows
+    assert f"pid {running.pid}" in rows[0][4] and rows[0][5] == local_socket("build01"), rows
     # A second forward of the same name is refused while this one lives.
     twice = forward(remote, "true")
     assert twice.returncode != 0 and "build01" in twice.stderr, twice.stderr
