@@ -445,6 +445,28 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     assert words.returncode == 0 and words.stdout == "it's $HOME|a  b|*|", words.stdout + words.stderr
 
 
+def test_a_forward_made_over_the_session_bus_serves_and_ends_the_same(daemon, remote):
+    b = Broker()
+    token = b.sign_in()["access_token"]
+    # `--bus`: the forward belongs to a session-bus connection instead of one on the socket.
+    out = run_cli("--bus", "forward", "--name", "viabus", remote.host, "-F", remote.config, "--", REMOTE_TESSERA,
+                  "token", "--client-id", "tessera-test", timeout=90)
+    assert out.returncode == 0 and out.stdout.strip() == token, out.stderr
+    assert "viabus" not in forwards(), "it ended with its ssh"
+    running = subprocess.Popen([TESSERA, "--bus", "forward", "--name", "viabus", remote.host, "-F", remote.config,
+                                "--", "sh", "-c", 'echo "$TESSERA_SOCKET"; exec sleep 60'],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    assert REMOTE_SOCKET.match(first_line(running))
+    wait_until(lambda: forwards().get("viabus"), what="the forward in --list")
+    # --stop reaches its owner on the bus (ForwardEnded, to that connection alone), which ends ssh.
+    run_cli("forward", "--stop", "viabus", check_rc=0)
+    rc, err = ended(running)
+    assert rc in (143, 255), (rc, err)
+    assert "viabus" in err and "ended" in err, err
+    assert "viabus" not in forwards() and not os.path.exists(local_socket("viabus"))
+    b.close()
+
+
 def test_options_that_would_outlive_the_forward_are_refused(daemon):
     for option in (["-f"], ["-N"], ["-O", "exit"], ["-W", "localhost:22"]):
         out = run_cli("forward", "--name", "build01", "tessera-remote", *option, "--", "true")
