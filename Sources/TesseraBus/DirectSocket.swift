@@ -272,6 +272,11 @@ public enum DirectSocket {
             ? "Another tesserad took \(path) at the same moment. Only one may serve it."
             : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
       }
+      if purpose != .broker && (code == .readOnlyFileSystem || code == .permissionDenied) {
+        throw fail(
+          "tesserad may not make a socket in \(dir) (\(code)): under its systemd unit (tessera.service) it may write only below $XDG_RUNTIME_DIR/tessera. Put the socket there."
+        )
+      }
       throw fail("Could not bind \(path): \(code)")
     }
     _ = chmod(path, 0o600)

@@ -123,7 +123,17 @@ extension Tessera {
       }
       if let socket, let name {
         let path = try withBroker { broker throws(TesseraClientError) in
-          try broker.addForward(name: name, host: "", path: socket, lasting: true)
+          let path = try broker.addForward(name: name, host: "", path: socket, lasting: true)
+          // tesserad may see another /tmp than this command (PrivateTmp in tessera.service).
+          var st = stat()
+          guard lstat(path, &st) == 0, st.st_mode & S_IFMT == S_IFSOCK else {
+            try? broker.removeForward(name: name)
+            throw .broker(
+              .invalidArgument(
+                "tesserad made \(path) where this command cannot see it (tessera.service gives tesserad a /tmp of its own). Put the socket below $XDG_RUNTIME_DIR/tessera instead."
+              ))
+          }
+          return path
         }
         print(path)
         printError(

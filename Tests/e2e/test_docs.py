@@ -138,7 +138,7 @@ DOC_BLOCKS = [
     ("README.md", "a250d417d0",
      "tessera forward build01.example.com                        # a login shell there, in which `tessera token` works",
      "Tests/e2e/test_forward.py::def test_a_forward_lives_as_long_as_its_ssh"),
-    ("README.md", "287666728c", "mkdir -p -m 700 ~/.local/share/tessera-devbox",
+    ("README.md", "f6b96e5dcf", "mkdir -p -m 700 \"$XDG_RUNTIME_DIR/tessera/devbox\"",
      "Tests/e2e/test_forward.py::def test_a_container_forward_serves_another_mount_namespace"),
     ("docs/integrations.md", "74dfb5bf85",
      "# ~/.config/tessera/config.toml on the remote host: only what its helpers read.",
@@ -146,9 +146,10 @@ DOC_BLOCKS = [
     ("docs/integrations.md", "455aa8a2a8",
      "# On the remote host, once: tessera and the helper's name for it on PATH, git told to use it.",
      "Tests/e2e/test_forward.py::\"git-credential-tessera\""),
-    ("docs/integrations.md", "875967ab7c", "# A lasting socket for containers: its directory yours alone, the socket 0600.",
+    ("docs/integrations.md", "78038ce1d4",
+     "# A lasting socket for containers: its directory yours alone, the socket 0600. Below",
      "Tests/e2e/test_forward.py::def test_a_container_forward_serves_another_mount_namespace"),
-    ("docs/integrations.md", "68d8b1a2e6", "{", "Tests/e2e/test_forward.py::def in_container"),
+    ("docs/integrations.md", "af6c201061", "{", "Tests/e2e/test_forward.py::def in_container"),
 ]
 
 
