@@ -178,9 +178,13 @@ extension Tessera {
         printError("tessera: could not run \(argv[0]): \(error). Install OpenSSH's client, or set TESSERA_SSH.")
         Glibc.exit(ClientExitStatus.failure.rawValue)
       }
-      // ssh has the terminal's signals; this process waits for it.
+      // ssh has the terminal's signals; this process waits for it. Asked to end (SIGTERM, a
+      // closed terminal's SIGHUP), it passes that on to ssh and ends with it.
       signal(SIGINT, SIG_IGN)
       signal(SIGQUIT, SIG_IGN)
+      forwardedSSH = pid
+      signal(SIGTERM) { number in _ = kill(forwardedSSH, number) }
+      signal(SIGHUP) { number in _ = kill(forwardedSSH, number) }
       var status: Int32 = 0
       var exited = false
       let ended: String?
@@ -201,6 +205,9 @@ extension Tessera {
     }
   }
 }
+
+/// The ssh a `tessera forward` runs, for its signal handlers (set once, before they are).
+nonisolated(unsafe) private var forwardedSSH: pid_t = 0
 
 /// What `tessera forward HOST …` runs: ssh, with the socket forwarded and a wrapper that gives the
 /// remote shell TESSERA_SOCKET. Pure, so its arguments are unit-tested.

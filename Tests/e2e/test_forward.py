@@ -434,6 +434,18 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     assert rc == 137, (rc, err)
     assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
 
+    # `tessera forward` asked to end (SIGTERM; SIGHUP when its terminal closes): it ends ssh and
+    # then itself, with ssh's status, and no ssh is left behind.
+    running = forward_in_background(remote, *keep)
+    first_line(running)
+    ssh_pid = wait_until(lambda: subprocess.run(["pgrep", "-P", str(running.pid), "-x", "ssh"], capture_output=True,
+                                                text=True).stdout.split(), what="the ssh child")
+    running.send_signal(signal.SIGTERM)
+    rc, err = ended(running)
+    assert rc in (143, 255), (rc, err)
+    assert not os.path.exists(f"/proc/{ssh_pid[0]}"), "ssh outlived its tessera forward"
+    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+
     # The remote command ends: its status is the forward's, and the wrapper removed the remote socket.
     out = forward(remote, "sh", "-c", 'echo "$TESSERA_SOCKET"; test -S "$TESSERA_SOCKET" && exit 7')
     assert out.returncode == 7, out.stderr
