@@ -26,12 +26,18 @@ TESSERA_SSH_TEST_PACKAGES=(openssh-server openssh-client)
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
 
+# tessera_is_installed NAME: whether the package is installed (not merely known to dpkg: a package
+# removed with its configuration left is "deinstall ok config-files", and `dpkg -s` still succeeds).
+tessera_is_installed() {
+    dpkg -s "$1" 2>/dev/null | grep -qx "Status: install ok installed"
+}
+
 # tessera_install_packages NAME...: installs those of NAME... that are missing (apt-get, as root or
 # through sudo). Prints what it does; returns non-zero when it could not.
 tessera_install_packages() {
     local missing=() p sudo=()
     for p in "$@"; do
-        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+        tessera_is_installed "$p" || missing+=("$p")
     done
     if [[ ${#missing[@]} -eq 0 ]]; then
         echo "all $# Debian packages are installed"
@@ -64,7 +70,7 @@ tessera_install_kubectl() {
 # (the tests start /usr/sbin/sshd themselves): a policy-rc.d refuses every service start during the
 # install (a container's own is kept), and the links that enable ssh.service are removed after it.
 tessera_install_test_sshd() {
-    if dpkg -s openssh-server >/dev/null 2>&1; then
+    if tessera_is_installed openssh-server; then
         echo "openssh-server is installed"
         return 0
     fi
@@ -91,7 +97,7 @@ tessera_install_test_sshd() {
         "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
     fi
     # Only links this install made: the package is there now and was not before.
-    if [[ $rc -eq 0 ]] && dpkg -s openssh-server >/dev/null 2>&1; then
+    if [[ $rc -eq 0 ]] && tessera_is_installed openssh-server; then
         "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/ssh.service /etc/systemd/system/sshd.service
     fi
     return $rc
