@@ -7,6 +7,9 @@ let package = Package(
     .executable(name: "tesserad", targets: ["tesserad"]),
     .executable(name: "tessera", targets: ["tessera"]),
     .library(name: "TesseraClient", targets: ["TesseraClient"]),
+    // For Fuzz/ (scripts/fuzz) only: the modules whose parsers its targets call. A package can use
+    // another's products alone; nothing in this package links it.
+    .library(name: "TesseraFuzzable", targets: ["TesseraInterface", "TesseraCore", "TesseraCLI"]),
   ],
   dependencies: [
     .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
