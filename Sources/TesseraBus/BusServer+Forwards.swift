@@ -76,6 +76,11 @@ extension BusServer {
   // MARK: Bus thread
 
   private func addForward(_ request: ForwardRequest, now: Int64) -> Result<String, TesseraError> {
+    // The same name again right after its `tessera forward` ended: that connection's end may be
+    // waiting unread behind this call. Looked at now, so the name is free.
+    if let existing = forwards[request.name], let owner = existing.owner, ownerHasLeft(owner) {
+      removeForward(request.name, reason: "the `tessera forward` that made it ended", tellOwner: false)
+    }
     if let existing = forwards[request.name] {
       let whose = existing.info.ownerPID.map { " (its `tessera forward` runs as process \($0))" } ?? ""
       return .failure(
@@ -135,6 +140,18 @@ extension BusServer {
     }
     log(.notice, "Forward \(name) ended: \(reason)")
     return true
+  }
+
+  /// Whether the direct connection `owner` has closed, though its end may not be read yet.
+  private func ownerHasLeft(_ owner: String) -> Bool {
+    guard owner.hasPrefix(":direct.") else { return false }
+    guard let peer = peersByName[owner] else { return true }
+    let fd = sd_bus_get_fd(peer.bus)
+    guard fd >= 0 else { return true }
+    // POLLHUP: a Unix stream socket whose peer has closed (POLLRDHUP, 0x2000, is GNU-only in C).
+    let hangUp = Int16(POLLHUP) | 0x2000
+    var polled = pollfd(fd: fd, events: hangUp, revents: 0)
+    return poll(&polled, 1, 0) == 1 && polled.revents & hangUp != 0
   }
 
   /// A connection left: the forwards it made end with it.

@@ -109,13 +109,20 @@ extension Tessera {
 
     /// The report and the exit status it calls for.
     static func report() -> (Report, Int32) {
+      func notRunning(_ error: TesseraClientError) -> (Report, Int32) {
+        let (reason, status) = notAnswered(error)
+        return (
+          Report(running: false, reason: reason, version: "", accounts: [], needsAttention: true, fronts: []), status
+        )
+      }
       let report: Report
+      let broker: TesseraBroker
+      do { broker = try connectBroker() } catch { return notRunning(error) }
       do {
-        let broker = try connectBroker()
         report = try Self.ask(broker)
       } catch {
-        // It answered, but not to this program (a forward's callers, a sandboxed app in strict
-        // mode): running, and why it said nothing more.
+        // Reached, and it answered, but not to this program (a forward's callers, a sandboxed app
+        // in strict mode): running, and why it said nothing more.
         if case .broker(let refusal) = error, refusal.code == .accessDenied {
           return (
             Report(
@@ -123,11 +130,7 @@ extension Tessera {
             refusal.code.exitCode
           )
         }
-        let (reason, status) = notAnswered(error)
-        return (
-          Report(
-            running: false, reason: reason, version: "", accounts: [], needsAttention: true, fronts: []), status
-        )
+        return notRunning(error)
       }
       var status = ClientExitStatus.success.rawValue
       if report.storeMessage != nil {

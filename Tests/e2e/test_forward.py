@@ -156,6 +156,13 @@ def local_socket(name):
     return os.path.join(FORWARD_DIR, name)
 
 
+def gone(path, name):
+    """The forward is gone, its socket file with it: tesserad sees its owner's connection close a
+    moment after `tessera forward` exits."""
+    wait_until(lambda: not os.path.exists(path) and name not in forwards(), timeout=10,
+               what=f"the forward {name} and {path} to go")
+
+
 def remote_tessera(host, *args, name="build01"):
     return forward(host, REMOTE_TESSERA, *args, name=name)
 
@@ -187,7 +194,7 @@ def test_a_remote_command_gets_the_desktops_token_and_no_refresh_token(daemon, r
     seen = out.stdout + out.stderr + whole.stdout + whole.stderr + remote.files_text()
     assert not [t for t in refresh_tokens if t in seen], "a refresh token reached the remote host"
     # Each forward ended with its command: no listener here, no socket file there.
-    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+    gone(local_socket("build01"), "build01")
     uid = remote.users[REMOTE_USER].pw_uid
     left = [n for n in os.listdir("/tmp") if n.startswith("tessera-fwd-") and os.lstat(f"/tmp/{n}").st_uid == uid]
     assert not left, left
@@ -280,7 +287,7 @@ def test_an_interactive_login_shell_gets_the_socket_and_its_exit_status_comes_ba
     assert rc == 3, text
     assert re.search(r"SOCKET=/tmp/tessera-fwd-[0-9a-f]{16}\.sock", text), text
     assert token in text, text
-    assert not os.path.exists(local_socket("build01"))
+    gone(local_socket("build01"), "build01")
     b.close()
 
 
@@ -422,7 +429,7 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     run_cli("forward", "--stop", "build01", check_rc=0)
     rc, err = ended(running)
     assert rc in (143, 255), (rc, err)  # ssh's own status on SIGTERM
-    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+    gone(local_socket("build01"), "build01")
     unknown = run_cli("forward", "--stop", "build01")
     assert unknown.returncode != 0 and "build01" in unknown.stderr, unknown.stderr
 
@@ -435,7 +442,7 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     os.kill(int(ssh_pid[0]), signal.SIGKILL)
     rc, err = ended(running)
     assert rc == 137, (rc, err)
-    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+    gone(local_socket("build01"), "build01")
 
     # `tessera forward` asked to end (SIGTERM; SIGHUP when its terminal closes): it ends ssh and
     # then itself, with ssh's status, and no ssh is left behind.
@@ -447,14 +454,14 @@ def test_a_forward_lives_as_long_as_its_ssh(daemon, remote):
     rc, err = ended(running)
     assert rc in (143, 255), (rc, err)
     assert not os.path.exists(f"/proc/{ssh_pid[0]}"), "ssh outlived its tessera forward"
-    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+    gone(local_socket("build01"), "build01")
 
     # The remote command ends: its status is the forward's, and the wrapper removed the remote socket.
     out = forward(remote, "sh", "-c", 'echo "$TESSERA_SOCKET"; test -S "$TESSERA_SOCKET" && exit 7')
     assert out.returncode == 7, out.stderr
     remote_path = out.stdout.strip()
     assert REMOTE_SOCKET.match(remote_path) and not os.path.exists(remote_path), remote_path
-    assert not os.path.exists(local_socket("build01")) and "build01" not in forwards()
+    gone(local_socket("build01"), "build01")
     # Words reach the command as they were given: no second round of shell parsing.
     words = forward(remote, "printf", "%s|", "it's $HOME", "a  b", "*")
     assert words.returncode == 0 and words.stdout == "it's $HOME|a  b|*|", words.stdout + words.stderr
@@ -467,7 +474,7 @@ def test_a_forward_made_over_the_session_bus_serves_and_ends_the_same(daemon, re
     out = run_cli("--bus", "forward", "--name", "viabus", remote.host, "-F", remote.config, "--", REMOTE_TESSERA,
                   "token", "--client-id", "tessera-test", timeout=90)
     assert out.returncode == 0 and out.stdout.strip() == token, out.stderr
-    assert "viabus" not in forwards(), "it ended with its ssh"
+    gone(local_socket("viabus"), "viabus")  # it ended with its ssh
     running = subprocess.Popen([TESSERA, "--bus", "forward", "--name", "viabus", remote.host, "-F", remote.config,
                                 "--", "sh", "-c", 'echo "$TESSERA_SOCKET"; exec sleep 60'],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
@@ -513,6 +520,14 @@ def test_another_local_user_is_closed_at_a_forwards_listener_before_a_byte_is_re
     finally:
         run_cli("forward", "--stop", "openbox")
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_name_is_free_again_as_soon_as_its_forward_ends(daemon, remote):
+    # Back to back, as a script runs them: each `tessera forward` finds the name free, although
+    # tesserad may not have read the end of the one before yet.
+    for _ in range(5):
+        out = forward(remote, "true")
+        assert out.returncode == 0, out.stderr
 
 
 def test_options_that_would_outlive_the_forward_are_refused(daemon):
