@@ -9,7 +9,8 @@ let package = Package(
     .library(name: "TesseraClient", targets: ["TesseraClient"]),
     // For Fuzz/ (scripts/fuzz) only: the modules whose parsers its targets call. A package can use
     // another's products alone; nothing in this package links it.
-    .library(name: "TesseraFuzzable", targets: ["TesseraInterface", "TesseraCore", "TesseraCLI"]),
+    .library(
+      name: "TesseraFuzzable", targets: ["TesseraInterface", "TesseraCore", "TesseraCLI", "TesseraPlatform"]),
   ],
   dependencies: [
     .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),

@@ -20,5 +20,9 @@ let package = Package(
     .executableTarget(name: "FuzzOAuth", dependencies: [tessera], swiftSettings: asLibrary),
     // git's credential protocol and kubectl's KUBERNETES_EXEC_INFO.
     .executableTarget(name: "FuzzGitCredential", dependencies: [tessera], swiftSettings: asLibrary),
+    // The loopback listener: the browser's request head and redirect query, and /proc/net/tcp.
+    .executableTarget(name: "FuzzLoopback", dependencies: [tessera], swiftSettings: asLibrary),
+    // The Microsoft broker front's request JSON.
+    .executableTarget(name: "FuzzMicrosoft", dependencies: [tessera], swiftSettings: asLibrary),
   ]
 )
