@@ -117,6 +117,25 @@ def run_as_nobody(script, *args, pass_fds=()):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=pass_fds)
 
 
+def assert_closed_unread_for_nobody(path):
+    """User nobody connects to `path` and starts the D-Bus handshake: it gets no byte back."""
+    attacker = run_as_nobody("""
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect(sys.argv[1])
+        try:
+            s.sendall(b"\\0AUTH EXTERNAL 3635353334\\r\\n")
+            got = s.recv(4096)
+        except (ConnectionResetError, BrokenPipeError):
+            got = b""
+        print(repr(got))
+        """, path)
+    out, err = attacker.communicate(timeout=30)
+    assert attacker.returncode == 0, err
+    assert out.strip() == "b''", f"another user got an answer: {out}"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user (CI runs as root)")
 def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_left_open(daemon):
     # Every directory above the socket made passable for others, the socket open to all: only
@@ -129,21 +148,7 @@ def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_le
         os.chmod(path, 0o777 if path == SOCKET else mode | 0o711)
         path = os.path.dirname(path)
     try:
-        attacker = run_as_nobody("""
-            import socket, sys
-            s = socket.socket(socket.AF_UNIX)
-            s.settimeout(10)
-            s.connect(sys.argv[1])
-            try:
-                s.sendall(b"\\0AUTH EXTERNAL 3635353334\\r\\n")
-                got = s.recv(4096)
-            except (ConnectionResetError, BrokenPipeError):
-                got = b""
-            print(repr(got))
-            """, SOCKET)
-        out, err = attacker.communicate(timeout=30)
-        assert attacker.returncode == 0, err
-        assert out.strip() == "b''", f"another user got an answer: {out}"
+        assert_closed_unread_for_nobody(SOCKET)
         wait_until(lambda: f"Closed a direct connection from user {NOBODY}" in daemon.log(),
                    what="tesserad to log the refused connection")
     finally:
