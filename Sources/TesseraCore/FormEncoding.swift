@@ -31,23 +31,37 @@ public enum FormEncoding {
     return result
   }
 
+  /// Percent-decoding with `+` as space. A `%` not followed by two hex digits stays as it is (as
+  /// browsers and the WHATWG URL standard do): `%zz` and `%+1` are text, not a byte.
   public static func unescape(_ s: String) -> String {
+    let input = Array(s.utf8)
     var bytes: [UInt8] = []
-    bytes.reserveCapacity(s.utf8.count)
-    var iterator = Array(s.utf8).makeIterator()
-    while let byte = iterator.next() {
-      switch byte {
-      case UInt8(ascii: "+"): bytes.append(UInt8(ascii: " "))
-      case UInt8(ascii: "%"):
-        if let h = iterator.next(), let l = iterator.next(),
-          let v = UInt8(String(decoding: [h, l], as: UTF8.self), radix: 16)
-        {
-          bytes.append(v)
-        }
-      default: bytes.append(byte)
+    bytes.reserveCapacity(input.count)
+    var i = 0
+    while i < input.count {
+      let byte = input[i]
+      if byte == UInt8(ascii: "+") {
+        bytes.append(UInt8(ascii: " "))
+      } else if byte == UInt8(ascii: "%"), i + 2 < input.count, let h = hexValue(input[i + 1]),
+        let l = hexValue(input[i + 2])
+      {
+        bytes.append(h << 4 | l)
+        i += 2
+      } else {
+        bytes.append(byte)
       }
+      i += 1
     }
     return String(decoding: bytes, as: UTF8.self)
+  }
+
+  private static func hexValue(_ byte: UInt8) -> UInt8? {
+    switch byte {
+    case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+    case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+    case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+    default: nil
+    }
   }
 }
 

@@ -1,3 +1,4 @@
+import TesseraEngineFakes
 import XCTest
 
 @testable import TesseraCore
@@ -252,6 +253,19 @@ final class WireTextTests: XCTestCase {
     let error = OAuthErrorResponse.map(status: 400, body: Array(body.utf8), endpoint: "e", retryAfter: nil)
     XCTAssertTrue(error.message.contains("The refresh token has expired."))
     XCTAssertFalse(error.message.contains("Trace ID"), error.message)
+  }
+
+  /// A `%` without two hex digits after it is text (found by reading for issue 25's fuzz target:
+  /// `%+1` used to decode to the byte 0x01, as Swift's integer parser takes a sign, and `%zz`
+  /// vanished with the two characters after it).
+  func testAPercentSignWithoutTwoHexDigitsStaysAsItIs() {
+    XCTAssertEqual(FormEncoding.unescape("a%+1b"), "a% 1b", "the % is text, the + a space")
+    XCTAssertEqual(FormEncoding.unescape("a%-0"), "a%-0")
+    XCTAssertEqual(FormEncoding.unescape("100%zz"), "100%zz")
+    XCTAssertEqual(FormEncoding.unescape("50%"), "50%")
+    XCTAssertEqual(FormEncoding.unescape("%4"), "%4")
+    XCTAssertEqual(FormEncoding.unescape("%41%4a%4A+%e2%82%AC"), "AJJ €")
+    XCTAssertEqual(FormEncoding.decode("state=%+1&code=c%zz"), ["state": "% 1", "code": "c%zz"])
   }
 }
 

@@ -1,0 +1,373 @@
+import JWTKit
+import Logging
+import Synchronization
+
+import TesseraCore
+
+/// The engine's fakes (the unit tests of TesseraCore and the fuzz targets use them): a clock,
+/// a keyring, signals, a redirect listener, a browser and a scripted identity provider, wired into
+/// a broker by Harness. For pure logic only: the e2e tests run the real parts.
+
+/// A clock the test moves; `sleep` advances it instead of waiting.
+package final class FakeClock: BrokerClock, Sendable {
+  package init() {}
+  package let current = Mutex<Date>(Date(timeIntervalSince1970: 1_800_000_000))
+  package let sleeps = Mutex<[Double]>([])
+  /// Seconds awake, and elapsed: both move with `advance` and `sleep`; `suspend` moves the wall
+  /// clock and elapsed time only, `jump` (the clock set) the wall clock only.
+  package let awakeSeconds = Mutex<Double>(0)
+  package let elapsedSeconds = Mutex<Double>(0)
+  package func now() -> Date { current.withLock { $0 } }
+  package func awake() -> Double { awakeSeconds.withLock { $0 } }
+  package func elapsed() -> Double { elapsedSeconds.withLock { $0 } }
+  package func advance(_ seconds: Double) {
+    current.withLock { $0 = $0.addingTimeInterval(seconds) }
+    awakeSeconds.withLock { $0 += seconds }
+    elapsedSeconds.withLock { $0 += seconds }
+  }
+  package func suspend(_ seconds: Double) {
+    current.withLock { $0 = $0.addingTimeInterval(seconds) }
+    elapsedSeconds.withLock { $0 += seconds }
+  }
+  package func jump(_ seconds: Double) { current.withLock { $0 = $0.addingTimeInterval(seconds) } }
+  package func sleep(seconds: Double) async throws {
+    try Task.checkCancellation()
+    sleeps.withLock { $0.append(seconds) }
+    advance(seconds)
+    await Task.yield()
+  }
+}
+
+/// An in-memory Secret Service that can be "locked".
+package final class FakeStore: SecretStore, Sendable {
+  package init() {}
+  package let items = Mutex<[StoredItem]>([])
+  package let locked = Mutex(false)
+  /// Every item saved, in order.
+  package let saved = Mutex<[StoredItem]>([])
+
+  /// When set, loads wait until it is cleared (a keyring that does not answer).
+  package let hangLoads = Mutex(false)
+  package func loadAll() async throws -> [StoredItem] {
+    while hangLoads.withLock({ $0 }) { try await Task.sleep(nanoseconds: 1_000_000) }
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    return items.withLock { $0 }
+  }
+  package func probe(withinSeconds seconds: Double) async throws {
+    if hangLoads.withLock({ $0 }) { throw TesseraError.storeUnavailable("the fake keyring does not answer") }
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+  }
+  /// Items of this kind are refused while the store is unlocked (as a keyring refuses a bad item).
+  package let refusedKind = Mutex<String?>(nil)
+  package func save(_ item: StoredItem) async throws {
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    if let kind = refusedKind.withLock({ $0 }), item.attributes["kind"] == kind {
+      throw StoreRejectedError("the keyring refused the \(kind) item")
+    }
+    items.withLock { items in
+      items.removeAll { $0.attributes == item.attributes }
+      items.append(item)
+    }
+    saved.withLock { $0.append(item) }
+  }
+  package func delete(matching attributes: [String: String]) async throws {
+    if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
+    items.withLock { items in items.removeAll { item in attributes.allSatisfy { item.attributes[$0.key] == $0.value } }
+    }
+  }
+  package func secrets(kind: String) -> [String] {
+    items.withLock { $0.filter { $0.attributes["kind"] == kind }.map(\.secret) }
+  }
+}
+
+package struct NoBrowser: BrowserLauncher {
+  package init() {}
+  package func open(_ url: String) throws {}
+}
+
+/// Records signals.
+package final class RecordingEvents: BrokerEvents, Sendable {
+  package init() {}
+  package let pending = Mutex<[(String, [String: BusValue])]>([])
+  package let accountsChangedCount = Mutex(0)
+  package let attention = Mutex<[[String]]>([])
+  package let needs = Mutex<[SignInNeed]>([])
+  package let resolved = Mutex<[String]>([])
+  package func attentionChanged(_ accountIDs: [String]) { attention.withLock { $0.append(accountIDs) } }
+  package func signInNeeded(_ need: SignInNeed) { needs.withLock { $0.append(need) } }
+  package func signInNoLongerNeeded(accountID: String) { resolved.withLock { $0.append(accountID) } }
+  package func interactionPending(destination: String, correlationID: String, info: InteractionInfo) {
+    pending.withLock { $0.append((destination, info.busValue)) }
+  }
+  package func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
+  package let firstUses = Mutex<[FirstUse]>([])
+  package func appFirstUsedAccount(_ use: FirstUse) { firstUses.withLock { $0.append(use) } }
+}
+
+/// A redirect listener that answers with what the test says, given the authorization URL.
+package final class FakeListeners: RedirectListenerFactory, Sendable {
+  package let lastAuthorizationURL = Mutex<String?>(nil)
+  package let answer: @Sendable (_ state: String) -> RedirectParameters
+  /// When set, the listener waits until cancelled (a user who never finishes signing in).
+  package let hang = Mutex(false)
+  package init(answer: @escaping @Sendable (_ state: String) -> RedirectParameters) { self.answer = answer }
+
+  package struct Listener: RedirectListener {
+    package let redirectURI = "http://127.0.0.1:4711/"
+    package let owner: FakeListeners
+    package func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters {
+      if owner.hang.withLock({ $0 }) {
+        try await Task.sleep(nanoseconds: 60_000_000_000)
+      }
+      // The broker has announced the URL (InteractionPending) before waiting; the test's IdP reads state from it.
+      guard let url = owner.lastAuthorizationURL.withLock({ $0 }) else { throw TesseraError.timedOut("no url") }
+      let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
+      return owner.answer(query["state"] ?? "")
+    }
+    package func startURL(opening authorizationURL: String) -> String {
+      owner.lastAuthorizationURL.withLock { $0 = authorizationURL }
+      return "http://127.0.0.1:4711/start/0123"
+    }
+    package func close() {}
+  }
+  package func listen(port: UInt16, hostName: String) throws -> any RedirectListener { Listener(owner: self) }
+}
+
+/// Browser that records the URL, so the fake listener can echo `state`.
+package struct RecordingBrowser: BrowserLauncher {
+  package let listeners: FakeListeners
+  package let idp: FakeIdP
+  package init(listeners: FakeListeners, idp: FakeIdP) {
+    self.listeners = listeners
+    self.idp = idp
+  }
+  package func open(_ url: String) throws {
+    // The broker opens the listener's start URL, which leads to the authorization URL.
+    guard url.hasPrefix("http://127.0.0.1:4711/start/"), let url = listeners.lastAuthorizationURL.withLock({ $0 })
+    else { throw TesseraError.internal("the browser was given \(url), not the listener's start URL") }
+    let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
+    idp.lastNonce.withLock { $0 = query["nonce"] }
+  }
+}
+
+/// A scripted OpenID provider: discovery, JWKS, token endpoint; id_tokens signed with ES256.
+package final class FakeIdP: HTTPClient, Sendable {
+  package static let authority = "https://idp.test/tenant1"
+  package let keys: JWTKeyCollection
+  package let jwks: Mutex<String>
+  /// The key id id_tokens are signed with.
+  package let signingKid = Mutex("k1")
+  package let clock: FakeClock
+  package let requests = Mutex<[HTTPRequest]>([])
+  /// Answers for token-endpoint POSTs, in order; when empty, a fresh token is issued.
+  package let scriptedTokenAnswers = Mutex<[HTTPResponse]>([])
+  package let tokenCounter = Mutex(0)
+  /// expires_in of every access token issued.
+  package let accessTokenSeconds = Mutex(3600)
+  /// Awaited before answering a token request (to hold concurrent requests in flight).
+  package let tokenDelay = Mutex<Double>(0)
+  package let subject = Mutex("alice-sub")
+  /// Appended to every issued token response, e.g. `,"refresh_in":600`.
+  package let extraTokenFields = Mutex("")
+  /// When set, a token answer grants the scopes the request asked for (else always "read"), as a
+  /// provider that binds refresh tokens to their scopes does.
+  package let echoScopes = Mutex(false)
+  /// Clients whose refresh requests are refused with invalid_grant.
+  package let refusedClients = Mutex<Set<String>>([])
+  package let audienceOverride = Mutex<String?>(nil)
+
+  package init(clock: FakeClock) async {
+    let key = ES256PrivateKey()
+    keys = JWTKeyCollection()
+    await keys.add(ecdsa: key, kid: "k1")
+    let p = key.parameters!
+    jwks = Mutex(#"{"keys":[\#(Self.jwk(p, kid: "k1"))]}"#)
+    self.clock = clock
+  }
+
+  package static func jwk(_ p: ECDSAParameters, kid: String) -> String {
+    #"{"kty":"EC","crv":"P-256","use":"sig","alg":"ES256","kid":"\#(kid)","x":"\#(p.x)","y":"\#(p.y)"}"#
+  }
+
+  /// Signs from now on with a new key `kid`; `publish` puts it in the JWKS (else the IdP "forgot").
+  package func rotateKey(to kid: String, publish: Bool = true) async {
+    let key = ES256PrivateKey()
+    await keys.add(ecdsa: key, kid: JWKIdentifier(string: kid))
+    signingKid.withLock { $0 = kid }
+    if publish {
+      jwks.withLock { $0 = #"{"keys":[\#(Self.jwk(key.parameters!, kid: kid))]}"# }
+    }
+  }
+
+  package var jwksFetches: Int { requests.withLock { $0.filter { $0.url.hasSuffix("/jwks") }.count } }
+
+  package var tokenRequests: [HTTPRequest] { requests.withLock { $0.filter { $0.url.hasSuffix("/token") } } }
+  package func form(_ r: HTTPRequest) -> [String: String] { FormEncoding.decode(String(decoding: r.body ?? [], as: UTF8.self)) }
+
+  package struct Claims: JWTPayload {
+    package var iss: String
+    package var sub: String
+    package var aud: String
+    package var exp: Double
+    package var iat: Double
+    package var nonce: String?
+    package var preferred_username: String
+    package var name: String
+    package var tid: String?
+    package var oid: String?
+    package func verify(using algorithm: some JWTAlgorithm) async throws {}
+  }
+
+  /// Entra mode: the client_info the token endpoint sends (default: uid1 in the home tenant).
+  package let clientInfoJSON = Mutex(#"{"uid":"uid1","utid":"home-tid"}"#)
+
+  /// Entra mode: the tenant (realm) of the account's home.
+  package static let homeTenant = "home-tid"
+
+  /// Tenant of a login.microsoftonline.com URL, with common/organizations mapped to the home tenant.
+  package static func entraTenant(_ url: String) -> String? {
+    guard url.hasPrefix("https://login.microsoftonline.com/") else { return nil }
+    let tenant = String(url.dropFirst("https://login.microsoftonline.com/".count).prefix { $0 != "/" })
+    return ["common", "organizations"].contains(tenant) ? homeTenant : tenant
+  }
+
+  package func idToken(nonce: String?, clientID: String, tenant: String? = nil) async throws -> String {
+    let now = clock.now().timeIntervalSince1970
+    return try await keys.sign(
+      Claims(
+        iss: tenant.map { "https://login.microsoftonline.com/\($0)/v2.0" } ?? Self.authority,
+        sub: subject.withLock { $0 }, aud: audienceOverride.withLock { $0 } ?? clientID,
+        exp: now + 3600,
+        iat: now, nonce: nonce, preferred_username: "alice@idp.test", name: "Alice", tid: tenant,
+        oid: tenant.map { $0 == Self.homeTenant ? "uid1" : "guest-object-id" }),
+      kid: JWKIdentifier(string: signingKid.withLock { $0 }))
+  }
+
+  /// Nonce of the last authorization request (set by tests that drive the browser flow).
+  package let lastNonce = Mutex<String?>(nil)
+
+  package func send(_ request: HTTPRequest) async throws -> HTTPResponse {
+    requests.withLock { $0.append(request) }
+    let url = request.url
+    if url.hasSuffix("/.well-known/openid-configuration"), url.hasPrefix("https://login.microsoftonline.com/") {
+      let base = String(url.dropLast("/v2.0/.well-known/openid-configuration".count))
+      return HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"issuer":"https://login.microsoftonline.com/{tenantid}/v2.0","authorization_endpoint":"\#(base)/oauth2/v2.0/authorize","token_endpoint":"\#(base)/oauth2/v2.0/token","jwks_uri":"\#(base)/discovery/v2.0/keys"}"#
+            .utf8))
+    }
+    if url.hasSuffix("/discovery/v2.0/keys") {
+      return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8))
+    }
+    if url.hasSuffix("/.well-known/openid-configuration") {
+      return HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"issuer":"\#(Self.authority)","authorization_endpoint":"\#(Self.authority)/authorize","token_endpoint":"\#(Self.authority)/token","jwks_uri":"\#(Self.authority)/jwks","device_authorization_endpoint":"\#(Self.authority)/device","revocation_endpoint":"\#(Self.authority)/revoke"}"#
+            .utf8))
+    }
+    if url.hasSuffix("/jwks") { return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8)) }
+    if url.hasSuffix("/revoke") { return HTTPResponse(status: 200, body: []) }
+    if url.hasSuffix("/device") {
+      return HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"device_code":"dc","user_code":"ABCD-EFGH","verification_uri":"https://idp.test/device","expires_in":600,"interval":5}"#
+            .utf8))
+    }
+    if url.hasSuffix("/token") {
+      let delay = tokenDelay.withLock { $0 }
+      if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
+      if let scripted = scriptedTokenAnswers.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return scripted }
+      let fields = form(request)
+      if fields["grant_type"] == "refresh_token", refusedClients.withLock({ $0.contains(fields["client_id"] ?? "") }) {
+        return HTTPResponse(
+          status: 400, body: Array(#"{"error":"invalid_grant","error_description":"not in family"}"#.utf8))
+      }
+      let n = tokenCounter.withLock {
+        $0 += 1; return $0
+      }
+      let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
+      let tenant = Self.entraTenant(url)
+      let idToken = try await idToken(nonce: nonce, clientID: fields["client_id"] ?? "", tenant: tenant)
+      let clientInfo =
+        tenant == nil
+        ? "" : #","client_info":"\#(Base64URL.encode(Array(clientInfoJSON.withLock { $0 }.utf8)))""#
+      let body =
+        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":\#(accessTokenSeconds.withLock { $0 }),"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
+      return HTTPResponse(status: 200, body: Array(body.utf8))
+    }
+    return HTTPResponse(status: 404, body: [])
+  }
+}
+
+/// A broker wired to fakes, with helpers to sign in.
+package struct Harness {
+  package let clock = FakeClock()
+  package let store = FakeStore()
+  package let events = RecordingEvents()
+  package let idp: FakeIdP
+  package let listeners: FakeListeners
+  package let broker: Broker
+
+  package init(
+    config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
+    prompter: (any AccessPrompter)? = nil, journal: (any RefreshJournal)? = nil,
+    redirect: (@Sendable (String) -> RedirectParameters)? = nil, logger: Logger = Logger(label: "test")
+  ) async {
+    idp = await FakeIdP(clock: clock)
+    let answer = redirect ?? { state in ["code": "the-code", "state": state] }
+    listeners = FakeListeners(answer: answer)
+    var cfg = config ?? BrokerConfig()
+    // The engine's tests call without an identified app; access control has its own (AccessTests).
+    cfg.accessMode = accessMode
+    // Off unless a test is about it: it makes the bus thread answer only apps it has seen.
+    cfg.notifyFirstUse = notifyFirstUse
+    if config == nil {
+      cfg.defaultAuthority = FakeIdP.authority
+      cfg.defaultClientID = "app1"
+      cfg.defaultScopes = ["read"]
+      cfg.trustedAuthorities = ["https://idp.test"]
+    }
+    broker = Broker(
+      config: cfg,
+      dependencies: BrokerDependencies(
+        http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
+        events: events,
+        clock: clock, prompter: prompter, journal: journal),
+      logger: logger)
+  }
+
+  package func request(clientID: String = "", scopes: [String] = [], options: [String: BusValue] = [:]) throws -> TokenRequest {
+    try RequestParser.tokenRequest(clientID: clientID, scopes: scopes, accountID: "", options: options)
+  }
+
+  /// Interactive sign-in through the fake browser and listener; returns the result dictionary.
+  @discardableResult
+  package func signIn(clientID: String = "", options: [String: BusValue] = [:]) async throws -> [String: BusValue] {
+    listeners.lastAuthorizationURL.withLock { $0 = nil }
+    return try await broker.acquireTokenInteractive(
+      request(clientID: clientID, options: options), caller: CallerInfo(busName: ":1.42"))
+  }
+}
+
+/// The engine's results as org.tessera.Broker1 sends them (through TesseraFront, which also
+/// publishes silent replies for the bus thread), for the tests written against the wire's dicts.
+extension Broker {
+  package nonisolated var testFront: TesseraFront { TesseraFront(broker: self, logger: Logger(label: "test")) }
+
+  package nonisolated func acquireTokenSilent(_ request: TokenRequest) async throws -> [String: BusValue] {
+    try await testFront.silentToken(request)
+  }
+
+  package nonisolated func acquireTokenInteractive(_ request: TokenRequest, caller: CallerInfo) async throws -> [String:
+    BusValue]
+  {
+    try await testFront.signIn(request, caller: caller)
+  }
+
+  package nonisolated func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
+    try await knownAccounts(matching: filter).map(\.info.busValue)
+  }
+}
