@@ -253,7 +253,7 @@ public struct TesseraFront: Sendable {
 
   /// AcquireTokenSilent's reply. A reply served from a fresh cached token is published (without
   /// its correlation id) for the bus thread to repeat while the token stays fresh.
-  func silentToken(_ request: TokenRequest) async throws -> [String: BusValue] {
+  package func silentToken(_ request: TokenRequest) async throws -> [String: BusValue] {
     let fastPath = broker.fastPath
     let clockOffset = broker.clockOffset
     let (result, published) = try await broker.silentAnswer(request) { result, target in
@@ -271,7 +271,7 @@ public struct TesseraFront: Sendable {
   }
 
   /// AcquireToken's reply: an interactive sign-in's token.
-  func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> [String: BusValue] {
+  package func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> [String: BusValue] {
     Self.reply(try await broker.signIn(request, caller: caller), correlationID: request.correlationID)
   }
 

@@ -1,3 +1,4 @@
+import TesseraEngineFakes
 import XCTest
 
 @testable import TesseraCore

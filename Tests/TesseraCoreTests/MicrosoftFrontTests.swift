@@ -1,4 +1,5 @@
 import Logging
+import TesseraEngineFakes
 import XCTest
 
 @testable import TesseraCore

@@ -1,5 +1,6 @@
 import Logging
 import Synchronization
+import TesseraEngineFakes
 import XCTest
 
 @testable import TesseraCore

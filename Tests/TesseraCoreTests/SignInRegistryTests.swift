@@ -1,3 +1,4 @@
+import TesseraEngineFakes
 import TesseraInterface
 import XCTest
 

@@ -1,4 +1,5 @@
 import Synchronization
+import TesseraEngineFakes
 import XCTest
 
 @testable import TesseraCore

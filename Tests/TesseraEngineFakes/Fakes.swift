@@ -1,7 +1,6 @@
 import JWTKit
 import Logging
 import Synchronization
-
 import TesseraCore
 
 /// The engine's fakes (the unit tests of TesseraCore and the fuzz targets use them): a clock,
@@ -202,7 +201,9 @@ package final class FakeIdP: HTTPClient, Sendable {
   package var jwksFetches: Int { requests.withLock { $0.filter { $0.url.hasSuffix("/jwks") }.count } }
 
   package var tokenRequests: [HTTPRequest] { requests.withLock { $0.filter { $0.url.hasSuffix("/token") } } }
-  package func form(_ r: HTTPRequest) -> [String: String] { FormEncoding.decode(String(decoding: r.body ?? [], as: UTF8.self)) }
+  package func form(_ r: HTTPRequest) -> [String: String] {
+    FormEncoding.decode(String(decoding: r.body ?? [], as: UTF8.self))
+  }
 
   package struct Claims: JWTPayload {
     package var iss: String
@@ -339,7 +340,9 @@ package struct Harness {
       logger: logger)
   }
 
-  package func request(clientID: String = "", scopes: [String] = [], options: [String: BusValue] = [:]) throws -> TokenRequest {
+  package func request(clientID: String = "", scopes: [String] = [], options: [String: BusValue] = [:]) throws
+    -> TokenRequest
+  {
     try RequestParser.tokenRequest(clientID: clientID, scopes: scopes, accountID: "", options: options)
   }
 
