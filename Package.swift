@@ -7,10 +7,9 @@ let package = Package(
     .executable(name: "tesserad", targets: ["tesserad"]),
     .executable(name: "tessera", targets: ["tessera"]),
     .library(name: "TesseraClient", targets: ["TesseraClient"]),
-    // For Fuzz/ (scripts/fuzz) only: the modules whose parsers its targets call. A package can use
-    // another's products alone; nothing in this package links it.
-    .library(
-      name: "TesseraFuzzable", targets: ["TesseraInterface", "TesseraCore", "TesseraCLI", "TesseraPlatform"]),
+    // For Fuzz/ (scripts/fuzz) only: the fuzz targets, which its libFuzzer executables wrap. A
+    // package can use another's products alone; nothing in this package links it.
+    .library(name: "TesseraFuzzable", targets: ["TesseraFuzzTargets"]),
   ],
   dependencies: [
     .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -94,10 +93,12 @@ let package = Package(
       dependencies: ["TesseraCLI"],
       // Runs inside `$(tessera token)` in scripts and prompts: the Swift runtime linked in statically
       // saves loading and relocating ten shared libraries at every start (BENCHMARKS.md, "CLI
-      // start-up"). The daemon starts once and keeps the shared runtime.
-      linkerSettings: [
-        .unsafeFlags(["-static-stdlib", "-Xlinker", "-l_FoundationCShims", "-Xlinker", "-l_FoundationCollections"])
-      ]
+      // start-up"). The daemon starts once and keeps the shared runtime. The sanitizer runs of the
+      // test command set TESSERA_SHARED_STDLIB: ThreadSanitizer's runtime cannot start a binary
+      // with the Swift runtime linked in statically (its allocator aborts at the first call).
+      linkerSettings: Context.environment["TESSERA_SHARED_STDLIB"] == nil
+        ? [.unsafeFlags(["-static-stdlib", "-Xlinker", "-l_FoundationCShims", "-Xlinker", "-l_FoundationCollections"])]
+        : []
     ),
     // The benchmark (scripts/bench): measures a tesserad binary against the D-Bus floor.
     .executableTarget(
@@ -113,7 +114,27 @@ let package = Package(
     .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraTestSupport"]),
     .testTarget(
       name: "TesseraCLITests", dependencies: ["TesseraCLI", "TesseraBus", "TesseraInterface", "TesseraTestSupport"]),
-    .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore"]),
+    // The engine's fakes (a clock, a keyring, a scripted identity provider, a broker wired to them),
+    // for the engine's unit tests and the fuzz targets: pure logic only.
+    .target(
+      name: "TesseraEngineFakes",
+      dependencies: [
+        "TesseraCore", .product(name: "Logging", package: "swift-log"), .product(name: "JWTKit", package: "jwt-kit"),
+      ],
+      path: "Tests/TesseraEngineFakes"),
+    .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore", "TesseraEngineFakes"]),
+    // One function per fuzz target (issue 25), each reading one kind of untrusted input with the
+    // project's code: Fuzz/ wraps them for libFuzzer, and the replay tests run their seeds and every
+    // input that once failed.
+    .target(
+      name: "TesseraFuzzTargets",
+      dependencies: [
+        "TesseraInterface", "TesseraCore", "TesseraCLI", "TesseraPlatform", "TesseraBus", "TesseraEngineFakes",
+        "CSystemd", .product(name: "Logging", package: "swift-log"), .product(name: "JWTKit", package: "jwt-kit"),
+        .product(name: "Crypto", package: "swift-crypto"),
+      ],
+      path: "Tests/TesseraFuzzTargets"),
+    .testTarget(name: "TesseraFuzzTargetsTests", dependencies: ["TesseraFuzzTargets"]),
     // The bus layer on its own: the codec over generated values and the wire limits, and
     // BusServer with BusClient against a private dbus-daemon the tests start.
     // What the tests of the bus layer and of the CLI share: a private dbus-daemon, a scripted broker.

@@ -3,7 +3,7 @@ import Glibc
 import TesseraInterface
 
 /// Reads and writes `BusValue`s on sd-bus messages. Bus-thread only, like the messages themselves.
-enum BusCodec {
+package enum BusCodec {
   struct Failure: Error {
     let errno: Int32
     let what: String
@@ -41,7 +41,7 @@ enum BusCodec {
 
   /// Reads all remaining arguments of `m` within `limits` (throws `OverLimit` as soon as one is
   /// passed, without reading the rest).
-  static func readAll(_ m: OpaquePointer, limits: WireLimits) throws -> [BusValue] {
+  package static func readAll(_ m: OpaquePointer, limits: WireLimits) throws -> [BusValue] {
     var budget = Budget(limits)
     var values: [BusValue] = []
     while try hasMore(m) {

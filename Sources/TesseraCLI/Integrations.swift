@@ -249,12 +249,6 @@ extension Tessera {
 
     static let versions = ["client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1"]
 
-    struct ExecInfo: Decodable {
-      var apiVersion: String?
-      var spec: Spec?
-      struct Spec: Decodable { var interactive: Bool? }
-    }
-
     struct ExecCredential: Encodable {
       var apiVersion: String
       var kind = "ExecCredential"
@@ -266,9 +260,9 @@ extension Tessera {
     }
 
     func run() throws {
-      var info: ExecInfo?
+      var info: KubeExecInfo?
       if let text = ProcessInfo.processInfo.environment["KUBERNETES_EXEC_INFO"], !text.isEmpty {
-        guard let decoded = try? JSONDecoder().decode(ExecInfo.self, from: Data(text.utf8)) else {
+        guard let decoded = KubeExecInfo.parse(text) else {
           printError("tessera kube-credential: KUBERNETES_EXEC_INFO is not an ExecCredential JSON object.")
           throw ExitCode(ClientExitStatus.usage.rawValue)
         }
@@ -282,7 +276,7 @@ extension Tessera {
         throw ExitCode(ClientExitStatus.usage.rawValue)
       }
       // kubectl before 1.22 does not say: a terminal on stdin is what it would have meant.
-      let interactive = info?.spec?.interactive ?? (isatty(0) == 1)
+      let interactive = info?.interactive ?? (isatty(0) == 1)
       let t = try withBroker { broker throws(TesseraClientError) -> TesseraToken in
         do throws(TesseraClientError) {
           return try token.token(broker: broker, interactive: interactive, deviceCode: deviceCode)
@@ -429,4 +423,19 @@ func rfc3339(_ seconds: Int64) -> String {
   func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
   return
     "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
+}
+
+/// KUBERNETES_EXEC_INFO, as kubectl sets it for `tessera kube-credential`: the ExecCredential
+/// apiVersion to answer with, and whether it may prompt.
+package struct KubeExecInfo: Decodable {
+  package var apiVersion: String?
+  var spec: Spec?
+  struct Spec: Decodable { var interactive: Bool? }
+  /// Whether kubectl may prompt; nil when it does not say (before 1.22).
+  package var interactive: Bool? { spec?.interactive }
+
+  /// Nil when the text is not an ExecCredential object.
+  package static func parse(_ text: String) -> KubeExecInfo? {
+    try? JSONDecoder().decode(KubeExecInfo.self, from: Data(text.utf8))
+  }
 }

@@ -1,7 +1,7 @@
 /// com.microsoft.identity.broker1's requestJson as the Microsoft front reads it: bounded in size and
 /// depth, with accessors whose errors name the field the caller got wrong.
 /// A parsed requestJson, with accessors whose errors name the field (`authParameters.clientId`).
-struct MicrosoftRequest {
+package struct MicrosoftRequest {
   struct Object {
     let fields: [String: JSONValue]
     let prefix: String
@@ -81,7 +81,7 @@ struct MicrosoftRequest {
   /// The requestJson as sent (the silent fast path's key).
   var text = ""
 
-  static func parse(_ text: String, allowEmpty: Bool) throws -> MicrosoftRequest {
+  package static func parse(_ text: String, allowEmpty: Bool) throws -> MicrosoftRequest {
     if allowEmpty && text.allSatisfy({ $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }) {
       return MicrosoftRequest(root: Object(fields: [:], prefix: ""))
     }

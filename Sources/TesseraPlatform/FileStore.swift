@@ -57,8 +57,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   private let queue = DispatchQueue(label: "tessera.file-store")
   private let probeQueue = DispatchQueue(label: "tessera.file-store-probe", attributes: .concurrent)
 
-  private struct Keys {
-    var seal: SymmetricKey
+  package struct Keys {
+    package var seal: SymmetricKey
     var name: SymmetricKey
   }
 
@@ -76,7 +76,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   static let magic = Array("TSTORE1\n".utf8)
   static let keyCheckName = "key-check"
   static let keyCheckText = Array("tessera file store key check, version 1".utf8)
-  static let recordSuffix = ".item"
+  package static let recordSuffix = ".item"
   static let corruptSuffix = ".corrupt"
   static let temporarySuffix = ".tmp"
   /// A record larger than this is not one of ours (a secret JSON is a few KB at most).
@@ -513,7 +513,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     return key
   }
 
-  private static func derive(_ key: SymmetricKey) -> Keys {
+  package static func derive(_ key: SymmetricKey) -> Keys {
     let salt = Array("tessera file store".utf8)
     return Keys(
       seal: HKDF<SHA256>.deriveKey(
@@ -552,15 +552,17 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   }
 
   /// The file name of the record with these attributes: 64 hex digits of a keyed hash.
-  private static func name(_ attributes: [String: String], _ keys: Keys) -> String {
+  package static func name(_ attributes: [String: String], _ keys: Keys) -> String {
     let mac = HMAC<SHA256>.authenticationCode(for: canonical(attributes), using: keys.name)
     return mac.map { String($0, radix: 16).leftPadded(to: 2) }.joined() + recordSuffix
   }
 
   /// Associated data: a record is bound to its name, so it opens in its own place only.
-  static func aad(_ name: String) -> [UInt8] { Array("tessera file store, version 1\u{0}".utf8) + Array(name.utf8) }
+  package static func aad(_ name: String) -> [UInt8] {
+    Array("tessera file store, version 1\u{0}".utf8) + Array(name.utf8)
+  }
 
-  static func seal(_ plain: [UInt8], aad: [UInt8], _ key: SymmetricKey) throws -> [UInt8] {
+  package static func seal(_ plain: [UInt8], aad: [UInt8], _ key: SymmetricKey) throws -> [UInt8] {
     do {
       let box = try AES.GCM.seal(plain, using: key, authenticating: aad)
       guard let combined = box.combined else { throw TesseraError.storeUnavailable("AES-GCM gave no sealed box") }
@@ -580,7 +582,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     return Array(try AES.GCM.open(box, using: key, authenticating: aad))
   }
 
-  private static func openRecord(_ bytes: [UInt8], name: String, _ keys: Keys) -> StoredItem? {
+  package static func openRecord(_ bytes: [UInt8], name: String, _ keys: Keys) -> StoredItem? {
     guard let plain = try? open(bytes, aad: aad(name), keys.seal),
       let record = try? JSONDecoder().decode(Record.self, from: Data(plain)),
       Self.name(record.attributes, keys) == name

@@ -430,13 +430,13 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
 }
 
 /// The request line and Host header of an HTTP/1.x request head.
-struct HTTPRequestHead {
+package struct HTTPRequestHead {
   var method: Substring
   var path: Substring
-  var query: String?
+  package var query: String?
   var host: String?
 
-  init?(_ head: [UInt8]) {
+  package init?(_ head: [UInt8]) {
     let text = String(decoding: head, as: UTF8.self)
     var lines = text.split(separator: "\r\n", omittingEmptySubsequences: false)[...]
     guard let requestLine = lines.popFirst() else { return nil }

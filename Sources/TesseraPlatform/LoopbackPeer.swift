@@ -6,7 +6,7 @@ import Glibc
 /// owner's uid. The peer's socket is the one whose local address is our connection's remote
 /// address and whose remote address is our local one. (SO_PEERCRED works only on Unix sockets,
 /// and the unit's RestrictAddressFamilies leaves out netlink, so sock_diag is not an option.)
-enum LoopbackPeer {
+package enum LoopbackPeer {
   /// The peer's uid, or nil when it cannot be told (not loopback TCP, not found, or a socket in
   /// TIME_WAIT, which the kernel lists with uid 0): callers refuse such a peer.
   static func uid(of connection: Int32) -> uid_t? {
@@ -20,7 +20,7 @@ enum LoopbackPeer {
   }
 
   /// Finds the socket `peerAddress` -> `ourAddress` in a /proc/net/tcp(6) table and returns its uid.
-  static func uid(in table: String, peerAddress: String, ourAddress: String) -> uid_t? {
+  package static func uid(in table: String, peerAddress: String, ourAddress: String) -> uid_t? {
     for line in table.split(separator: "\n").dropFirst() {
       // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid ...
       let fields = line.split(separator: " ", omittingEmptySubsequences: true)

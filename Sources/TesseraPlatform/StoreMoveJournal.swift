@@ -62,6 +62,11 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
 
   public func pending() -> StoreMoveNote? {
     guard let bytes = try? Syscall.readFile(path, limit: 4096, followLinks: false) else { return nil }
+    return Self.note(from: bytes)
+  }
+
+  /// A note's text as `write` leaves it; nil for anything else (no move is then resumed).
+  package static func note(from bytes: [UInt8]) -> StoreMoveNote? {
     var fields: [String: String] = [:]
     for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
       guard let equals = line.firstIndex(of: "=") else { continue }

@@ -109,6 +109,9 @@ def keyring_section(killed, locked):
     return text
 
 
+FUZZ_HEADING = "## Coverage-guided fuzzing"
+
+
 def main():
     path, rounds, seed = sys.argv[1], sys.argv[2], sys.argv[3]
     out = sys.argv[4] if len(sys.argv) > 4 else None
@@ -135,8 +138,15 @@ def main():
     machine = (f"- commit: `{commit}`, seed {seed}, {rounds} rounds per variant\n"
                f"- date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                f"- cores: {os.cpu_count()}, kernel: {platform.release()}\n")
+    # scripts/fuzz --long keeps its own section at the end of the file (fuzz_report.py): kept as it is.
+    fuzzing = ""
+    if os.path.exists(out):
+        with open(out) as f:
+            old = f.read()
+        if FUZZ_HEADING in old:
+            fuzzing = "\n" + old[old.index(FUZZ_HEADING):].rstrip() + "\n"
     with open(out, "w") as f:
-        f.write(HEADER + table + "\n\n## Machine\n\n" + machine)
+        f.write(HEADER + table + "\n\n## Machine\n\n" + machine + fuzzing)
     print(f"wrote {out}")
 
 

@@ -1,13 +1,8 @@
-import TesseraInterface
+import TesseraFuzzTargets
 
-/// config.toml as tesserad and the CLI read it: the TOML subset reader, the broker's settings and
-/// the `[[git]]` rules. Any input must end in a value or a named error, never a crash or a hang.
+/// libFuzzer's entry point for FuzzTarget.config (Tests/TesseraFuzzTargets says what it reads).
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
-  let bytes = Array(UnsafeBufferPointer(start: data, count: size))
-  if let file = try? ConfigFile(parsing: bytes) {
-    _ = try? GitCredentialRule.rules(in: file)
-  }
-  _ = try? BrokerConfig.parse(bytes: bytes)
+  FuzzTarget.config.run(data, size)
   return 0
 }

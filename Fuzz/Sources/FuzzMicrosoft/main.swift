@@ -1,11 +1,8 @@
-@testable import TesseraCore
+import TesseraFuzzTargets
 
-/// The Microsoft broker front's requests: the JSON an MSAL client sends in each of the eight
-/// methods, as MicrosoftRequest reads it (with and without an empty request allowed).
+/// libFuzzer's entry point for FuzzTarget.microsoft (Tests/TesseraFuzzTargets says what it reads).
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
-  guard size > 0 else { return 0 }
-  let text = String(decoding: UnsafeBufferPointer(start: data + 1, count: size - 1), as: UTF8.self)
-  _ = try? MicrosoftRequest.parse(text, allowEmpty: data[0] % 2 == 0)
+  FuzzTarget.microsoft.run(data, size)
   return 0
 }
