@@ -1,7 +1,6 @@
 import CSystemd
 import CTesseraBusShim
 import Glibc
-import Synchronization
 import SystemPackage
 import TesseraInterface
 
@@ -15,14 +14,14 @@ import TesseraInterface
 public final class BusServer: @unchecked Sendable {
   // Invariant for @unchecked Sendable: `bus`, `event`, `pending`, `nextID`, `callerCache`,
   // `refusals`, `unownedNames`, the outgoing state and the exported objects' sd-bus state are used
-  // only on the bus thread; `mailbox` and `propertyValues` are Mutexes; `eventFD` is written from
+  // only on the bus thread; `mailbox` and `propertyValues` are Locked values; `eventFD` is written from
   // any thread (write(2) is safe). The extensions in the other BusServer+*.swift files keep to it.
   var bus: OpaquePointer?
   var event: OpaquePointer?
   /// Calls handed to `onCall`, waiting for their reply, by the id of their ReplyToken.
   var pending: [UInt64: OpaquePointer] = [:]
   var nextID: UInt64 = 0
-  private let mailbox = Mutex<[Mail]>([])
+  private let mailbox = Locked<[Mail]>([])
   private let eventFD: Int32
   private let eventFDError: Int32
   let log: BusLog
@@ -53,7 +52,7 @@ public final class BusServer: @unchecked Sendable {
   }()
 
   // Properties (BusServer+Properties.swift): current values of those that change, by interface, then name.
-  let propertyValues = Mutex<[String: [String: BusValue]]>([:])
+  let propertyValues = Locked<[String: [String: BusValue]]>([:])
 
   // Outgoing calls and signal watches (BusServer+Outgoing.swift).
   /// The system bus, opened on the bus thread at the first call or watch that needs it.

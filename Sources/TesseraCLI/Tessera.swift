@@ -1,7 +1,7 @@
 import ArgumentParser
-import Synchronization
 import TesseraBus
 import TesseraClient
+import TesseraInterface
 
 #if canImport(FoundationEssentials)
   import FoundationEssentials
@@ -124,7 +124,7 @@ func resolveAccount(_ value: String?, broker: TesseraBroker, authority: String?)
 
 /// How every command reaches the broker: its own socket when it is there, else the session bus;
 /// `--bus` (any command, anywhere before `--`) forces the session bus.
-let brokerRoute = Mutex<TesseraBroker.Route>(.automatic)
+let brokerRoute = Locked<TesseraBroker.Route>(.automatic)
 
 /// A connection to the broker by `brokerRoute`.
 func connectBroker() throws(TesseraClientError) -> TesseraBroker {

@@ -1,4 +1,5 @@
 import Synchronization
+import TesseraInterface
 
 /// Silent answers the bus thread can give by itself, without a hop to the token actor.
 ///
@@ -21,7 +22,7 @@ public final class SilentFastPath: Sendable {
   static let maxMicrosoftBytes = 4 << 20
 
   /// Fast-path answers since the actor last looked: what was used, and when (for refresh-ahead).
-  private let uses = Mutex<[SilentTarget.Key: (SilentTarget, Double)]>([:])
+  private let uses = Locked<[SilentTarget.Key: (SilentTarget, Double)]>([:])
 
   public init() {}
 
@@ -64,7 +65,7 @@ public final class SilentFastPath: Sendable {
     var authority: String
     var scopes: [String]
   }
-  private let allowed = Mutex<Set<AllowKey>>([])
+  private let allowed = Locked<Set<AllowKey>>([])
   let enforcesAccess = Atomic<Bool>(false)
 
   func noteAllowed(app: String, clientID: String, accountID: String, authority: String, scopes: [String]) {
@@ -139,7 +140,7 @@ final class PublishedReply<Reply: Sendable>: Sendable {
 /// One front's published replies: at most `SilentFastPath.maxEntries`, and at most `maxBytes`
 /// when set (past either the table starts again empty: the full path refills it).
 final class PublishedReplies<Key: Hashable & Sendable, Reply: Sendable>: Sendable {
-  private let table = Mutex<(entries: [Key: PublishedReply<Reply>], bytes: Int)>(([:], 0))
+  private let table = Locked<(entries: [Key: PublishedReply<Reply>], bytes: Int)>(([:], 0))
   let maxBytes: Int?
 
   init(maxBytes: Int?) { self.maxBytes = maxBytes }

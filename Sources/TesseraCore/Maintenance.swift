@@ -1,5 +1,5 @@
 import Logging
-import Synchronization
+import TesseraInterface
 
 /// What the engine does by itself, between callers: the maintenance loop (refresh-ahead, and
 /// refreshes a killed run left in flight), machine events (resume, network back), and following
@@ -159,7 +159,7 @@ func firstOf(_ task: Task<Void, any Error>, orAfter seconds: Double) async throw
 
 /// The continuation of `firstOf`, resumed by whichever side finishes first.
 private final class Race: Sendable {
-  private let continuation = Mutex<CheckedContinuation<Bool, any Error>?>(nil)
+  private let continuation = Locked<CheckedContinuation<Bool, any Error>?>(nil)
   func start(_ c: CheckedContinuation<Bool, any Error>) { continuation.withLock { $0 = c } }
   func finish(_ result: Result<Bool, any Error>) {
     continuation.withLock { c in

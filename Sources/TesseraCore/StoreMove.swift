@@ -1,5 +1,5 @@
 import Logging
-import Synchronization
+import TesseraInterface
 
 /// Opens the store of a kind ("file", "secret-service") other than the one in use, for a move
 /// (`tessera store migrate`). The daemon provides it, so the engine imports no C library.
@@ -57,9 +57,9 @@ public struct StoreMoveResult: Sendable, Equatable {
 /// The store the engine writes to, which a move switches: every reader and writer (the loader,
 /// StoreWriter, status) goes through it, so after the switch all of them use the new store.
 final class StoreSlot: SecretStore, Sendable {
-  private let inner: Mutex<any SecretStore>
+  private let inner: Locked<any SecretStore>
 
-  init(_ store: any SecretStore) { inner = Mutex(store) }
+  init(_ store: any SecretStore) { inner = Locked(store) }
 
   var current: any SecretStore {
     get { inner.withLock { $0 } }

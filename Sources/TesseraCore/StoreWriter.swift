@@ -1,5 +1,5 @@
 import Logging
-import Synchronization
+import TesseraInterface
 
 /// Writes to the Secret Service, one batch after another in the order they were queued, with the
 /// writes that failed earlier first. On failure the unwritten operations are kept and retried, still
@@ -38,7 +38,7 @@ final class StoreWriter: Sendable {
   private let onPending: @Sendable () -> Void
   /// Seconds on a steady clock, for the spacing of refusals.
   private let time: @Sendable () -> Double
-  private let state = Mutex(State())
+  private let state = Locked(State())
 
   /// `onDrop` hears of each operation dropped after its last refusal; `onPending`, of each write
   /// that failed and left operations waiting for a retry.

@@ -1,5 +1,3 @@
-import Synchronization
-
 /// The values both sides of the bus exchange, and their one mapping to and from D-Bus dicts: the
 /// daemon builds replies with these, the client library reads them with the same code.
 
@@ -10,7 +8,7 @@ public enum CorrelationID {
   /// the identity provider in the clear), so it comes from a fast generator (xoshiro256**) seeded
   /// once from the system's random source, not from a getrandom(2) system call per id (a tenth of
   /// the bus thread's time on a cached answer; Foundation's `UUID()` even opened /dev/urandom).
-  private static let generator = Mutex(Xoshiro256StarStar())
+  private static let generator = Locked(Xoshiro256StarStar())
 
   public static func new() -> String {
     let (high, low) = generator.withLock { ($0.next(), $0.next()) }

@@ -1,7 +1,7 @@
 import Logging
-import Synchronization
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 
 /// The engine's events on the session bus: org.tessera.Broker1's signals and AttentionNeeded
 /// property, and the desktop notification when an account needs a sign-in.
@@ -65,7 +65,7 @@ public final class DesktopNotifier: Sendable {
 
   private let server: BusServer
   private let logger: Logger
-  private let state = Mutex(State())
+  private let state = Locked(State())
 
   public init(server: BusServer, logger: Logger) {
     self.server = server
@@ -248,7 +248,7 @@ extension DesktopNotifier: AccessPrompter {
       .strings([Self.allowOnce, "Allow once", Self.allowAlways, "Always allow", Self.deny, "Deny"]),
       .dict(["desktop-entry": .string("tessera"), "resident": .bool(true)]), .int32(0),
     ]
-    let shown = Mutex<UInt32?>(nil)
+    let shown = Locked<UInt32?>(nil)
     let answer: AccessAnswer? = await withCheckedContinuation { (done: CheckedContinuation<AccessAnswer?, Never>) in
       server.call(
         destination: Self.service, path: Self.path, interface: Self.service, member: "Notify", arguments: arguments,
@@ -295,7 +295,7 @@ public enum MachineEvents {
     // NM_STATE_CONNECTED_GLOBAL: connected with full access; any other state arms it again. Armed
     // at start, so a daemon started offline hears the first connection.
     let connected: UInt32 = 70
-    let armed = Mutex(true)
+    let armed = Locked(true)
     server.watchSignal(
       on: .system, sender: "org.freedesktop.NetworkManager", path: "/org/freedesktop/NetworkManager",
       interface: "org.freedesktop.NetworkManager", member: "StateChanged", broadcastOnly: true

@@ -1,10 +1,10 @@
 import CCurl
 import CTesseraShim
 import Glibc
-import Synchronization
 import SystemPackage
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so each request runs on an OS thread of its
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused within a
@@ -15,7 +15,7 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
   // and returned to `idle` under its mutex); `caBundle` is immutable.
   private struct Handle: @unchecked Sendable { let pointer: UnsafeMutableRawPointer }
   /// Idle handles, the most recently used last, each with when it was returned.
-  private let idle = Mutex<[(handle: Handle, since: ContinuousClock.Instant)]>([])
+  private let idle = Locked<[(handle: Handle, since: ContinuousClock.Instant)]>([])
   /// How long a pooled handle may sit unused before `closeIdleConnections` closes it. Each holds
   /// an open connection with its TLS state and its own copy of the trusted CAs (about 350 KiB
   /// with Debian's bundle): kept forever, a few handles from one burst of concurrent refreshes

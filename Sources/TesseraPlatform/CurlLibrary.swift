@@ -1,8 +1,8 @@
 import CCurl
 import CTesseraShim
 import Glibc
-import Synchronization
 import TesseraCore
+import TesseraInterface
 
 /// libcurl, loaded on the first HTTP request instead of linked into the daemon.
 ///
@@ -28,7 +28,7 @@ struct CurlLibrary: @unchecked Sendable {
 
   /// The soname of libcurl 4 (the ABI every current libcurl has).
   static let soname = "libcurl.so.4"
-  private static let loaded = Mutex<CurlLibrary?>(nil)
+  private static let loaded = Locked<CurlLibrary?>(nil)
 
   /// The loaded library, loading and setting it up on first use.
   static func shared() throws(TesseraError) -> CurlLibrary {

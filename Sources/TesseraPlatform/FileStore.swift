@@ -6,6 +6,7 @@ import Synchronization
 import SystemPackage
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 
 /// The store without a desktop keyring (config.toml `store = "file"`, or `auto` with no Secret
 /// Service): every item the keyring would hold (the same attributes and secret JSON,
@@ -28,7 +29,7 @@ import TesseraCore
 /// pool; `probe` runs on another, never behind a call that may hang.
 public final class FileStore: SecretStore, @unchecked Sendable {
   // Invariant for @unchecked Sendable: `keys` and `index` are touched only on `queue`; `shared` is
-  // a Mutex; everything else is immutable after init.
+  // a Locked value; everything else is immutable after init.
 
   /// Where the key comes from.
   public enum KeySource: Sendable, Equatable, CustomStringConvertible {
@@ -71,7 +72,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     /// Why the last load failed (a wrong key, say): probe says it too.
     var failure: TesseraError?
   }
-  private let shared = Mutex(Shared())
+  private let shared = Locked(Shared())
 
   static let magic = Array("TSTORE1\n".utf8)
   static let keyCheckName = "key-check"

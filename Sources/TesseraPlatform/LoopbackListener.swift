@@ -1,9 +1,9 @@
 import CTesseraShim
 import Glibc
-import Synchronization
 import SystemPackage
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 
 // About 450 lines on purpose: the redirect listener is one security boundary (who may connect,
 // what one connection may send, how long it may take), kept in one file to be read whole.
@@ -34,8 +34,8 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
   // mutex; descriptors are closed in deinit.
   private let sockets: [Int32]
   private let wake: (read: Int32, write: Int32)
-  private let closed = Mutex(false)
-  private let authorizationURL = Mutex<String?>(nil)
+  private let closed = Locked(false)
+  private let authorizationURL = Locked<String?>(nil)
   private let port: UInt16
   private let hostName: String
   private let startPath: String

@@ -1,10 +1,10 @@
-import Synchronization
 import TesseraCore
+import TesseraInterface
 
 /// config.toml `store = "memory"`: items live in this process only. Nothing is written anywhere,
 /// so a restart of tesserad needs a new sign-in (`tessera status` says so).
 public final class MemoryStore: SecretStore {
-  private let items = Mutex<[[String: String]: StoredItem]>([:])
+  private let items = Locked<[[String: String]: StoredItem]>([:])
 
   public init() {}
 

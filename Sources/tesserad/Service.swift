@@ -1,8 +1,8 @@
 import Logging
 import ServiceLifecycle
-import Synchronization
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraPlatform
 
 /// The fronts: hands each bus call to its front's handler (org.tessera.Broker1's TesseraFront or
@@ -14,7 +14,7 @@ final class RequestRouter: Sendable {
     let native: TesseraFront
     let microsoft: MicrosoftFront
   }
-  private let target = Mutex<Fronts?>(nil)
+  private let target = Locked<Fronts?>(nil)
 
   func install(server: BusServer, handler: TesseraFront, microsoft: MicrosoftFront) {
     target.withLock { $0 = Fronts(server: server, native: handler, microsoft: microsoft) }
@@ -58,7 +58,7 @@ final class BusService: Service, Sendable {
   /// The optional names the server asks for (com.microsoft.identity.broker1 when that front is on).
   let microsoftNames: [String]
   let socketPath: String?
-  let failure = Mutex<String?>(nil)
+  let failure = Locked<String?>(nil)
 
   init(server: BusServer, logger: Logger, configPath: String, microsoftNames: [String], socketPath: String?) {
     self.socketPath = socketPath

@@ -1,9 +1,7 @@
 import Glibc
-import Synchronization
 import TesseraInterface
-import Testing
-
 import TesseraTestSupport
+import Testing
 
 @testable import TesseraBus
 
@@ -171,11 +169,4 @@ struct ServerTests {
     }
     try await stopper.value
   }
-}
-
-/// A value behind a lock, shared by reference with the bus thread's callbacks.
-final class Locked<Value: Sendable>: Sendable {
-  private let mutex: Mutex<Value>
-  init(_ value: Value) { mutex = Mutex(value) }
-  func withLock<R>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
 }

@@ -1,6 +1,6 @@
 import Logging
-import Synchronization
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
@@ -126,9 +126,9 @@ final class AccessTests: XCTestCase {
 
   /// The user's answers, scripted; `hold` keeps a question on screen until released.
   final class FakePrompter: AccessPrompter, @unchecked Sendable {
-    let answers = Mutex<[AccessAnswer?]>([])
-    let asked = Mutex<[AccessQuestion]>([])
-    let hold = Mutex<CheckedContinuation<Void, Never>?>(nil)
+    let answers = Locked<[AccessAnswer?]>([])
+    let asked = Locked<[AccessQuestion]>([])
+    let hold = Locked<CheckedContinuation<Void, Never>?>(nil)
     let holding: Bool
     init(_ answers: [AccessAnswer?], holding: Bool = false) {
       self.answers.withLock { $0 = answers }

@@ -1,6 +1,6 @@
 import Logging
-import Synchronization
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
@@ -9,8 +9,8 @@ import XCTest
 /// answer is stored, and acted on first at the next start when a kill left it.
 final class RefreshJournalTests: XCTestCase {
   final class MemoryJournal: RefreshJournal {
-    let notes = Mutex<[String: RefreshJournalEntry]>([:])
-    let begun = Mutex(0)
+    let notes = Locked<[String: RefreshJournalEntry]>([:])
+    let begun = Locked(0)
     func begin(_ entry: RefreshJournalEntry) {
       begun.withLock { $0 += 1 }
       notes.withLock { $0[entry.key] = entry }

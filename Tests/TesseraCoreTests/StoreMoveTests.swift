@@ -1,5 +1,5 @@
-import Synchronization
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
@@ -11,9 +11,9 @@ final class KindStore: SecretStore, Sendable {
   let kind: String
   let stripsAttributes: Bool
   /// Saves left before every save fails as a locked keyring does; nil: never.
-  let savesLeft = Mutex<Int?>(nil)
+  let savesLeft = Locked<Int?>(nil)
   /// Deletes left before every delete fails so; nil: never.
-  let deletesLeft = Mutex<Int?>(nil)
+  let deletesLeft = Locked<Int?>(nil)
 
   init(_ base: FakeStore = FakeStore(), kind: String, stripsAttributes: Bool = false) {
     self.base = base
@@ -59,9 +59,9 @@ final class KindStore: SecretStore, Sendable {
 }
 
 final class MemoryMoveJournal: StoreMoveJournal, Sendable {
-  let note = Mutex<StoreMoveNote?>(nil)
+  let note = Locked<StoreMoveNote?>(nil)
   /// Every note written, in order.
-  let written = Mutex<[StoreMoveNote]>([])
+  let written = Locked<[StoreMoveNote]>([])
   func write(_ note: StoreMoveNote) throws {
     self.note.withLock { $0 = note }
     written.withLock { $0.append(note) }

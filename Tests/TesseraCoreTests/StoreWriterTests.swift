@@ -1,6 +1,6 @@
 import Logging
-import Synchronization
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
@@ -18,7 +18,7 @@ final class StoreWriterTests: XCTestCase {
 
   func testWritesQueuedWhileTheStoreIsAwayLandInOrderWhenItIsBack() async throws {
     let store = FakeStore()
-    let pendings = Mutex(0)
+    let pendings = Locked(0)
     let writer = StoreWriter(store: store, onPending: { pendings.withLock { $0 += 1 } })
     store.locked.withLock { $0 = true }
     for n in 1...3 {
@@ -41,8 +41,8 @@ final class StoreWriterTests: XCTestCase {
   func testAnItemTheStoreRefusesIsDroppedAtTheThirdRefusalAndTheRestLand() async throws {
     let store = FakeStore()
     store.refusedKind.withLock { $0 = "bad" }
-    let dropped = Mutex<[TokenCache.StoreOperation]>([])
-    let seconds = Mutex(0.0)
+    let dropped = Locked<[TokenCache.StoreOperation]>([])
+    let seconds = Locked(0.0)
     let writer = StoreWriter(
       store: store, onDrop: { operation, _ in dropped.withLock { $0.append(operation) } },
       time: { seconds.withLock { $0 } })

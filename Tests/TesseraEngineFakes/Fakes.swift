@@ -1,7 +1,7 @@
 import JWTKit
 import Logging
-import Synchronization
 import TesseraCore
+import TesseraInterface
 
 /// The engine's fakes (the unit tests of TesseraCore and the fuzz targets use them): a clock,
 /// a keyring, signals, a redirect listener, a browser and a scripted identity provider, wired into
@@ -10,12 +10,12 @@ import TesseraCore
 /// A clock the test moves; `sleep` advances it instead of waiting.
 package final class FakeClock: BrokerClock, Sendable {
   package init() {}
-  package let current = Mutex<Date>(Date(timeIntervalSince1970: 1_800_000_000))
-  package let sleeps = Mutex<[Double]>([])
+  package let current = Locked<Date>(Date(timeIntervalSince1970: 1_800_000_000))
+  package let sleeps = Locked<[Double]>([])
   /// Seconds awake, and elapsed: both move with `advance` and `sleep`; `suspend` moves the wall
   /// clock and elapsed time only, `jump` (the clock set) the wall clock only.
-  package let awakeSeconds = Mutex<Double>(0)
-  package let elapsedSeconds = Mutex<Double>(0)
+  package let awakeSeconds = Locked<Double>(0)
+  package let elapsedSeconds = Locked<Double>(0)
   package func now() -> Date { current.withLock { $0 } }
   package func awake() -> Double { awakeSeconds.withLock { $0 } }
   package func elapsed() -> Double { elapsedSeconds.withLock { $0 } }
@@ -40,13 +40,13 @@ package final class FakeClock: BrokerClock, Sendable {
 /// An in-memory Secret Service that can be "locked".
 package final class FakeStore: SecretStore, Sendable {
   package init() {}
-  package let items = Mutex<[StoredItem]>([])
-  package let locked = Mutex(false)
+  package let items = Locked<[StoredItem]>([])
+  package let locked = Locked(false)
   /// Every item saved, in order.
-  package let saved = Mutex<[StoredItem]>([])
+  package let saved = Locked<[StoredItem]>([])
 
   /// When set, loads wait until it is cleared (a keyring that does not answer).
-  package let hangLoads = Mutex(false)
+  package let hangLoads = Locked(false)
   package func loadAll() async throws -> [StoredItem] {
     while hangLoads.withLock({ $0 }) { try await Task.sleep(nanoseconds: 1_000_000) }
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
@@ -57,7 +57,7 @@ package final class FakeStore: SecretStore, Sendable {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
   }
   /// Items of this kind are refused while the store is unlocked (as a keyring refuses a bad item).
-  package let refusedKind = Mutex<String?>(nil)
+  package let refusedKind = Locked<String?>(nil)
   package func save(_ item: StoredItem) async throws {
     if locked.withLock({ $0 }) { throw TesseraError.storeUnavailable("locked") }
     if let kind = refusedKind.withLock({ $0 }), item.attributes["kind"] == kind {
@@ -87,11 +87,11 @@ package struct NoBrowser: BrowserLauncher {
 /// Records signals.
 package final class RecordingEvents: BrokerEvents, Sendable {
   package init() {}
-  package let pending = Mutex<[(String, [String: BusValue])]>([])
-  package let accountsChangedCount = Mutex(0)
-  package let attention = Mutex<[[String]]>([])
-  package let needs = Mutex<[SignInNeed]>([])
-  package let resolved = Mutex<[String]>([])
+  package let pending = Locked<[(String, [String: BusValue])]>([])
+  package let accountsChangedCount = Locked(0)
+  package let attention = Locked<[[String]]>([])
+  package let needs = Locked<[SignInNeed]>([])
+  package let resolved = Locked<[String]>([])
   package func attentionChanged(_ accountIDs: [String]) { attention.withLock { $0.append(accountIDs) } }
   package func signInNeeded(_ need: SignInNeed) { needs.withLock { $0.append(need) } }
   package func signInNoLongerNeeded(accountID: String) { resolved.withLock { $0.append(accountID) } }
@@ -99,16 +99,16 @@ package final class RecordingEvents: BrokerEvents, Sendable {
     pending.withLock { $0.append((destination, info.busValue)) }
   }
   package func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
-  package let firstUses = Mutex<[FirstUse]>([])
+  package let firstUses = Locked<[FirstUse]>([])
   package func appFirstUsedAccount(_ use: FirstUse) { firstUses.withLock { $0.append(use) } }
 }
 
 /// A redirect listener that answers with what the test says, given the authorization URL.
 package final class FakeListeners: RedirectListenerFactory, Sendable {
-  package let lastAuthorizationURL = Mutex<String?>(nil)
+  package let lastAuthorizationURL = Locked<String?>(nil)
   package let answer: @Sendable (_ state: String) -> RedirectParameters
   /// When set, the listener waits until cancelled (a user who never finishes signing in).
-  package let hang = Mutex(false)
+  package let hang = Locked(false)
   package init(answer: @escaping @Sendable (_ state: String) -> RedirectParameters) { self.answer = answer }
 
   package struct Listener: RedirectListener {
@@ -153,34 +153,34 @@ package struct RecordingBrowser: BrowserLauncher {
 package final class FakeIdP: HTTPClient, Sendable {
   package static let authority = "https://idp.test/tenant1"
   package let keys: JWTKeyCollection
-  package let jwks: Mutex<String>
+  package let jwks: Locked<String>
   /// The key id id_tokens are signed with.
-  package let signingKid = Mutex("k1")
+  package let signingKid = Locked("k1")
   package let clock: FakeClock
-  package let requests = Mutex<[HTTPRequest]>([])
+  package let requests = Locked<[HTTPRequest]>([])
   /// Answers for token-endpoint POSTs, in order; when empty, a fresh token is issued.
-  package let scriptedTokenAnswers = Mutex<[HTTPResponse]>([])
-  package let tokenCounter = Mutex(0)
+  package let scriptedTokenAnswers = Locked<[HTTPResponse]>([])
+  package let tokenCounter = Locked(0)
   /// expires_in of every access token issued.
-  package let accessTokenSeconds = Mutex(3600)
+  package let accessTokenSeconds = Locked(3600)
   /// Awaited before answering a token request (to hold concurrent requests in flight).
-  package let tokenDelay = Mutex<Double>(0)
-  package let subject = Mutex("alice-sub")
+  package let tokenDelay = Locked<Double>(0)
+  package let subject = Locked("alice-sub")
   /// Appended to every issued token response, e.g. `,"refresh_in":600`.
-  package let extraTokenFields = Mutex("")
+  package let extraTokenFields = Locked("")
   /// When set, a token answer grants the scopes the request asked for (else always "read"), as a
   /// provider that binds refresh tokens to their scopes does.
-  package let echoScopes = Mutex(false)
+  package let echoScopes = Locked(false)
   /// Clients whose refresh requests are refused with invalid_grant.
-  package let refusedClients = Mutex<Set<String>>([])
-  package let audienceOverride = Mutex<String?>(nil)
+  package let refusedClients = Locked<Set<String>>([])
+  package let audienceOverride = Locked<String?>(nil)
 
   package init(clock: FakeClock) async {
     let key = ES256PrivateKey()
     keys = JWTKeyCollection()
     await keys.add(ecdsa: key, kid: "k1")
     let p = key.parameters!
-    jwks = Mutex(#"{"keys":[\#(Self.jwk(p, kid: "k1"))]}"#)
+    jwks = Locked(#"{"keys":[\#(Self.jwk(p, kid: "k1"))]}"#)
     self.clock = clock
   }
 
@@ -220,7 +220,7 @@ package final class FakeIdP: HTTPClient, Sendable {
   }
 
   /// Entra mode: the client_info the token endpoint sends (default: uid1 in the home tenant).
-  package let clientInfoJSON = Mutex(#"{"uid":"uid1","utid":"home-tid"}"#)
+  package let clientInfoJSON = Locked(#"{"uid":"uid1","utid":"home-tid"}"#)
 
   /// Entra mode: the tenant (realm) of the account's home.
   package static let homeTenant = "home-tid"
@@ -245,7 +245,7 @@ package final class FakeIdP: HTTPClient, Sendable {
   }
 
   /// Nonce of the last authorization request (set by tests that drive the browser flow).
-  package let lastNonce = Mutex<String?>(nil)
+  package let lastNonce = Locked<String?>(nil)
 
   package func send(_ request: HTTPRequest) async throws -> HTTPResponse {
     requests.withLock { $0.append(request) }

@@ -1,4 +1,3 @@
-import Synchronization
 import TesseraCore
 import TesseraEngineFakes
 import TesseraInterface
@@ -13,7 +12,7 @@ enum FuzzMicrosoftFront {
   static let versions = ["0.0", "1.0", "", "9.9", "0.0\u{0}"]
 
   /// alice's stored items after one sign-in through the native front.
-  static let signedIn = Mutex<[StoredItem]?>(nil)
+  static let signedIn = Locked<[StoredItem]?>(nil)
 
   static func items() async -> [StoredItem] {
     if let items = signedIn.withLock({ $0 }) { return items }

@@ -1,7 +1,7 @@
 import CSystemd
 import Foundation
 import Glibc
-import Synchronization
+import TesseraInterface
 
 /// A dbus-daemon of the tests' own (`dbus-daemon --session`), started once for the whole test run
 /// and stopped when the process exits, so the bus layer is tested against a real bus daemon with
@@ -66,7 +66,7 @@ public enum PrivateBus {
     return .success(address)
   }
 
-  static let daemons = Mutex<[pid_t]>([])
+  static let daemons = Locked<[pid_t]>([])
   /// Stops every daemon started here when the test process exits.
   static let reaper: Void = { atexit { for pid in PrivateBus.daemons.withLock({ $0 }) { kill(pid, SIGTERM) } } }()
 
@@ -82,7 +82,7 @@ public enum PrivateBus {
 
 /// A unique well-known name per server, so each test has a server of its own on the one bus.
 public enum TestNames {
-  private static let next = Mutex(0)
+  private static let next = Locked(0)
   public static func make() -> String {
     let n = next.withLock {
       $0 += 1

@@ -1,4 +1,3 @@
-import Synchronization
 import TesseraBus
 import TesseraInterface
 
@@ -8,20 +7,20 @@ import TesseraInterface
 public final class ScriptedBroker: Sendable {
   /// The reply to a call; nil leaves it unanswered (a sign-in the user never finishes).
   public typealias Script = @Sendable (BusServer.Call) -> Result<[BusValue], TesseraError>?
-  private let script = Mutex<Script>({ _ in .failure(.internal("No script.")) })
-  private let received = Mutex<[BusServer.Call]>([])
-  private let left = Mutex<[String]>([])
+  private let script = Locked<Script>({ _ in .failure(.internal("No script.")) })
+  private let received = Locked<[BusServer.Call]>([])
+  private let left = Locked<[String]>([])
   public let server: BusServer
 
   private init(server: BusServer) { self.server = server }
 
-  private static let instance = Mutex<ScriptedBroker?>(nil)
+  private static let instance = Locked<ScriptedBroker?>(nil)
 
   /// The broker, started on the shared private bus the first time.
   public static func shared() async throws -> ScriptedBroker {
     if let broker = instance.withLock({ $0 }) { return broker }
     _ = try PrivateBus.ensure()
-    let slot = Mutex<ScriptedBroker?>(nil)
+    let slot = Locked<ScriptedBroker?>(nil)
     let server = BusServer(
       interfaces: [BrokerInterface.description],
       onCall: { call, token in
