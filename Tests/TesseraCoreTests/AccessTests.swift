@@ -290,11 +290,7 @@ final class AccessTests: XCTestCase {
     await h.broker.finishStoreWrites()
     // A restarted daemon (same keyring) remembers it.
     let events = RecordingEvents()
-    var config = BrokerConfig()
-    config.defaultAuthority = FakeIdP.authority
-    config.defaultClientID = "app1"
-    config.defaultScopes = ["read"]
-    config.trustedAuthorities = ["https://idp.test"]
+    var config = BrokerConfig.fakeIdP
     config.accessMode = .open
     config.notifyFirstUse = true
     let restarted = Broker(

@@ -233,11 +233,7 @@ final class TokenEngineTests: XCTestCase {
   }
 
   func testClaimsSkipTheCacheAndCarryClientCapabilities() async throws {
-    var config = BrokerConfig()
-    config.defaultAuthority = FakeIdP.authority
-    config.defaultClientID = "app1"
-    config.defaultScopes = ["read"]
-    config.trustedAuthorities = ["https://idp.test"]
+    var config = BrokerConfig.fakeIdP
     config.clientCapabilities = ["cp1"]
     let h = await Harness(config: config)
     try await h.signIn()
@@ -264,11 +260,8 @@ final class TokenEngineTests: XCTestCase {
   }
 
   func testDefaultScopeRequestsAreServedFromTheCacheNextTime() async throws {
-    var config = BrokerConfig()
-    config.defaultAuthority = FakeIdP.authority
-    config.defaultClientID = "app1"
+    var config = BrokerConfig.fakeIdP
     config.defaultScopes = ["https://graph.microsoft.com/.default"]
-    config.trustedAuthorities = ["https://idp.test"]
     let h = await Harness(config: config)
     try await h.signIn()  // the IdP answers scope "read", as Entra lists the resource's scopes
     let requests = h.idp.requests.withLock { $0.count }

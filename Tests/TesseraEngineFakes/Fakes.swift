@@ -320,17 +320,11 @@ package struct Harness {
     idp = await FakeIdP(clock: clock)
     let answer = redirect ?? { state in ["code": "the-code", "state": state] }
     listeners = FakeListeners(answer: answer)
-    var cfg = config ?? BrokerConfig()
+    var cfg = config ?? .fakeIdP
     // The engine's tests call without an identified app; access control has its own (AccessTests).
     cfg.accessMode = accessMode
     // Off unless a test is about it: it makes the bus thread answer only apps it has seen.
     cfg.notifyFirstUse = notifyFirstUse
-    if config == nil {
-      cfg.defaultAuthority = FakeIdP.authority
-      cfg.defaultClientID = "app1"
-      cfg.defaultScopes = ["read"]
-      cfg.trustedAuthorities = ["https://idp.test"]
-    }
     broker = Broker(
       config: cfg,
       dependencies: BrokerDependencies(
@@ -372,5 +366,17 @@ extension Broker {
 
   package nonisolated func accounts(matching filter: AccountFilter) async throws -> [[String: BusValue]] {
     try await knownAccounts(matching: filter).map(\.info.busValue)
+  }
+}
+
+extension BrokerConfig {
+  /// Settings for the fake provider: its authority trusted and the default, client app1, scope read.
+  package static var fakeIdP: BrokerConfig {
+    var config = BrokerConfig()
+    config.defaultAuthority = FakeIdP.authority
+    config.defaultClientID = "app1"
+    config.defaultScopes = ["read"]
+    config.trustedAuthorities = ["https://idp.test"]
+    return config
   }
 }

@@ -92,11 +92,7 @@ enum FuzzProvider {
     let parts = input.sections()
     let idp = HostileIdP(parts, idToken: await idToken(parts.count > 4 ? parts[4] : []))
     let clock = FakeClock()
-    var config = BrokerConfig()
-    config.defaultAuthority = FakeIdP.authority
-    config.defaultClientID = "app1"
-    config.defaultScopes = ["read"]
-    config.trustedAuthorities = ["https://idp.test"]
+    var config = BrokerConfig.fakeIdP
     config.accessMode = .open
     config.notifyFirstUse = false
     let broker = Broker(
