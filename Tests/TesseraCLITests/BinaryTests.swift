@@ -57,6 +57,11 @@ struct BinaryTests {
       // No tesserad socket there: the CLI takes the private bus, whatever runs in the session.
       "XDG_RUNTIME_DIR": home + "/run",
     ]
+    // The sanitizer runs of the test command (scripts/test) set these; the binary is built with the
+    // same sanitizer and reads its options from them.
+    for key in ["ASAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS"] {
+      if let value = ProcessInfo.processInfo.environment[key] { environment[key] = value }
+    }
     environment.merge(extra) { $1 }
     process.environment = environment
     let (input, output, errors) = (Pipe(), Pipe(), Pipe())

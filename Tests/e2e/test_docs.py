@@ -93,6 +93,8 @@ DOC_BLOCKS = [
      "scripts/test::scripts/bench\" --smoke"),
     ("README.md", "b8f9d7f572", "scripts/faults             # the long round (about 20 minutes); --write-md rewrites FAULTS.md",
      "Tests/e2e/test_faults.py::TESSERA_FAULT_ROUNDS"),  # the short round; the long one by hand
+    ("README.md", "8254dcb0e0", "scripts/fuzz --seconds 60 FuzzBus   # one target for a minute; no target: all eight; --long: 30 min each, figures to FAULTS.md",
+     "scripts/test::scripts/fuzz\" --seconds 30"),  # every target, 30 s; the long runs by hand
     ("README.md", "6819099cd8", "sudo scripts/install --prefix /usr/local     # or: sudo make install PREFIX=/usr/local",
      "Tests/scripts/test_readme_scripts.py::def test_installs_packages_before_building"),
     ("README.md", "5ad6afcf15", 'default_authority = "https://login.microsoftonline.com/organizations"   # or your tenant id',
