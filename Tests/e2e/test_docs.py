@@ -95,6 +95,8 @@ DOC_BLOCKS = [
      "Tests/e2e/test_faults.py::TESSERA_FAULT_ROUNDS"),  # the short round; the long one by hand
     ("README.md", "8254dcb0e0", "scripts/fuzz --seconds 60 FuzzBus   # one target for a minute; no target: all eight; --long: 30 min each, figures to FAULTS.md",
      "scripts/test::scripts/fuzz\" --seconds 30"),  # every target, 30 s; the long runs by hand
+    ("README.md", "1b92a00875", "scripts/package                 # .build-package/tessera_0.1.0-1_amd64.deb and tessera-microsoft-broker_0.1.0-1_all.deb",
+     "Tests/e2e/test_package.py::def test_the_packages_install_and_work_on_debian_12_without_swift"),
     ("README.md", "6819099cd8", "sudo scripts/install --prefix /usr/local     # or: sudo make install PREFIX=/usr/local",
      "Tests/scripts/test_readme_scripts.py::def test_installs_packages_before_building"),
     ("README.md", "5ad6afcf15", 'default_authority = "https://login.microsoftonline.com/organizations"   # or your tenant id',

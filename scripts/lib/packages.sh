@@ -17,6 +17,10 @@ TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap faketime)
 # For the unit tests of the man pages (Tests/TesseraCLITests/ManPageTests.swift runs
 # `man --warnings` on docs/man/*): man-db's man(1) and the groff it formats with.
 TESSERA_TEST_PACKAGES=(man-db groff-base)
+# To build the Debian packages and check them (scripts/package), and to try them on a Debian 12
+# root of their own with no Swift (Tests/e2e/test_package.py: debootstrap makes it, bubblewrap
+# enters it).
+TESSERA_PACKAGE_PACKAGES=(dpkg-dev fakeroot lintian debootstrap)
 # OpenSSH's server and client, for the tests of `tessera forward` (Tests/e2e/test_forward.py runs
 # an sshd of its own on 127.0.0.1, never the system's service). Not in the lists every script
 # installs: on a desktop, where systemd runs as init, the package would enable and start sshd on

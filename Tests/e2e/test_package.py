@@ -1,0 +1,209 @@
+"""The Debian packages (issue 26) installed into a fresh Debian 12 that has no Swift: a root made
+with debootstrap (kept in /var/cache/tessera-test between runs), entered with bubblewrap. There,
+apt installs tessera and tessera-microsoft-broker with the dependencies their control files name,
+and a user with a session bus of its own and the file store signs in by device code against the
+test identity provider, gets a silent token and signs out; a newer build upgrades the packages
+and keeps the account; `apt-get purge` removes every file the packages installed and no user data.
+
+scripts/test builds the packages first (scripts/package --revision 1 and 2) and names their folder
+in TESSERA_DEB_DIR; without it these tests are skipped (scripts/test --e2e-only)."""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import threading
+
+import pytest
+
+DEB_DIR = os.environ.get("TESSERA_DEB_DIR")
+CACHE = os.environ.get("TESSERA_DEBOOTSTRAP_CACHE", "/var/cache/tessera-test")
+SUITE = "bookworm"
+USER = "tester"
+CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])[A-Z0-9]{4,}(?:-[A-Z0-9]{4,})?\b")
+
+pytestmark = pytest.mark.skipif(not DEB_DIR, reason="TESSERA_DEB_DIR not set: scripts/test builds the packages")
+
+
+def run(args, **kw):
+    out = subprocess.run(args, capture_output=True, text=True, timeout=kw.pop("timeout", 900), **kw)
+    assert out.returncode == 0, f"{' '.join(args)}: rc {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def base_root():
+    """A minimal Debian 12 root with its package lists, made once and kept as a tarball."""
+    tarball = os.path.join(CACHE, f"debian-{SUITE}-minbase.tar")
+    if not os.path.exists(tarball):
+        os.makedirs(CACHE, exist_ok=True)
+        build = tarball + ".d"
+        shutil.rmtree(build, ignore_errors=True)
+        # No mirror named: debootstrap's default, the one apt uses on this machine.
+        run(["debootstrap", "--variant=minbase", SUITE, build], timeout=1800)
+        run(["chroot", build, "apt-get", "update"], timeout=900)
+        run(["tar", "-C", build, "-cf", tarball + ".tmp", "."], timeout=900)
+        os.rename(tarball + ".tmp", tarball)
+        shutil.rmtree(build, ignore_errors=True)
+    return tarball
+
+
+class Machine:
+    """The Debian root, entered with bubblewrap: its own /proc, /dev, /tmp and /run, this host's
+    network (the test IdP listens on 127.0.0.1)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def sh(self, script, user="root", env=None, timeout=900, check=True):
+        prefix = [] if user == "root" else ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--init-groups"]
+        args = ["bwrap", "--clearenv", "--bind", self.path, "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+                "--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf", "--die-with-parent",
+                "--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin", "--setenv", "DEBIAN_FRONTEND", "noninteractive"]
+        for k, v in (env or {}).items():
+            args += ["--setenv", k, v]
+        out = subprocess.run(args + prefix + ["/bin/sh", "-c", script], capture_output=True, text=True,
+                             timeout=timeout)
+        if check:
+            assert out.returncode == 0, f"{script}\nrc {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out
+
+    def popen(self, script, env):
+        args = ["bwrap", "--clearenv", "--bind", self.path, "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+                "--die-with-parent", "--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin"]
+        for k, v in env.items():
+            args += ["--setenv", k, v]
+        args += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--init-groups", "/bin/sh", "-c", script]
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    @property
+    def uid(self):
+        return 1000
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    tarball = base_root()
+    path = str(tmp_path_factory.mktemp("debian12") / "root")
+    os.makedirs(path)
+    run(["tar", "-C", path, "-xf", tarball])
+    m = Machine(path)
+    m.sh(f"useradd --create-home --uid 1000 --shell /bin/sh {USER} && "
+         f"install -d -o 1000 -g 1000 -m 0700 /run/user/1000")
+    yield m
+    subprocess.run(["rm", "-rf", "--one-file-system", os.path.dirname(path)], timeout=300)
+
+
+def debs(revision):
+    found = sorted(glob.glob(os.path.join(DEB_DIR, f"tessera*-{revision}_*.deb")))
+    assert len(found) == 2, f"expected tessera and tessera-microsoft-broker, revision {revision}, in {DEB_DIR}: {found}"
+    return found
+
+
+def install(machine, revision):
+    os.makedirs(os.path.join(machine.path, "tmp-debs"), exist_ok=True)
+    names = []
+    for deb in debs(revision):
+        shutil.copy(deb, os.path.join(machine.path, "tmp-debs"))
+        names.append("/tmp-debs/" + os.path.basename(deb))
+    machine.sh("apt-get install -y --no-install-recommends " + " ".join(names))
+    shutil.rmtree(os.path.join(machine.path, "tmp-debs"))
+
+
+def session_env():
+    return {"HOME": f"/home/{USER}", "USER": USER, "XDG_RUNTIME_DIR": "/run/user/1000",
+            "TESSERA_CONFIG": f"/home/{USER}/.config/tessera/config.toml", "LANG": "C.UTF-8"}
+
+
+def write_config(machine):
+    home = os.path.join(machine.path, "home", USER)
+    os.makedirs(os.path.join(home, ".config", "tessera"), exist_ok=True)
+    shutil.copy(os.environ["TESSERA_IDP_CA"], os.path.join(home, ".config", "tessera", "idp-ca.pem"))
+    with open(os.path.join(home, ".config", "tessera", "config.toml"), "w") as f:
+        f.write(f'default_authority = "{os.environ["TESSERA_IDP_AUTHORITY"]}"\n'
+                f'trusted_authorities = ["{os.environ["TESSERA_IDP_URL"]}"]\n'
+                f'ca_file = "/home/{USER}/.config/tessera/idp-ca.pem"\n'
+                'default_client_id = "tessera-device"\n'
+                'default_scopes = ["openid", "profile", "offline_access", "read"]\n'
+                'access_mode = "open"\n'
+                'store = "file"\n')
+    machine.sh(f"chown -R 1000:1000 /home/{USER}/.config")
+
+
+def in_session(machine, commands, idp=None, user="alice"):
+    """Runs shell commands in a session bus of their own (dbus-run-session) as the test user; with
+    idp, approves the device code `tessera login --device-code` prints."""
+    env = session_env()
+    proc = machine.popen("exec dbus-run-session -- /bin/sh -ec '" + commands + "'", env)
+    if idp is None:
+        out, err = proc.communicate(timeout=300)
+        return proc.returncode, out, err
+    since = idp.last_device_grant()
+    collected = []
+    approved = set()
+
+    def pump():
+        # Every device code the session's sign-ins print is approved as `user`.
+        for line in proc.stderr:
+            collected.append(line)
+            for code in CODE_RE.findall(line):
+                if code not in approved and code in idp.pending_user_codes(since):
+                    approved.add(code)
+                    idp.approve_device(code, "--user", user)
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        out = proc.stdout.read()
+        proc.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, "".join(collected)
+
+
+def test_the_packages_install_and_work_on_debian_12_without_swift(machine, idp):
+    install(machine, 1)
+    # No Swift anywhere: not on the machine, not in what the binaries load.
+    machine.sh("! ls -d /usr/lib/swift /usr/share/swift 2>/dev/null && ! dpkg -l | grep -i swift")
+    for exe in ("tesserad", "tessera"):
+        libs = machine.sh(f"ldd /usr/bin/{exe}").stdout
+        assert "not found" not in libs and "swift" not in libs.lower() and "Foundation" not in libs, libs
+    version = machine.sh("tessera --version", user=USER).stdout
+    assert re.match(r"\d+\.\d+\.\d+", version.strip()), version
+    write_config(machine)
+
+    # D-Bus activation from the package's service file, the file store, a device-code sign-in.
+    # Sign in, a token twice (the second from the cache: the same), sign out; then sign in again,
+    # for the upgrade to keep.
+    rc, out, err = in_session(
+        machine, "tessera --bus login --device-code --timeout 60 >/dev/null; tessera --bus token >/tmp/t1; "
+                 "tessera --bus token >/tmp/t2; cmp /tmp/t1 /tmp/t2; tessera --bus logout; "
+                 "echo accounts-after-logout; tessera --bus accounts; "
+                 "tessera --bus login --device-code --timeout 60 >/dev/null; echo accounts-at-end; "
+                 "tessera --bus accounts", idp=idp)
+    assert rc == 0, f"{out}\n{err}"
+    after_logout, at_end = out.split("accounts-after-logout")[1].split("accounts-at-end")
+    assert "alice" not in after_logout and "alice" in at_end, out
+    store = os.path.join(machine.path, "home", USER, ".local", "state", "tessera", "store")
+    assert os.listdir(store), "the file store holds the account"
+
+
+def test_an_upgrade_keeps_the_account_and_purge_removes_every_installed_file(machine, idp):
+    files = machine.sh("dpkg -L tessera tessera-microsoft-broker").stdout.split()
+    install(machine, 2)
+    assert "-2" in machine.sh("dpkg-query -W -f '${Version}' tessera").stdout
+    # After the upgrade the account is there and a silent token needs no sign-in.
+    rc, out, err = in_session(machine, "tessera --bus accounts; tessera --bus token >/dev/null && echo token-ok")
+    assert rc == 0 and "alice" in out and "token-ok" in out, f"{out}\n{err}"
+    rc, out, err = in_session(machine, "tessera --bus logout >/dev/null; tessera --bus accounts --json")
+    assert rc == 0 and "alice" not in out, f"{out}\n{err}"
+
+    machine.sh("apt-get purge -y tessera-microsoft-broker tessera")
+    left = [f for f in files if os.path.isfile(os.path.join(machine.path, f.lstrip("/")))]
+    assert left == [], f"left behind by purge: {left}"
+    assert machine.sh("dpkg -l | grep -c '^ii  tessera' || true").stdout.strip() == "0"
+    # The user's data is the user's: purge does not touch it.
+    assert os.path.exists(os.path.join(machine.path, "home", USER, ".config", "tessera", "config.toml"))
+    assert os.path.isdir(os.path.join(machine.path, "home", USER, ".local", "state", "tessera"))
