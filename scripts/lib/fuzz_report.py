@@ -30,7 +30,7 @@ core. *Coverage* is libFuzzer's count of instrumented edges reached and of featu
 counts); *corpus* is the inputs it kept. A crash, a leak or a timeout (an input that runs over 10 s)
 stops a target and is counted here; each one found is fixed at its cause, its input kept in
 Fuzz/regressions/TARGET (replayed by every `swift test`), and named in CHANGELOG.md. The test command
-runs each target for a short time (`scripts/fuzz --seconds 20`), not these figures.
+runs each target for a short time (`scripts/fuzz --seconds 30`), not these figures.
 """
 
 
@@ -76,7 +76,10 @@ def main():
         row = parse(log, int(code), seconds, corpus)
         row["target"] = target
         row["what it reads"] = WHAT.get(target, "")
-        row["date, commit"] = f"{date}, `{commit}`"
+        # The commit the executables were built from (scripts/fuzz notes it), else the checkout's.
+        noted = os.path.join(os.path.dirname(os.path.dirname(corpus)), "commit")
+        built = open(noted).read().strip() if os.path.exists(noted) else commit
+        row["date, commit"] = f"{date}, `{built}`"
         rows[target] = row
         print(f"{target}: " + ", ".join(f"{k} {row[k]}" for k in COLUMNS[2:10]))
     if not out:
