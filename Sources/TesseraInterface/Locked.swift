@@ -7,7 +7,7 @@ import Glibc
 /// was reported as a data race (issue 25), burying any real one. This is a pthread mutex, which
 /// ThreadSanitizer intercepts and understands; uncontended, both cost a few dozen nanoseconds. The
 /// value is only reached inside `withLock`, as with `Mutex`.
-public final class Locked<Value>: @unchecked Sendable {
+public final class Locked<Value: Sendable>: @unchecked Sendable {
   private let mutex: UnsafeMutablePointer<pthread_mutex_t>
   private var value: Value
 
