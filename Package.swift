@@ -77,6 +77,7 @@ let package = Package(
         "TesseraCore", "TesseraPlatform", "TesseraBus",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+        .product(name: "UnixSignals", package: "swift-service-lifecycle"),
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),

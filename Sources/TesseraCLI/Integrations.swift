@@ -194,7 +194,7 @@ extension Tessera {
       let path = ConfigLocation.path(option: config, environment: environment)
       guard case .checked(let settings) = checkConfig(option: config, environment: environment) else { return nil }
       let host = request.host.lowercased()
-      let forHost = settings.gitRules.filter { $0.host == host }
+      let forHost = settings.config.gitRules.filter { $0.host == host }
       guard !forHost.isEmpty, forHost.allSatisfy({ !$0.pathPrefix.isEmpty }) else { return nil }
       return "tessera git-credential: the [[git]] entries for \(host) in \(path) have a path, and git sent none; "
         + "run `git config --global credential.https://\(host).useHttpPath true` so that git sends it."
@@ -205,8 +205,7 @@ extension Tessera {
     /// one line naming the file and the line.
     static func rule(for request: GitCredentialRequest, config: String?) throws -> GitCredentialRule? {
       switch checkConfig(option: config, environment: ProcessInfo.processInfo.environment) {
-      case .absent: return nil
-      case .checked(let settings): return GitCredentialRule.best(for: request, in: settings.gitRules)
+      case .checked(let settings): return GitCredentialRule.best(for: request, in: settings.config.gitRules)
       case .problems(let problems):
         let more = problems.count > 1 ? " (and \(problems.count - 1) more: see `tessera config check`)" : ""
         printError("tessera git-credential: \(problems[0])\(more)")

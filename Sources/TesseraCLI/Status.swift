@@ -61,6 +61,9 @@ extension Tessera {
       /// not running.
       var connection: String?
       var socket: String?
+      /// The configuration in force: its files, warnings, locked keys, a refused reload; nil when
+      /// not running (or from an older broker).
+      var config: StatusReport.ConfigStatus?
 
       struct Owner: Encodable {
         var pid: UInt32?
@@ -79,7 +82,7 @@ extension Tessera {
         case storeNotes = "store_notes"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
-        case connection, socket
+        case connection, socket, config
       }
     }
 
@@ -168,6 +171,8 @@ extension Tessera {
       report.storePath = health.storePath
       report.storeKey = health.storeKeyLocation
       report.storeNotes = health.storeNotes.isEmpty ? nil : health.storeNotes
+      report.config = health.config
+      if let config = health.config, !config.warnings.isEmpty || config.refused != nil { report.needsAttention = true }
       let front: TesseraBroker.MicrosoftFront
       switch broker.connection {
       case .socket(let path, _):
@@ -275,6 +280,7 @@ extension Tessera {
         print("Store: the Secret Service (desktop keyring).")
       }
       for note in report.storeNotes ?? [] { print("  \(SafeText.clip(note, limit: 1000))") }
+      if let config = report.config { Self.printConfig(config) }
       switch report.microsoftBroker {
       case "no_session_bus":
         print(
@@ -290,6 +296,31 @@ extension Tessera {
         )
       default:
         print("Microsoft broker protocol: off (microsoft_broker = false in config.toml).")
+      }
+    }
+
+    /// The configuration in force, what the policy ignored, and a reload that was refused.
+    static func printConfig(_ config: StatusReport.ConfigStatus) {
+      let files = config.files.map { SafeText.clip($0, limit: 500) }
+      let read =
+        config.reloads > 0 ? "reloaded \(rfc3339(config.loadedAt))" : "read at start, \(rfc3339(config.loadedAt))"
+      print(
+        "Configuration: \(files.isEmpty ? "the defaults (no file)" : files.joined(separator: ", ")) (\(read)). `tessera config` shows every setting and its file."
+      )
+      if !config.locked.isEmpty {
+        print("  Locked by the administrator's [policy]: \(config.locked.joined(separator: ", ")).")
+      }
+      for warning in config.warnings { print("  warning: \(SafeText.clip(warning, limit: 1000))") }
+      if !config.atNextStart.isEmpty {
+        print(
+          "  Changed, and applied at the next start (systemctl --user restart tessera): \(config.atNextStart.joined(separator: ", "))."
+        )
+      }
+      if let refused = config.refused {
+        print(
+          "  The reload at \(rfc3339(refused.at)) was refused, and the configuration above stays in force. Fix these, then run `systemctl --user reload tessera`:"
+        )
+        for problem in refused.problems { print("    \(SafeText.clip(problem, limit: 1000))") }
       }
     }
 

@@ -11,7 +11,8 @@
 /// - For unconfined apps this is consent, visibility and audit (they can read the keyring
 ///   themselves); for Flatpak and snap apps it is a boundary. docs/access-control.md says so.
 struct AccessPolicy {
-  let mode: AccessMode
+  /// The configured access_mode; a reload changes it (and keeps the answers and the audit).
+  var mode: AccessMode
   /// Recent refusals by the user (app, client and account), until when they are not asked again.
   private(set) var declinedUntil: [String: Date] = [:]
   /// Apps whose last question got no answer, until when they are not asked again.

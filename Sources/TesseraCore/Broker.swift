@@ -48,10 +48,15 @@ public struct BrokerDependencies: Sendable {
 /// single flight, and runs interactive sign-ins without blocking anyone else (actor reentrancy: every
 /// network or store wait is a suspension point).
 public actor Broker {
-  public let config: BrokerConfig
+  /// The configuration in force; a reload (`reload(_:)`) replaces it.
+  public internal(set) var config: BrokerConfig
+  /// The administrator's policy (`[policy]` in /etc/tessera), beyond what it did to `config`.
+  public internal(set) var adminPolicy = ConfigPolicy()
+  /// What `tessera status` says of the configuration: its files, the warnings, a refused reload.
+  var configNotes = StatusReport.ConfigStatus()
   let deps: BrokerDependencies
   let logger: Logger
-  let policy: AuthorityPolicy
+  var policy: AuthorityPolicy
   let directory: OIDCDirectory
   /// Silent replies the bus thread may give without a hop to this actor (see SilentFastPath).
   public nonisolated let fastPath = SilentFastPath()
@@ -99,6 +104,7 @@ public actor Broker {
     self.access = AccessPolicy(mode: config.accessMode)
     self.directory = OIDCDirectory(http: dependencies.http, clock: dependencies.clock)
     self.lastClock = ClockReading(dependencies.clock)
+    self.configNotes.loadedAt = Int64(dependencies.clock.now().timeIntervalSince1970)
     let (failures, failed) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     self.storeWriteFailures = failures
     self.storeWriter = StoreWriter(

@@ -111,6 +111,6 @@ extension Broker {
       storeProblem: storeError.map { SafeText.clip($0.message, limit: 1000) }, accounts: accounts,
       attentionNeeded: health.attentionNeeded, storeKind: store.kind, storePath: store.path,
       storeKeyLocation: store.key,
-      storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) })
+      storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) }, config: configNotes)
   }
 }

@@ -206,6 +206,12 @@ extension Broker {
         "Tessera keeps its items in the \(kind) store already: there is nothing to move. (`tessera status` shows the store in use.)"
       )
     }
+    if let target = BrokerConfig.StoreChoice(rawValue: kind), !adminPolicy.allows(target) {
+      throw TesseraError(
+        .accessDenied,
+        "The administrator's policy does not allow the \(kind) store (allowed_stores in [policy] of \(adminPolicy.files.joined(separator: ", "))): Tessera's items stay where they are."
+      )
+    }
     if config.store != .auto && config.store.rawValue != kind {
       throw TesseraError(
         .configuration,

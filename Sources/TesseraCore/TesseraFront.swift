@@ -203,6 +203,7 @@ public struct TesseraFront: Sendable {
       return [.dict(result.busValue)]
     case .addForward:
       try await broker.checkMayManage(caller)
+      try await broker.checkForwardingAllowed()
       let (name, host, path) = (string(0), string(1), string(2))
       guard AppIdentity.isForwardName(name) else {
         throw TesseraError.invalidArgument(

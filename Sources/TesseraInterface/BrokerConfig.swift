@@ -68,6 +68,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public static let keys: [String] = Key.allCases.map(\.rawValue)
   /// The `[[name]]` tables config.toml may hold.
   public static let tableNames = ["git"]
+  /// The `[name]` tables: `[policy]`, in the administrator's files only.
+  public static let sectionNames = ["policy"]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
   /// tesserad reads at most this much of config.toml; a larger file is refused (never cut).
   public static let maxFileBytes = 16 << 20
@@ -84,45 +86,33 @@ public struct BrokerConfig: Sendable, Equatable {
 
   /// Checks a config file's bytes as read from disk (which must be UTF-8): every problem the file
   /// has, each with its line, or the settings when there is none. A TOML syntax error stops the
-  /// reading, so it comes alone.
+  /// reading, so it comes alone. The file is read as a user's file (no `[policy]`), on its own:
+  /// `ConfigFiles` layers it over the administrator's files.
   public static func parse(bytes: [UInt8], path: String = "config.toml") throws(ConfigProblems) -> BrokerConfig {
-    let file: ConfigFile
-    do {
-      file = try ConfigFile(parsing: bytes)
-    } catch {
-      throw ConfigProblems([ConfigProblem(path: path, line: error.line, reason: error.reason)])
+    let layer = try ConfigLayer.parse(bytes: bytes, path: path, isSystem: false)
+    return try EffectiveConfig.combine(system: [], user: layer).config
+  }
+
+  /// The value a key has, as config.toml writes it; nil for an optional key that is not set.
+  public func value(of key: Key) -> ConfigFile.Value? {
+    func strings(_ list: [String]) -> ConfigFile.Value { .array(list.map { .string($0) }) }
+    return switch key {
+    case .defaultAuthority: .string(defaultAuthority)
+    case .defaultClientID: .string(defaultClientID)
+    case .defaultScopes: strings(defaultScopes)
+    case .trustedAuthorities: strings(trustedAuthorities)
+    case .caFile: caFile.map { .string($0) }
+    case .caFileForMicrosoft: .bool(caFileForMicrosoft)
+    case .browser: browser.map { .string($0) }
+    case .redirectPort: .integer(Int64(redirectPort))
+    case .allowInsecureLoopback: .bool(allowInsecureLoopback)
+    case .logLevel: .string(logLevel)
+    case .clientCapabilities: strings(clientCapabilities)
+    case .microsoftBroker: .bool(microsoftBroker)
+    case .accessMode: .string(accessMode.rawValue)
+    case .notifyFirstUse: .bool(notifyFirstUse)
+    case .store: .string(store.rawValue)
     }
-    var config = BrokerConfig()
-    var problems: [ConfigProblem] = []
-    for entry in file.entries {
-      guard let key = Key(rawValue: entry.key) else {
-        problems.append(
-          ConfigProblem(
-            path: path, line: entry.line, key: entry.key,
-            reason: "unknown key; " + NearestName.suggestion(for: entry.key, among: keys)))
-        continue
-      }
-      do { try config.set(key, entry.value) } catch {
-        problems.append(ConfigProblem(path: path, line: entry.line, key: entry.key, reason: error.reason))
-      }
-    }
-    for table in file.tables where !tableNames.contains(table.name) {
-      problems.append(
-        ConfigProblem(
-          path: path, line: table.line, key: table.name, kind: .table,
-          reason: "unknown table; "
-            + NearestName.suggestion(
-              for: table.name, among: tableNames, quoted: { "[[\($0)]]" }, listed: { "[[\($0)]]" },
-              known: tableNames.count == 1 ? "the only table is" : "the only tables are")))
-    }
-    for table in file.tables(named: "git") {
-      do { config.gitRules.append(try GitCredentialRule(table: table)) } catch {
-        problems.append(
-          ConfigProblem(path: path, line: error.line, key: error.key, kind: .inTable("git"), reason: error.reason))
-      }
-    }
-    guard problems.isEmpty else { throw ConfigProblems(problems.sorted { ($0.line ?? 0) < ($1.line ?? 0) }) }
-    return config
   }
 
   /// Why a value cannot be used for its key.
@@ -205,6 +195,10 @@ public struct ConfigProblem: Error, Equatable, Sendable, CustomStringConvertible
     case table
     /// A key of a `[[name]]` entry (or the entry as a whole, when `key` is nil).
     case inTable(String)
+    /// A `[name]` table's header: `key` is the table's name.
+    case section
+    /// A key of the `[name]` table.
+    case inSection(String)
   }
 
   public var path: String
@@ -232,6 +226,8 @@ public struct ConfigProblem: Error, Equatable, Sendable, CustomStringConvertible
     case .topLevel: (key.map { "key '\($0)': " } ?? "") + reason
     case .table: "table [[\(key ?? "")]]: " + reason
     case .inTable(let table): "[[\(table)]] " + (key.map { "key '\($0)': " } ?? "") + reason
+    case .section: "table [\(key ?? "")]: " + reason
+    case .inSection(let table): "[\(table)] " + (key.map { "key '\($0)': " } ?? "") + reason
     }
   }
 
@@ -252,6 +248,17 @@ public struct ConfigProblems: Error, Equatable, Sendable, CustomStringConvertibl
 /// Where config.toml is: --config, else $TESSERA_CONFIG, else $XDG_CONFIG_HOME/tessera/config.toml
 /// (~/.config when XDG_CONFIG_HOME is unset or relative).
 public enum ConfigLocation {
+  /// The administrator's files: config.toml and config.d/*.toml, read before the user's.
+  public static let systemDirectory = "/etc/tessera"
+
+  /// `systemDirectory`, or $TESSERA_SYSTEM_CONFIG_DIR when it is an absolute path (for tests and
+  /// for trying a policy out before installing it; the policy is the administrator's guard for a
+  /// user's own daemon, not a wall against that user: see docs/threat-model.md).
+  public static func systemDirectory(environment: [String: String]) -> String {
+    if let dir = environment["TESSERA_SYSTEM_CONFIG_DIR"], dir.hasPrefix("/") { return dir }
+    return systemDirectory
+  }
+
   public static func defaultPath(environment: [String: String]) -> String {
     if let xdg = environment["XDG_CONFIG_HOME"], xdg.hasPrefix("/") { return xdg + "/tessera/config.toml" }
     return (environment["HOME"] ?? "") + "/.config/tessera/config.toml"

@@ -10,8 +10,9 @@
 /// Supported: comments; bare and quoted keys; basic strings with every TOML escape; literal
 /// strings; decimal, hexadecimal, octal and binary integers with underscores; `true`/`false`;
 /// arrays of these over several lines, with comments and a trailing comma; `[[name]]` headers
-/// (arrays of tables). Refused with a message: `[name]` tables, dotted keys, inline tables,
-/// multi-line strings, floats, dates, duplicate keys.
+/// (arrays of tables) and `[name]` headers (a table, once per file: the administrator's
+/// `[policy]`). Refused with a message: dotted keys and table names, inline tables, multi-line
+/// strings, floats, dates, duplicate keys and tables.
 ///
 /// It lives here, beside the interface, because the command-line helpers read their own tables
 /// (`[[git]]`) from the same file without the engine.
@@ -45,12 +46,15 @@ public struct ConfigFile: Sendable {
     public var line: Int
   }
 
-  /// One `[[name]]` table: its entries, in the order written.
+  /// One `[[name]]` table (an element of an array of tables) or `[name]` table: its entries, in
+  /// the order written.
   public struct Table: Equatable, Sendable {
     public var name: String
-    /// The line of its `[[name]]` header.
+    /// The line of its header.
     public var line: Int
     public var entries: [Entry]
+    /// `[[name]]` (true) or `[name]` (false, which TOML allows once per name).
+    public var isArray: Bool = true
   }
 
   public struct SyntaxError: Error, Equatable, Sendable {
@@ -88,26 +92,34 @@ public struct ConfigFile: Sendable {
       guard let byte = scanner.peek() else { break }
       let line = scanner.line
       if byte == UInt8(ascii: "[") {
-        guard scanner.peek(1) == UInt8(ascii: "[") else {
-          throw SyntaxError(
-            line: line,
-            reason:
-              "[name] tables are not used in config.toml: settings are top-level keys (key = value), and the only sections are [[git]] entries"
-          )
-        }
-        scanner.index += 2
+        let isArray = scanner.peek(1) == UInt8(ascii: "[")
+        let (open, close) = isArray ? ("[[", "]]") : ("[", "]")
+        scanner.index += open.utf8.count
         scanner.skipSpaces()
         let name = try scanner.key()
         scanner.skipSpaces()
-        guard scanner.take(UInt8(ascii: "]")), scanner.take(UInt8(ascii: "]")) else {
-          throw SyntaxError(line: line, reason: "expected ']]' after '[[\(name)'; dotted table names are not used")
+        guard scanner.take(UInt8(ascii: "]")), !isArray || scanner.take(UInt8(ascii: "]")) else {
+          throw SyntaxError(
+            line: line, reason: "expected '\(close)' after '\(open)\(name)'; dotted table names are not used")
         }
         try scanner.endOfLine()
         guard !topLevelNames.contains(Array(name.utf8)) else {
           throw SyntaxError(
-            line: line, reason: "'\(name)' is already a setting above; it cannot also be a [[\(name)]] table")
+            line: line, reason: "'\(name)' is already a setting above; it cannot also be a \(open)\(name)\(close) table"
+          )
         }
-        tables.append(Table(name: name, line: line, entries: []))
+        // TOML: a [name] table is defined once, and a name is either a table or an array of tables.
+        if let earlier = tables.first(where: { Array($0.name.utf8) == Array(name.utf8) }),
+          !(isArray && earlier.isArray)
+        {
+          throw SyntaxError(
+            line: line,
+            reason: isArray == earlier.isArray
+              ? "the table [\(name)] is already written on line \(earlier.line); keep one"
+              : "'\(name)' is already a table on line \(earlier.line), written another way; write [[\(name)]] for a list of entries, [\(name)] for one table"
+          )
+        }
+        tables.append(Table(name: name, line: line, entries: [], isArray: isArray))
         seen = []
         continue
       }

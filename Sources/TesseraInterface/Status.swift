@@ -26,6 +26,71 @@ public enum StatusReport {
     public static let notes = "notes"
   }
 
+  /// {files, warnings, locked, loaded_at, reloads, at_next_start, refused: {problems, at}}: the
+  /// configuration in force (issue 26). Absent from brokers older than this key.
+  public static let configKey = "config"
+
+  /// The configuration in force: the files it was read from (the administrator's first), the
+  /// user's settings the administrator's policy ignored, the keys it locks, when it was read, the
+  /// changes waiting for a restart, and the last reload that was refused (nil once one succeeds).
+  public struct ConfigStatus: Sendable, Equatable, Encodable {
+    public var files: [String] = []
+    public var warnings: [String] = []
+    public var locked: [String] = []
+    public var loadedAt: Int64 = 0
+    public var reloads: Int64 = 0
+    public var atNextStart: [String] = []
+    public var refused: Refusal?
+
+    public struct Refusal: Sendable, Equatable, Encodable {
+      public var problems: [String]
+      public var at: Int64
+      public init(problems: [String], at: Int64) {
+        self.problems = problems
+        self.at = at
+      }
+    }
+
+    public init() {}
+
+    enum CodingKeys: String, CodingKey {
+      case files, warnings, locked, reloads, refused
+      case loadedAt = "loaded_at"
+      case atNextStart = "at_next_start"
+    }
+
+    public var busValue: [String: BusValue] {
+      var d: [String: BusValue] = [
+        "files": .strings(files), "warnings": .strings(warnings), "locked": .strings(locked),
+        "loaded_at": .int64(loadedAt), "reloads": .int64(reloads), "at_next_start": .strings(atNextStart),
+      ]
+      if let refused { d["refused"] = .dict(["problems": .strings(refused.problems), "at": .int64(refused.at)]) }
+      return d
+    }
+
+    public init(busValue d: [String: BusValue]) {
+      func strings(_ key: String) -> [String] {
+        if case .strings(let list)? = d[key] { return list }
+        return []
+      }
+      func int(_ value: BusValue?) -> Int64 {
+        if case .int64(let n)? = value { return n }
+        return 0
+      }
+      files = strings("files")
+      warnings = strings("warnings")
+      locked = strings("locked")
+      loadedAt = int(d["loaded_at"])
+      reloads = int(d["reloads"])
+      atNextStart = strings("at_next_start")
+      if case .dict(let r)? = d["refused"] {
+        var problems: [String] = []
+        if case .strings(let list)? = r["problems"] { problems = list }
+        refused = Refusal(problems: problems, at: int(r["at"]))
+      }
+    }
+  }
+
   /// The stores tesserad can use (config.toml's `store`, resolved at start).
   public enum StoreKind {
     public static let secretService = "secret-service"
@@ -203,12 +268,15 @@ public enum StatusReport {
     public var attentionNeeded: [String]
     public var schema: UInt32
     public var version: String
+    /// The configuration in force; nil from a broker older than the key.
+    public var config: ConfigStatus?
 
     public init(
       storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
       version: String = BrokerInterface.version, storeKind: String = StoreKind.secretService, storePath: String? = nil,
-      storeKeyLocation: String? = nil, storeNotes: [String] = []
+      storeKeyLocation: String? = nil, storeNotes: [String] = [], config: ConfigStatus? = nil
     ) {
+      self.config = config
       self.storeProblem = storeProblem
       self.storeKind = storeKind
       self.storePath = storePath
@@ -227,10 +295,12 @@ public enum StatusReport {
       if let storePath { store[Store.path] = .string(storePath) }
       if let storeKeyLocation { store[Store.key] = .string(storeKeyLocation) }
       if !storeNotes.isEmpty { store[Store.notes] = .strings(storeNotes) }
-      return [
+      var report: [String: BusValue] = [
         storeKey: .dict(store), schemaKey: .uint32(schema), versionKey: .string(version),
         accountsKey: .dicts(accounts.map(\.busValue)), attentionKey: .strings(attentionNeeded),
       ]
+      if let config { report[configKey] = .dict(config.busValue) }
+      return report
     }
 
     public init(busValue report: [String: BusValue]) {
@@ -253,6 +323,7 @@ public enum StatusReport {
       schema = 0
       if case .uint32(let n)? = report[schemaKey] { schema = n }
       version = report[versionKey]?.stringValue ?? ""
+      if case .dict(let config)? = report[configKey] { self.config = ConfigStatus(busValue: config) }
     }
   }
 }

@@ -68,6 +68,22 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     protocols = allowInsecureLoopback ? "https,http" : "https"
   }
 
+  /// A client replaced by a reload (ReloadableHTTPClient) goes once no request holds it: its
+  /// pooled handles are closed on a thread of their own (a TLS close blocks), and the sealed CA
+  /// file it made is closed.
+  deinit {
+    let handles = idle.withLock { pool in
+      defer { pool.removeAll() }
+      return pool.map(\.handle)
+    }
+    if !handles.isEmpty, let lib = try? CurlLibrary.shared() {
+      try? startThread(name: "tessera-tidy") { for handle in handles { lib.easyCleanup(handle.pointer) } }
+    }
+    if let caPath, caPath.hasPrefix("/proc/self/fd/"), let fd = Int32(caPath.dropFirst("/proc/self/fd/".count)) {
+      close(fd)
+    }
+  }
+
   /// Where distributions keep the system's CA bundle (Debian and derivatives; Fedora and RHEL).
   static let systemBundles = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
 

@@ -1,4 +1,5 @@
 import Logging
+import Synchronization
 import TesseraInterface
 
 /// Wraps the daemon's log handler so that no line can be forged or drive a terminal: the message,
@@ -48,4 +49,50 @@ public struct InertLogHandler<Wrapped: LogHandler>: LogHandler {
   struct InertError: Error, CustomStringConvertible {
     let description: String
   }
+}
+
+/// The daemon's log level, which every logger reads at each call and a reload of the configuration
+/// changes (`log_level`) for all of them at once.
+public final class LogLevelSwitch: Sendable {
+  private let raw: Atomic<UInt8>
+
+  public init(_ level: Logger.Level) { raw = Atomic(Self.index(level)) }
+
+  public var level: Logger.Level {
+    get { Logger.Level.allCases[Int(raw.load(ordering: .relaxed))] }
+    set { raw.store(Self.index(newValue), ordering: .relaxed) }
+  }
+
+  static func index(_ level: Logger.Level) -> UInt8 { UInt8(Logger.Level.allCases.firstIndex(of: level) ?? 2) }
+}
+
+/// A handler whose level is the shared switch's: the wrapped handler lets everything through and
+/// the switch decides.
+public struct SwitchedLogHandler<Wrapped: LogHandler>: LogHandler {
+  public var wrapped: Wrapped
+  public let levels: LogLevelSwitch
+
+  public init(_ wrapped: Wrapped, levels: LogLevelSwitch) {
+    var wrapped = wrapped
+    wrapped.logLevel = .trace
+    self.wrapped = wrapped
+    self.levels = levels
+  }
+
+  public var logLevel: Logger.Level {
+    get { levels.level }
+    set { levels.level = newValue }
+  }
+
+  public var metadata: Logger.Metadata {
+    get { wrapped.metadata }
+    set { wrapped.metadata = newValue }
+  }
+
+  public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+    get { wrapped[metadataKey: key] }
+    set { wrapped[metadataKey: key] = newValue }
+  }
+
+  public func log(event: LogEvent) { wrapped.log(event: event) }
 }

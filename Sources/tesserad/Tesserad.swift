@@ -3,6 +3,7 @@ import Logging
 import ServiceLifecycle
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraPlatform
 
 #if canImport(Glibc)
@@ -50,50 +51,32 @@ struct Tesserad: AsyncParsableCommand {
     ProcessMemory.limitArenas()
     ProcessLimits.raiseFileLimit()
     let environment = ProcessInfo.processInfo.environment
+    // Until the reload service traps it, a SIGHUP (`systemctl --user reload`) must not end the daemon.
+    signal(SIGHUP, SIG_IGN)
     let path = ConfigLocation.path(option: config, environment: environment)
-    var brokerConfig = BrokerConfig()
-    let read = Result { () throws(SystemCallError) in try Syscall.readFile(path, limit: BrokerConfig.maxFileBytes) }
-    // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
-    if case .failure(let error) = read, error.errno == .fileTooLarge {
-      printError("tesserad: bad configuration: \(path) is larger than 16 MiB. Point --config at the right file.")
+    // The administrator's files (/etc/tessera), then the user's: any problem in any of them is a
+    // reason not to start (exit 78, sysexits' EX_CONFIG), each on a line with its file and line.
+    let effective: EffectiveConfig
+    switch ConfigFiles.load(option: config, environment: environment) {
+    case .loaded(let loaded): effective = loaded
+    case .problems(let problems):
+      for problem in problems { printError("tesserad: bad configuration: \(problem)") }
       throw ExitCode(78)
     }
-    if case .success(let bytes) = read {
-      // The file's `browser` key runs a program, and its trust settings decide where refresh tokens
-      // go: another user who can write it could make the daemon do either.
-      if let problem = othersCanWrite(path) {
-        printError(
-          "tesserad: bad configuration: \(problem), and its 'browser' key runs a program as you. Run `chmod go-w` on it (and `chown` it to yourself), then start again."
-        )
-        throw ExitCode(78)
-      }
-      do {
-        brokerConfig = try BrokerConfig.parse(bytes: bytes, path: path)
-      } catch {
-        // Every problem, each on a line of its own with the file, the line and the key.
-        for problem in error.problems { printError("tesserad: bad configuration: \(problem)") }
-        throw ExitCode(78)
-      }
-    } else if ConfigLocation.isNamed(option: config, environment: environment) {
-      printError("tesserad: cannot read the configuration file \(path). Check the path.")
-      throw ExitCode(78)
-    }
-    let level = Logger.Level(rawValue: logLevel ?? brokerConfig.logLevel) ?? .info
+    let brokerConfig = effective.config
+    let levels = LogLevelSwitch(Logger.Level(rawValue: logLevel ?? brokerConfig.logLevel) ?? .info)
     LoggingSystem.bootstrap { label in
       if JournalLogHandler.isJournalStream {
-        return InertLogHandler(JournalLogHandler(identifier: "tesserad", level: level))
+        return InertLogHandler(
+          SwitchedLogHandler(JournalLogHandler(identifier: "tesserad", level: .trace), levels: levels))
       }
-      var handler = StreamLogHandler.standardError(label: label)
-      handler.logLevel = level
-      return InertLogHandler(handler)
+      return InertLogHandler(SwitchedLogHandler(StreamLogHandler.standardError(label: label), levels: levels))
     }
     let logger = Logger(label: "tesserad")
 
-    let http: CurlHTTPClient
+    let http: ReloadableHTTPClient
     do {
-      http = try CurlHTTPClient(
-        caFile: brokerConfig.caFile, caFileForMicrosoft: brokerConfig.caFileForMicrosoft,
-        allowInsecureLoopback: brokerConfig.allowInsecureLoopback)
+      http = ReloadableHTTPClient(try ConfigReloader.httpClient(for: brokerConfig))
     } catch {
       printError("tesserad: \(error)")
       throw ExitCode(78)
@@ -120,7 +103,7 @@ struct Tesserad: AsyncParsableCommand {
     {
       store = finished
     } else {
-      switch await chooseStore(brokerConfig.store, environment: environment, logger: logger) {
+      switch await chooseStore(brokerConfig.store, policy: effective.policy, environment: environment, logger: logger) {
       case .success(let chosen): store = chosen
       case .failure(let problem):
         printError("tesserad: \(problem.message)")
@@ -151,11 +134,13 @@ struct Tesserad: AsyncParsableCommand {
     if let forwardDirectory { BusForwards.removeStale(in: forwardDirectory) }
     let forwards = BusForwards(server: server, directory: forwardDirectory, clock: SystemClock())
     let notifier = DesktopNotifier(server: server, logger: logger)
+    let browser = ReloadableBrowserLauncher(
+      CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment))
     let broker = Broker(
       config: brokerConfig,
       dependencies: BrokerDependencies(
         http: http, store: store,
-        browser: CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment),
+        browser: browser,
         listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
         clock: SystemClock(),
         afterLoad: { ProcessMemory.releaseFreed() },
@@ -165,6 +150,10 @@ struct Tesserad: AsyncParsableCommand {
           ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
         storeOpener: opener, moveJournal: moveJournal, forwards: forwards),
       logger: logger)
+    await broker.noteConfiguration(effective)
+    let reloader = ConfigReloader(
+      option: config, environment: environment, started: effective, broker: broker, http: http, browser: browser,
+      levels: levels, levelFromCommandLine: logLevel != nil, logger: logger)
     requests.install(
       server: server, handler: TesseraFront(broker: broker, logger: logger),
       microsoft: MicrosoftFront(broker: broker, logger: logger))
@@ -189,6 +178,7 @@ struct Tesserad: AsyncParsableCommand {
       .init(service: StoreService(broker: broker)),
       .init(service: MaintenanceService(broker: broker, afterEachPass: tidy)),
       .init(service: EventsService(broker: broker, server: server, notifier: notifier, logger: logger)),
+      .init(service: ReloadService(reloader: reloader)),
       .init(service: bus, successTerminationBehavior: .gracefullyShutdownGroup),
     ]
     let group = ServiceGroup(
@@ -208,9 +198,10 @@ struct Tesserad: AsyncParsableCommand {
 /// The store config.toml's `store` names, resolved once at start. `auto`: the file store while it
 /// holds records (so an account never ends up split across two stores), else the Secret Service
 /// when it answers at once with its default collection unlocked, else the file store.
-func chooseStore(_ choice: BrokerConfig.StoreChoice, environment: [String: String], logger: Logger) async -> Result<
-  any SecretStore, TesseraError
-> {
+func chooseStore(
+  _ choice: BrokerConfig.StoreChoice, policy: ConfigPolicy = ConfigPolicy(), environment: [String: String],
+  logger: Logger
+) async -> Result<any SecretStore, TesseraError> {
   func fileStore() -> FileStore? {
     FileStore.defaultLocation(environment: environment).map {
       FileStore(directory: $0.directory, key: $0.key, logger: logger)
@@ -234,6 +225,17 @@ func chooseStore(_ choice: BrokerConfig.StoreChoice, environment: [String: Strin
     guard let file = fileStore() else { return .failure(noHome) }
     return chosen(file, "config.toml says so")
   case .auto:
+    // The administrator's allowed_stores narrow what `auto` chooses among.
+    let fileAllowed = policy.allowedStores?.contains(.file) ?? true
+    let keyringAllowed = policy.allowedStores?.contains(.secretService) ?? true
+    if !fileAllowed && !keyringAllowed {
+      return chosen(MemoryStore(), "the administrator's allowed_stores allow only it; a restart needs a new sign-in")
+    }
+    if !fileAllowed { return chosen(SecretServiceStore(), "the administrator's allowed_stores allow no file store") }
+    if !keyringAllowed {
+      guard let file = fileStore() else { return .failure(noHome) }
+      return chosen(file, "the administrator's allowed_stores allow no Secret Service")
+    }
     guard let file = fileStore() else {
       return chosen(SecretServiceStore(), "there is no place for a file store (no HOME)")
     }

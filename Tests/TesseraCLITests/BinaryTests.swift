@@ -56,6 +56,9 @@ struct BinaryTests {
       "DBUS_SESSION_BUS_ADDRESS": try PrivateBus.ensure(), "LANG": "C.UTF-8",
       // No tesserad socket there: the CLI takes the private bus, whatever runs in the session.
       "XDG_RUNTIME_DIR": home + "/run",
+      // The administrator's files: none unless a test writes them (the machine's /etc/tessera
+      // plays no part).
+      "TESSERA_SYSTEM_CONFIG_DIR": home + "/etc-tessera",
     ]
     // The sanitizer runs of the test command (scripts/test) set these; the binary is built with the
     // same sanitizer and reads its options from them.
@@ -271,7 +274,7 @@ struct BinaryTests {
   @Test func configCheckOfAMissingOrHugeNamedFileIsAnError() throws {
     let missing = try run(["config", "check", "--config", home + "/nope.toml"])
     #expect(missing.status == 15)
-    #expect(missing.stderr == "\(home)/nope.toml: cannot be read: No such file or directory\n")
+    #expect(missing.stderr == "\(home)/nope.toml: cannot be read: No such file or directory; check the path\n")
     let json = try run(["config", "check", "--json", "--config", home + "/nope.toml"])
     #expect(json.status == 15)
     let report = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
@@ -282,7 +285,55 @@ struct BinaryTests {
     try huge.write(to: URL(fileURLWithPath: configPath))
     let big = try run(["config", "check"])
     #expect(big.status == 15)
-    #expect(big.stderr == "\(configPath): is larger than 16 MiB; tesserad refuses it\n")
+    #expect(big.stderr == "\(configPath): is larger than 16 MiB, and is refused; point --config at the right file\n")
+  }
+
+  /// The administrator's files under the test's home (TESSERA_SYSTEM_CONFIG_DIR).
+  func writeSystemConfig(_ name: String, _ text: String) throws {
+    let directory = home + "/etc-tessera" + (name.contains("/") ? "/config.d" : "")
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    try text.write(toFile: home + "/etc-tessera/" + name, atomically: true, encoding: .utf8)
+  }
+
+  @Test func configShowsEachSettingsFileTheLocksAndWarnsOfAnIgnoredSetting() throws {
+    try writeSystemConfig(
+      "config.toml",
+      "trusted_authorities = [\"https://idp.example.com/\"]\n[policy]\nlocked = [\"trusted_authorities\"]\n")
+    try writeSystemConfig("config.d/20-site.toml", "log_level = \"notice\"\ndefault_client_id = \"site\"\n")
+    try writeConfig("log_level = \"debug\"\ntrusted_authorities = [\"https://evil.example.com/\"]\n")
+    let system = home + "/etc-tessera/config.toml"
+    let shown = try run(["config"])
+    #expect(shown.status == 0)
+    let lines = shown.stdout.split(separator: "\n").map(String.init)
+    #expect(lines.first == "# Read in this order: \(system), \(home)/etc-tessera/config.d/20-site.toml, \(configPath)")
+    #expect(lines.contains("trusted_authorities = [\"https://idp.example.com/\"]  # \(system):1, locked"))
+    #expect(lines.contains("log_level = \"debug\"  # \(configPath):1"))
+    #expect(lines.contains("default_client_id = \"site\"  # \(home)/etc-tessera/config.d/20-site.toml:2"))
+    #expect(lines.contains("store = \"auto\"  # default"))
+    #expect(
+      shown.stderr
+        == "tessera: warning: \(configPath):2: key 'trusted_authorities' is locked by the administrator's [policy] (\(system)), so this setting is ignored; the administrator's value (\(system):1) stays\n"
+    )
+    let json = try run(["config", "show", "--json"])
+    let report = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+    let settings = try #require(report["settings"] as? [String: [String: Any]])
+    #expect(settings["trusted_authorities"]?["locked"] as? Bool == true)
+    #expect(settings["trusted_authorities"]?["value"] as? [String] == ["https://idp.example.com/"])
+    #expect(settings["log_level"]?["source"] as? String == "\(configPath):1")
+    #expect(settings["ca_file"]?["value"] is NSNull)
+    #expect((report["warnings"] as? [String])?.count == 1)
+    // The check agrees: every file OK, the warning on stderr, exit 0.
+    let check = try run(["config", "check"])
+    #expect(check.status == 0)
+    #expect(check.stdout == "\(system): OK\n\(home)/etc-tessera/config.d/20-site.toml: OK\n\(configPath): OK\n")
+    #expect(check.stderr.contains("is locked by the administrator's [policy]"))
+    // A mistake in the administrator's file is a mistake of the whole configuration.
+    try writeSystemConfig("config.d/30-bad.toml", "[policy]\nallow_forwarding = \"no\"\n")
+    let bad = try run(["config"])
+    #expect(bad.status == 15)
+    #expect(
+      bad.stderr
+        == "\(home)/etc-tessera/config.d/30-bad.toml:2: [policy] key 'allow_forwarding': must be true or false\n")
   }
 
   @Test func configCheckHelpHasAnExample() throws {

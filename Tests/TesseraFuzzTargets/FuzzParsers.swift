@@ -16,6 +16,19 @@ enum FuzzParsers {
       _ = try? GitCredentialRule.rules(in: file)
     }
     _ = try? BrokerConfig.parse(bytes: bytes)
+    // As an administrator's file too ([policy]), combined with itself as the user's.
+    if let system = try? ConfigLayer.parse(bytes: bytes, path: "/etc/tessera/config.toml", isSystem: true) {
+      let user = try? ConfigLayer.parse(bytes: bytes, path: "config.toml", isSystem: false)
+      if let effective = try? EffectiveConfig.combine(system: [system], user: user) {
+        // Every value in force reads back the same from the TOML `tessera config` prints.
+        for key in BrokerConfig.Key.allCases {
+          guard let value = effective.config.value(of: key) else { continue }
+          guard (try? ConfigFile(parsing: "k = \(value.toml)\n"))?.entries.first?.value == value else {
+            fatalError("the value of \(key.rawValue) does not read back from \(value.toml)")
+          }
+        }
+      }
+    }
     if let path = getenv("TESSERA_FUZZ_CONFIG_DUMP"), let out = fopen(path, "a") {
       fputs(file.map(json) ?? #"{"ok":false}"#, out)
       fputs("\n", out)
@@ -23,7 +36,7 @@ enum FuzzParsers {
     }
   }
 
-  /// A reading as JSON: `{"ok":true,"entries":[[key,value],…],"tables":[[name,[[key,value],…]],…]}`.
+  /// A reading as JSON: `{"ok":true,"entries":[[key,value],…],"tables":[[name,[[key,value],…],isArray],…]}`.
   static func json(_ file: ConfigFile) -> String {
     func text(_ s: String) -> String {
       var out = "\""
@@ -50,7 +63,7 @@ enum FuzzParsers {
     func entries(_ list: [ConfigFile.Entry]) -> String {
       "[" + list.map { "[\(text($0.key)),\(value($0.value))]" }.joined(separator: ",") + "]"
     }
-    let tables = file.tables.map { "[\(text($0.name)),\(entries($0.entries))]" }.joined(separator: ",")
+    let tables = file.tables.map { "[\(text($0.name)),\(entries($0.entries)),\($0.isArray)]" }.joined(separator: ",")
     return #"{"ok":true,"entries":"# + entries(file.entries) + #","tables":["# + tables + "]}"
   }
 

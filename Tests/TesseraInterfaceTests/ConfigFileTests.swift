@@ -69,7 +69,9 @@ final class ConfigFileTests: XCTestCase {
 
   func testRefusalsNameTheLineAndSayWhatToWrite() {
     let cases: [(String, Int, String)] = [
-      ("a = 1\n[section]\nb = 2", 2, "tables are not used"),
+      ("a = 1\n[section]\nb = 2\n[section]", 4, "already written on line 2"),
+      ("[[list]]\n[list]", 2, "already a table on line 1, written another way"),
+      ("[section.x]", 1, "expected ']'"),
       ("a = 1\n\n[[list]]\nb = 1\nb = 2", 5, "set twice"),
       ("[[git.x]]", 1, "expected ']]'"),
       ("git = 1\n[[git]]", 2, "already a setting"),

@@ -1,7 +1,7 @@
 """Differential check of Tessera's config.toml reader against Python's tomllib, on the inputs the
 fuzzer found (scripts/fuzz): the reader takes a subset of TOML 1.0 "to the letter", so every input it
 accepts must be valid TOML that tomllib reads to the same keys and values; inputs it refuses may be
-valid TOML outside that subset (floats, dates, [name] tables, inline tables, dotted keys).
+valid TOML outside that subset (floats, dates, inline tables, dotted keys).
 Usage: config_differential.py DUMP.jsonl MISMATCH_DIR FILE...
 DUMP.jsonl holds, in FILE order, the reader's result for each file (FuzzConfig with
 TESSERA_FUZZ_CONFIG_DUMP). Prints a summary; exits 1 and copies the inputs to MISMATCH_DIR when any
@@ -14,10 +14,15 @@ import tomllib
 
 
 def ours_as_toml(result):
-    """The reader's entries and [[name]] tables as the dict tomllib gives."""
+    """The reader's entries, [[name]] and [name] tables as the dict tomllib gives."""
     out = {key: value for key, value in result["entries"]}
-    for name, entries in result["tables"]:
-        out.setdefault(name, []).append({key: value for key, value in entries})
+    for table in result["tables"]:
+        name, entries = table[0], table[1]
+        values = {key: value for key, value in entries}
+        if len(table) > 2 and not table[2]:
+            out[name] = values
+        else:
+            out.setdefault(name, []).append(values)
     return out
 
 

@@ -1,0 +1,133 @@
+import Glibc
+import SystemPackage
+import TesseraInterface
+
+/// Reads the configuration's files, for tesserad (at start and on SIGHUP) and for the CLI
+/// (`tessera config`, `tessera git-credential`): the administrator's `/etc/tessera/config.toml`,
+/// then `/etc/tessera/config.d/*.toml` in name order, then the user's config.toml (--config, else
+/// $TESSERA_CONFIG, else $XDG_CONFIG_HOME/tessera/config.toml). Every file is checked whole, and
+/// any problem in any of them refuses the whole configuration (EffectiveConfig says how they
+/// combine).
+public enum ConfigFiles {
+  /// The outcome of a reading: the configuration in force, or every problem found.
+  public enum Reading: Sendable {
+    case loaded(EffectiveConfig)
+    case problems([ConfigProblem])
+  }
+
+  /// The administrator's files in `directory`, in the order they are read: config.toml (when it
+  /// exists), then config.d's regular `*.toml` files (not hidden ones) sorted by their bytes, as
+  /// systemd sorts drop-ins. A directory that cannot be listed for another reason than its absence
+  /// is a problem.
+  public static func systemPaths(directory: String) -> ([String], [ConfigProblem]) {
+    var paths: [String] = []
+    var problems: [ConfigProblem] = []
+    let main = directory + "/config.toml"
+    if access(main, F_OK) == 0 { paths.append(main) }
+    let dropIns = directory + "/config.d"
+    guard let dir = opendir(dropIns) else {
+      let code = errno
+      if code != ENOENT && code != ENOTDIR {
+        problems.append(
+          ConfigProblem(
+            path: dropIns, line: nil, reason: "cannot be listed: \(Errno(rawValue: code)); an administrator can fix it")
+        )
+      }
+      return (paths, problems)
+    }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+      let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+        String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+      }
+      guard name.hasSuffix(".toml"), !name.hasPrefix(".") else { continue }
+      var info = stat()
+      guard stat(dropIns + "/" + name, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+      names.append(name)
+    }
+    paths += names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }.map { dropIns + "/" + $0 }
+    return (paths, problems)
+  }
+
+  /// Reads and combines every file. `option` is --config's value.
+  public static func load(option: String?, environment: [String: String]) -> Reading {
+    let (systemFiles, listing) = systemPaths(directory: ConfigLocation.systemDirectory(environment: environment))
+    var problems = listing
+    var system: [ConfigLayer] = []
+    for path in systemFiles {
+      switch read(path, isSystem: true, mustExist: true) {
+      case .success(let layer?): system.append(layer)
+      case .success(nil): break
+      case .failure(let found): problems += found.problems
+      }
+    }
+    let userPath = ConfigLocation.path(option: option, environment: environment)
+    var user: ConfigLayer?
+    switch read(
+      userPath, isSystem: false, mustExist: ConfigLocation.isNamed(option: option, environment: environment))
+    {
+    case .success(let layer): user = layer
+    case .failure(let found): problems += found.problems
+    }
+    guard problems.isEmpty else { return .problems(problems) }
+    do {
+      return .loaded(try EffectiveConfig.combine(system: system, user: user))
+    } catch {
+      return .problems(error.problems)
+    }
+  }
+
+  /// One file, checked; nil when it does not exist and need not.
+  static func read(_ path: String, isSystem: Bool, mustExist: Bool) -> Result<ConfigLayer?, ConfigProblems> {
+    func problem(_ reason: String) -> Result<ConfigLayer?, ConfigProblems> {
+      .failure(ConfigProblems([ConfigProblem(path: path, line: nil, reason: reason)]))
+    }
+    let bytes: [UInt8]
+    do {
+      bytes = try Syscall.readFile(path, limit: BrokerConfig.maxFileBytes)
+    } catch {
+      if error.errno == .noSuchFileOrDirectory && !mustExist { return .success(nil) }
+      // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
+      if error.errno == .fileTooLarge {
+        return problem(
+          "is larger than \(BrokerConfig.maxFileBytes >> 20) MiB, and is refused; point --config at the right file")
+      }
+      return problem(
+        "cannot be read: \(String(cString: strerror(error.errno.rawValue)))"
+          + (mustExist && !isSystem ? "; check the path" : ""))
+    }
+    // The `browser` key runs a program, and the trust settings decide where refresh tokens go:
+    // another user who can write a file could make the daemon do either.
+    if let why = othersCanWrite(path) {
+      return problem(
+        "\(why), and its 'browser' key runs a program as you. Run `chmod go-w` on it"
+          + (isSystem ? " as root" : " (and `chown` it to yourself)"))
+    }
+    do {
+      return .success(try ConfigLayer.parse(bytes: bytes, path: path, isSystem: isSystem))
+    } catch {
+      return .failure(error)
+    }
+  }
+}
+
+/// Why another user could change the file at `path`, or nil when only its owner (this user, or
+/// root) can: the file, and the directory holding it, must belong to this user or root and be
+/// writable by no one else (a directory's sticky bit keeps others from replacing the file).
+public func othersCanWrite(_ path: String) -> String? {
+  let me = geteuid()
+  func check(_ target: String, isDirectory: Bool) -> String? {
+    var info = stat()
+    guard stat(target, &info) == 0 else { return nil }  // unreadable: reading it fails elsewhere
+    let what = isDirectory ? "the directory \(target)" : target
+    if info.st_uid != me && info.st_uid != 0 { return "\(what) belongs to another user (uid \(info.st_uid))" }
+    let sticky = isDirectory && info.st_mode & S_ISVTX != 0
+    if info.st_mode & (S_IWGRP | S_IWOTH) != 0 && !sticky {
+      return "\(what) is writable by other users (mode \(String(info.st_mode & 0o7777, radix: 8)))"
+    }
+    return nil
+  }
+  let directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+  return check(path, isDirectory: false) ?? check(directory.isEmpty ? "/" : directory, isDirectory: true)
+}

@@ -1,0 +1,93 @@
+import Logging
+
+/// The configuration in force, and its reload without a restart (issue 26): tesserad reads the
+/// files again on SIGHUP (`systemctl --user reload tessera`) and hands the result here. Cached
+/// tokens, accounts, connections and sign-ins under way are kept; what the configuration decides
+/// for each request (trust, access mode, defaults, client capabilities) applies from the next
+/// request on. `store` and `microsoft_broker` are chosen at start: a change to them is reported
+/// as taking effect at the next start.
+extension Broker {
+  /// The keys a running broker cannot change: chosen once, when tesserad starts.
+  public static let keysAppliedAtStart: [BrokerConfig.Key] = [.store, .microsoftBroker]
+
+  /// The configuration tesserad started with: its files and warnings for `tessera status`.
+  public func noteConfiguration(_ effective: EffectiveConfig) {
+    adminPolicy = effective.policy
+    configNotes.files = effective.files
+    configNotes.warnings = effective.warnings
+    configNotes.locked = effective.policy.locked.map(\.rawValue)
+    for warning in effective.warnings { logger.warning("\(warning)") }
+  }
+
+  /// What a reload changed.
+  public struct ReloadOutcome: Sendable, Equatable {
+    /// The keys whose values changed, applied now.
+    public var applied: [BrokerConfig.Key]
+    /// The keys whose values changed, which take effect at the next start.
+    public var atNextStart: [BrokerConfig.Key]
+    /// Forwards closed because the policy no longer allows them.
+    public var closedForwards: Int
+  }
+
+  /// Puts `effective` in force. Nothing cached is dropped; the silent fast path is cleared so that
+  /// the next request is decided under the new trust and access settings.
+  @discardableResult
+  public func reload(_ effective: EffectiveConfig, started: BrokerConfig) async -> ReloadOutcome {
+    let old = config
+    let changed = BrokerConfig.Key.allCases.filter { old.value(of: $0) != effective.config.value(of: $0) }
+    config = effective.config
+    policy = config.authorityPolicy
+    access.mode = config.accessMode
+    adminPolicy = effective.policy
+    fastPath.clear()
+    fastPath.enforcesAccess.store(config.accessMode != .open || config.notifyFirstUse, ordering: .relaxed)
+    var closed = 0
+    if !adminPolicy.allowForwarding, let forwards = deps.forwards {
+      for forward in await forwards.list() {
+        if await forwards.close(
+          name: forward.name, reason: "closed: the administrator's policy no longer allows forwards (allow_forwarding)")
+        {
+          closed += 1
+        }
+      }
+    }
+    let atStart = Self.keysAppliedAtStart.filter { started.value(of: $0) != effective.config.value(of: $0) }
+    configNotes.files = effective.files
+    configNotes.warnings = effective.warnings
+    configNotes.locked = effective.policy.locked.map(\.rawValue)
+    configNotes.refused = nil
+    configNotes.atNextStart = atStart.map(\.rawValue)
+    configNotes.loadedAt = Int64(deps.clock.now().timeIntervalSince1970)
+    configNotes.reloads += 1
+    let outcome = ReloadOutcome(
+      applied: changed.filter { !Self.keysAppliedAtStart.contains($0) }, atNextStart: atStart, closedForwards: closed)
+    logger.notice(
+      "Reloaded the configuration",
+      metadata: [
+        "files": "\(effective.files.joined(separator: ", "))",
+        "changed": "\(outcome.applied.map(\.rawValue).joined(separator: ", "))",
+        "at_next_start": "\(atStart.map(\.rawValue).joined(separator: ", "))",
+        "closed_forwards": "\(closed)",
+      ])
+    for warning in effective.warnings { logger.warning("\(warning)") }
+    return outcome
+  }
+
+  /// A reload that was refused: the configuration in force stays, and `tessera status` says why.
+  public func refuseReload(_ problems: [String]) {
+    configNotes.refused = StatusReport.ConfigStatus.Refusal(
+      problems: problems.map { SafeText.clip($0, limit: 1000) }, at: Int64(deps.clock.now().timeIntervalSince1970))
+    logger.error(
+      "Refused to reload the configuration: the one in force stays. Fix the files (`tessera config check`) and reload again",
+      metadata: ["problems": "\(problems.joined(separator: "; "))"])
+  }
+
+  /// Refuses a forward when the administrator's policy does not allow them.
+  func checkForwardingAllowed() throws {
+    guard !adminPolicy.allowForwarding else { return }
+    throw TesseraError(
+      .accessDenied,
+      "The administrator's policy does not allow forwards on this machine (allow_forwarding = false in [policy] of \(adminPolicy.files.joined(separator: ", "))). Ask them, or sign in on the remote host itself (`tessera login --device-code`)."
+    )
+  }
+}
