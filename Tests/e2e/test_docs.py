@@ -97,6 +97,8 @@ DOC_BLOCKS = [
      "scripts/test::scripts/fuzz\" --seconds 30"),  # every target, 30 s; the long runs by hand
     ("README.md", "1b92a00875", "scripts/package                 # .build-package/tessera_0.1.0-1_amd64.deb and tessera-microsoft-broker_0.1.0-1_all.deb",
      "Tests/e2e/test_package.py::def test_the_packages_install_and_work_on_debian_12_without_swift"),
+    ("README.md", "665b24d9ee", "# /etc/tessera/config.d/10-site.toml",
+     "run::test_the_administrators_policy_block_is_read_as_written"),
     ("README.md", "6819099cd8", "sudo scripts/install --prefix /usr/local     # or: sudo make install PREFIX=/usr/local",
      "Tests/scripts/test_readme_scripts.py::def test_installs_packages_before_building"),
     ("README.md", "5ad6afcf15", 'default_authority = "https://login.microsoftonline.com/organizations"   # or your tenant id',
@@ -505,6 +507,31 @@ current-context: test
 apiVersion: v1
 kind: Config
 """
+
+
+def test_the_administrators_policy_block_is_read_as_written(doc_env, tmp_path):
+    """The README's /etc/tessera drop-in, as the administrator's file (TESSERA_SYSTEM_CONFIG_DIR in
+    place of /etc/tessera), under a user's file that tries to change what it locks."""
+    system = tmp_path / "etc-tessera"
+    (system / "config.d").mkdir(parents=True)
+    (system / "config.d" / "10-site.toml").write_text(doc("README.md", "665b24d9ee"))
+    user = Path(doc_env["HOME"]) / ".config" / "tessera"
+    user.mkdir(parents=True)
+    (user / "config.toml").write_text('ca_file = "/tmp/mine.pem"\naccess_mode = "open"\nstore = "memory"\n')
+    env = dict(doc_env, TESSERA_SYSTEM_CONFIG_DIR=str(system))
+    env.pop("TESSERA_CONFIG", None)
+    env.pop("XDG_CONFIG_HOME", None)
+    check = subprocess.run(["tessera", "config", "check"], capture_output=True, text=True, env=env, timeout=30)
+    assert check.returncode == 0, check.stderr
+    assert len(check.stderr.splitlines()) == 3, check.stderr  # one warning per ignored setting
+    shown = json.loads(subprocess.run(["tessera", "config", "--json"], capture_output=True, text=True, env=env,
+                                      timeout=30, check=True).stdout)
+    settings = shown["settings"]
+    assert settings["trusted_authorities"]["value"] == ["https://sso.example.com/realms/corp"]
+    assert settings["trusted_authorities"]["locked"] and settings["ca_file"]["value"] is None
+    assert settings["access_mode"]["value"] == "confirm" and settings["store"]["value"] == "auto"
+    assert shown["policy"] == {"locked": ["trusted_authorities", "ca_file"], "minimum_access_mode": "confirm",
+                               "allow_forwarding": False, "allowed_stores": ["secret-service", "file"]}
 
 
 def test_kubeconfig_users_run_with_kubectl(start_daemon, doc_env, alice):
