@@ -45,8 +45,26 @@ public struct CommandBrowserLauncher: BrowserLauncher {
     defer { posix_spawn_file_actions_destroy(&actions) }
     try check(
       tessera_spawn_file_actions_addclosefrom(&actions, 3), "posix_spawn_file_actions_addclosefrom_np", arguments[0])
+    // Nor the daemon's signal handling: tesserad ignores SIGHUP, SIGTERM and SIGINT to take them
+    // from a signal source (reload, shutdown), and an ignored signal stays ignored across exec. A
+    // browser started here gets every signal back at its default and an empty signal mask.
+    var attributes = posix_spawnattr_t()
+    try check(posix_spawnattr_init(&attributes), "posix_spawnattr_init", arguments[0])
+    defer { posix_spawnattr_destroy(&attributes) }
+    var defaults = sigset_t()
+    sigemptyset(&defaults)
+    for signal in [SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM] {
+      sigaddset(&defaults, signal)
+    }
+    var mask = sigset_t()
+    sigemptyset(&mask)
+    try check(posix_spawnattr_setsigdefault(&attributes, &defaults), "posix_spawnattr_setsigdefault", arguments[0])
+    try check(posix_spawnattr_setsigmask(&attributes, &mask), "posix_spawnattr_setsigmask", arguments[0])
+    try check(
+      posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK)),
+      "posix_spawnattr_setflags", arguments[0])
     var pid: pid_t = 0
-    try check(posix_spawnp(&pid, argv[0]!, &actions, nil, &argv, environ), "posix_spawnp", arguments[0])
+    try check(posix_spawnp(&pid, argv[0]!, &actions, &attributes, &argv, environ), "posix_spawnp", arguments[0])
     let child = pid
     // Reaped on a thread of its own: a browser may run for hours.
     try? startThread(name: "tessera-reaper") {

@@ -235,6 +235,38 @@ final class LoopbackListenerTests: XCTestCase {
 }
 
 final class BrowserLauncherTests: XCTestCase {
+  func testTheBrowserGetsTheSignalsTheDaemonIgnoresBackAtTheirDefault() throws {
+    // As in tesserad, which takes SIGHUP and SIGTERM from a signal source and so ignores them.
+    let previous = (signal(SIGHUP, SIG_IGN), signal(SIGTERM, SIG_IGN))
+    defer {
+      signal(SIGHUP, previous.0)
+      signal(SIGTERM, previous.1)
+    }
+    let directory = NSTemporaryDirectory() + "tessera-browser-\(UUID().uuidString)"
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    let probe = directory + "/probe"
+    try
+      "#!/bin/sh\ngrep -E '^Sig(Ign|Blk):' /proc/$$/status >\(directory)/out.tmp && mv \(directory)/out.tmp \(directory)/out\n"
+      .write(toFile: probe, atomically: true, encoding: .utf8)
+    chmod(probe, 0o755)
+    try CommandBrowserLauncher(configured: probe, environment: [:]).open("https://idp.example.com/authorize")
+    var text: String?
+    for _ in 0..<200 where text == nil {
+      text = try? String(contentsOfFile: directory + "/out", encoding: .utf8)
+      if text == nil { usleep(20_000) }
+    }
+    let lines = try XCTUnwrap(text, "the probe did not run").split(separator: "\n")
+    func mask(_ name: String) throws -> UInt64 {
+      let line = try XCTUnwrap(lines.first { $0.hasPrefix(name + ":") })
+      return try XCTUnwrap(UInt64(line.dropFirst(name.count + 1).trimmingCharacters(in: .whitespaces), radix: 16))
+    }
+    let ignored = try mask("SigIgn")
+    XCTAssertEqual(ignored & (1 << UInt64(SIGHUP - 1)), 0, "the browser ignores SIGHUP")
+    XCTAssertEqual(ignored & (1 << UInt64(SIGTERM - 1)), 0, "the browser ignores SIGTERM")
+    XCTAssertEqual(try mask("SigBlk"), 0, "the browser starts with signals blocked")
+  }
+
   func testCommandChoice() {
     XCTAssertEqual(
       CommandBrowserLauncher(configured: "firefox --new-window", environment: ["BROWSER": "x"]).command,
