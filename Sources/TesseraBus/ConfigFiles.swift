@@ -43,7 +43,24 @@ public enum ConfigFiles {
       }
       guard name.hasSuffix(".toml"), !name.hasPrefix(".") else { continue }
       var info = stat()
-      guard stat(dropIns + "/" + name, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+      // A drop-in that cannot be read (a dangling link, a directory) is a problem to say: a
+      // policy must not vanish without a word.
+      let path = dropIns + "/" + name
+      guard stat(path, &info) == 0 else {
+        let code = errno
+        problems.append(
+          ConfigProblem(
+            path: dropIns + "/" + name, line: nil,
+            reason: "cannot be read: \(Errno(rawValue: code)); an administrator can fix or remove it"))
+        continue
+      }
+      guard info.st_mode & S_IFMT == S_IFREG else {
+        problems.append(
+          ConfigProblem(
+            path: dropIns + "/" + name, line: nil,
+            reason: "is not a regular file; an administrator can replace or remove it"))
+        continue
+      }
       names.append(name)
     }
     paths += names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }.map { dropIns + "/" + $0 }
@@ -91,7 +108,8 @@ public enum ConfigFiles {
       // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
       if error.errno == .fileTooLarge {
         return problem(
-          "is larger than \(BrokerConfig.maxFileBytes >> 20) MiB, and is refused; point --config at the right file")
+          "is larger than \(BrokerConfig.maxFileBytes >> 20) MiB, and is refused"
+            + (isSystem ? "; an administrator can fix it" : "; point --config at the right file"))
       }
       return problem(
         "cannot be read: \(String(cString: strerror(error.errno.rawValue)))"

@@ -85,9 +85,10 @@ extension Tessera.Config {
       struct GitEntry: Encodable {
         var url: String
         var clientID: String
-        var line: Int
+        /// "PATH:LINE" of its [[git]] header.
+        var source: String
         enum CodingKeys: String, CodingKey {
-          case url, line
+          case url, source
           case clientID = "client_id"
         }
       }
@@ -119,7 +120,8 @@ extension Tessera.Config {
             files: effective.files, settings: settings,
             git: effective.config.gitRules.map {
               .init(
-                url: $0.host + ($0.pathPrefix.isEmpty ? "" : "/" + $0.pathPrefix), clientID: $0.clientID, line: $0.line)
+                url: $0.host + ($0.pathPrefix.isEmpty ? "" : "/" + $0.pathPrefix), clientID: $0.clientID,
+                source: "\($0.file):\($0.line)")
             }, policy: policy, warnings: effective.warnings))
       } else {
         print(Self.text(effective))
@@ -147,7 +149,7 @@ extension Tessera.Config {
       }
       for rule in effective.config.gitRules {
         lines.append("")
-        lines.append("[[git]]  # line \(rule.line)")
+        lines.append("[[git]]  # \(SafeText.clip(rule.file, limit: 500)):\(rule.line)")
         lines.append(
           "url = \(ConfigFile.Value.string(rule.host + (rule.pathPrefix.isEmpty ? "" : "/" + rule.pathPrefix)).toml)")
         if !rule.clientID.isEmpty { lines.append("client_id = \(ConfigFile.Value.string(rule.clientID).toml)") }
@@ -341,6 +343,13 @@ func startFailure(
       "tessera: tesserad stopped on a configuration error (exit status 78), but \(path) checks out here: tesserad may read another file (TESSERA_CONFIG in systemd's environment) or refuse this one for its permissions. Its message is in `journalctl --user -u tessera`.",
       status
     )
+  }
+  // A mistake in the administrator's files is theirs to fix.
+  let system = ConfigLocation.systemDirectory(environment: environment)
+  if problems.contains(where: { $0.path.hasPrefix(system + "/") }) {
+    let last =
+      "the Tessera broker cannot start until the administrator fixes the files in \(system) (the mistakes above); `tessera config check` checks them again."
+    return ((problems.map { "tessera: \($0)" } + ["tessera: " + last]).joined(separator: "\n"), status)
   }
   let last =
     exited

@@ -191,12 +191,14 @@ extension Tessera {
     static func pathHint(for request: GitCredentialRequest, config: String?) -> String? {
       guard request.protocol == "https", (request.path ?? "").isEmpty else { return nil }
       let environment = ProcessInfo.processInfo.environment
-      let path = ConfigLocation.path(option: config, environment: environment)
       guard case .checked(let settings) = checkConfig(option: config, environment: environment) else { return nil }
       let host = request.host.lowercased()
       let forHost = settings.config.gitRules.filter { $0.host == host }
       guard !forHost.isEmpty, forHost.allSatisfy({ !$0.pathPrefix.isEmpty }) else { return nil }
-      return "tessera git-credential: the [[git]] entries for \(host) in \(path) have a path, and git sent none; "
+      var files: [String] = []
+      for rule in forHost where !files.contains(rule.file) { files.append(rule.file) }
+      return
+        "tessera git-credential: the [[git]] entries for \(host) in \(files.joined(separator: ", ")) have a path, and git sent none; "
         + "run `git config --global credential.https://\(host).useHttpPath true` so that git sends it."
     }
 

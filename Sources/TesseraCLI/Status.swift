@@ -171,8 +171,9 @@ extension Tessera {
       report.storePath = health.storePath
       report.storeKey = health.storeKeyLocation
       report.storeNotes = health.storeNotes.isEmpty ? nil : health.storeNotes
+      // Shown, but no reason for a failing status: the broker serves (under the configuration
+      // in force), and the configuration's own notes are in `config`.
       report.config = health.config
-      if let config = health.config, !config.warnings.isEmpty || config.refused != nil { report.needsAttention = true }
       let front: TesseraBroker.MicrosoftFront
       switch broker.connection {
       case .socket(let path, _):

@@ -44,6 +44,8 @@ public actor OIDCDirectory {
   /// serves it) or `{authority}/.well-known/openid-configuration`.
   public func metadata(for authority: Authority, policy: AuthorityPolicy) async throws -> OIDCMetadata {
     if let (cached, fetched) = metadata[authority.url], clock.now().timeIntervalSince(fetched) < Self.metadataLifetime {
+      // Checked again under today's policy: a reload may have stopped trusting a host it names.
+      try Self.check(cached, of: authority, policy: policy)
       return cached
     }
     let suffixes = ["/v2.0/.well-known/openid-configuration", "/.well-known/openid-configuration"]

@@ -36,6 +36,7 @@ extension Broker {
     let old = config
     let changed = BrokerConfig.Key.allCases.filter { old.value(of: $0) != effective.config.value(of: $0) }
     config = effective.config
+    configGeneration += 1
     policy = config.authorityPolicy
     access.mode = config.accessMode
     adminPolicy = effective.policy
@@ -44,9 +45,7 @@ extension Broker {
     var closed = 0
     if !adminPolicy.allowForwarding, let forwards = deps.forwards {
       for forward in await forwards.list() {
-        if await forwards.close(
-          name: forward.name, reason: "closed: the administrator's policy no longer allows forwards (allow_forwarding)")
-        {
+        if await forwards.close(name: forward.name, reason: Self.forwardsForbidden) {
           closed += 1
         }
       }
@@ -81,6 +80,9 @@ extension Broker {
       "Refused to reload the configuration: the one in force stays. Fix the files (`tessera config check`) and reload again",
       metadata: ["problems": "\(problems.joined(separator: "; "))"])
   }
+
+  /// Why a forward was closed at a reload.
+  static let forwardsForbidden = "closed: the administrator's policy no longer allows forwards (allow_forwarding)"
 
   /// Refuses a forward when the administrator's policy does not allow them.
   func checkForwardingAllowed() throws {

@@ -26,6 +26,8 @@ extension Broker {
   func silentToken(_ request: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void) async throws
     -> TokenResult
   {
+    // The configuration this request is decided under: the defaults, the trust, the access mode.
+    let generation = configGeneration
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -36,6 +38,9 @@ extension Broker {
     try await authorize(
       request.caller, clientID: clientID, accountID: account.id, username: account.username, scopes: scopes,
       authority: authority.url, operation: .token)
+    // A reload while this request waited (for the store, for the user's answer): decided again
+    // under the new configuration, so nothing the old one allowed is answered or published.
+    guard generation == configGeneration else { return try await silentToken(request, onCacheHit: onCacheHit) }
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
     // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.

@@ -112,6 +112,25 @@ public enum StoreMove {
     return note.deleting && moved == 0 ? left.count : moved
   }
 
+  /// Takes back an interrupted move whose target the administrator's policy no longer allows:
+  /// every item ends in the move's source again and none stays in its target. While items were
+  /// being copied (the source holds them all) the copies are deleted; once they were being
+  /// deleted from the source (the target holds them all) they move back, kill-safe, as a move of
+  /// their own (the journal's note is replaced by the reverse one in one atomic write). Returns
+  /// how many items were deleted or moved back.
+  public static func undo(
+    _ journal: any StoreMoveJournal, _ note: StoreMoveNote, source: any SecretStore, target: any SecretStore
+  ) async throws -> Int {
+    if note.deleting {
+      try journal.write(StoreMoveNote(from: note.to, to: note.from))
+      return try await run(journal, from: target, to: source, fromKind: note.to, toKind: note.from)
+    }
+    let copied = TokenCache.movable(try await target.loadAll())
+    try await target.apply(copied.map { .delete($0.attributes) })
+    try journal.end()
+    return copied.count
+  }
+
   /// Copies every Tessera item of `source` (of the schema version this daemon knows) into `target`,
   /// then deletes them from `source`; returns how many. Items of other versions stay where they
   /// are. (Without a journal: `run` is the kill-safe move.)

@@ -225,6 +225,11 @@ public struct TesseraFront: Sendable {
       metadata["forward"] = "\(name)"
       metadata["host"] = "\(host)"
       let made = try await forwards.open(name: name, host: host, path: path, lasting: lasting, owner: caller)
+      // A reload that forbade forwards while this one was being opened: it goes too.
+      do { try await broker.checkForwardingAllowed() } catch {
+        _ = await forwards.close(name: name, reason: Broker.forwardsForbidden)
+        throw error
+      }
       metadata["path"] = "\(made)"
       return [.string(made)]
     case .removeForward:

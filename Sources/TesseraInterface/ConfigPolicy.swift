@@ -12,14 +12,17 @@
 public struct ConfigSource: Sendable, Equatable, CustomStringConvertible {
   public var path: String
   public var line: Int
+  /// What in the file, when it is not a line of its own (the policy's minimum that raised a key).
+  public var note: String?
 
-  public init(path: String, line: Int) {
+  public init(path: String, line: Int, note: String? = nil) {
     self.path = path
     self.line = line
+    self.note = note
   }
 
-  /// "PATH:LINE".
-  public var description: String { "\(path):\(line)" }
+  /// "PATH:LINE", or "PATH (NOTE)".
+  public var description: String { note.map { "\(path) (\($0))" } ?? "\(path):\(line)" }
 }
 
 /// The administrator's `[policy]` table: what a user's config.toml may not change.
@@ -37,6 +40,8 @@ public struct ConfigPolicy: Sendable, Equatable {
   public var locked: [BrokerConfig.Key] = []
   /// The loosest access_mode a user may choose; nil: any.
   public var minimumAccessMode: AccessMode?
+  /// The file whose `[policy]` set the minimum in force.
+  public var minimumAccessModeFile: String?
   /// Whether `tessera forward` may make forwards of the socket.
   public var allowForwarding = true
   /// The stores that may hold accounts and tokens; nil: any.
@@ -78,6 +83,7 @@ public struct ConfigPolicy: Sendable, Equatable {
     for key in other.locked where !locked.contains(key) { locked.append(key) }
     if let theirs = other.minimumAccessMode, theirs.strictness > (minimumAccessMode?.strictness ?? -1) {
       minimumAccessMode = theirs
+      minimumAccessModeFile = other.minimumAccessModeFile
     }
     allowForwarding = allowForwarding && other.allowForwarding
     if let theirs = other.allowedStores {
@@ -107,6 +113,13 @@ public struct ConfigPolicy: Sendable, Equatable {
     }
     for entry in table.entries {
       guard let key = Key(rawValue: entry.key) else {
+        if BrokerConfig.Key(rawValue: entry.key) != nil {
+          problem(
+            entry,
+            "is a setting, not a policy key: in TOML every key after the [policy] header belongs to that table, so write settings above [policy]"
+          )
+          continue
+        }
         problem(entry, "unknown key; " + NearestName.suggestion(for: entry.key, among: Key.allCases.map(\.rawValue)))
         continue
       }
@@ -132,6 +145,7 @@ public struct ConfigPolicy: Sendable, Equatable {
           continue
         }
         policy.minimumAccessMode = mode
+        policy.minimumAccessModeFile = path
       case .allowForwarding:
         guard let flag = entry.value.bool else {
           problem(entry, "must be true or false")
@@ -244,7 +258,11 @@ public struct ConfigLayer: Sendable, Equatable {
                 known: names.count == 1 ? "the only table is" : "the only tables are")))
     }
     for table in file.tables(named: "git") where table.isArray {
-      do { layer.gitRules.append(try GitCredentialRule(table: table)) } catch {
+      do {
+        var rule = try GitCredentialRule(table: table)
+        rule.file = path
+        layer.gitRules.append(rule)
+      } catch {
         problems.append(
           ConfigProblem(path: path, line: error.line, key: error.key, kind: .inTable("git"), reason: error.reason))
       }
@@ -292,6 +310,14 @@ public struct EffectiveConfig: Sendable, Equatable {
     }
     let policy = effective.policy
     var problems: [ConfigProblem] = []
+    if policy.allowedStores?.isEmpty == true {
+      problems.append(
+        ConfigProblem(
+          path: policy.files.joined(separator: ", "), line: nil,
+          reason:
+            "the allowed_stores of these [policy] tables have no store in common, so no store could be used; an administrator can make them agree"
+        ))
+    }
     for layer in system {
       effective.files.append(layer.path)
       for setting in layer.settings {
@@ -328,8 +354,13 @@ public struct EffectiveConfig: Sendable, Equatable {
       }
       effective.config.gitRules += user.gitRules
     }
-    // The default, or a file's, raised to the minimum.
-    effective.config.accessMode = policy.floor(effective.config.accessMode)
+    // The default, or a file's, raised to the minimum: then the minimum is where it comes from.
+    let raised = policy.floor(effective.config.accessMode)
+    if raised != effective.config.accessMode {
+      effective.config.accessMode = raised
+      effective.sources[.accessMode] = ConfigSource(
+        path: policy.minimumAccessModeFile ?? "", line: 0, note: "[policy] minimum_access_mode")
+    }
     return effective
   }
 

@@ -22,6 +22,8 @@ public struct GitCredentialRule: Sendable, Equatable {
   public var username: String?
   public var account: String?
   public var line: Int
+  /// The file the entry is in (the administrator's or the user's); empty when not read from one.
+  public var file: String = ""
 
   public static let keys = ["url", "client_id", "authority", "scopes", "username", "account"]
 

@@ -79,9 +79,11 @@ public struct SwitchedLogHandler<Wrapped: LogHandler>: LogHandler {
     self.levels = levels
   }
 
+  /// The switch's level. Setting it on one logger changes nothing: the level is the daemon's
+  /// (log_level, --log-level), changed by a reload through the switch, never by a logger's copy.
   public var logLevel: Logger.Level {
     get { levels.level }
-    set { levels.level = newValue }
+    set {}
   }
 
   public var metadata: Logger.Metadata {

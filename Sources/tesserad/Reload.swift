@@ -78,9 +78,10 @@ final class ConfigReloader: Sendable {
 /// Waits for SIGHUP and reloads, one reload at a time, until the daemon stops.
 struct ReloadService: Service {
   let reloader: ConfigReloader
+  /// Trapping SIGHUP since tesserad began (Tesserad.run).
+  let signals: UnixSignalsSequence
 
   func run() async {
-    let signals = await UnixSignalsSequence(trapping: .sighup)
     await cancelWhenGracefulShutdown {
       for await _ in signals { await reloader.reload() }
     }

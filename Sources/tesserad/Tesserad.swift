@@ -5,6 +5,7 @@ import TesseraBus
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
+import UnixSignals
 
 #if canImport(Glibc)
   import Glibc
@@ -51,8 +52,10 @@ struct Tesserad: AsyncParsableCommand {
     ProcessMemory.limitArenas()
     ProcessLimits.raiseFileLimit()
     let environment = ProcessInfo.processInfo.environment
-    // Until the reload service traps it, a SIGHUP (`systemctl --user reload`) must not end the daemon.
+    // A SIGHUP (`systemctl --user reload`) is taken from here on, and waits for the reload service:
+    // one that comes while the daemon starts is not lost, and never ends it.
     signal(SIGHUP, SIG_IGN)
+    let hangups = await UnixSignalsSequence(trapping: .sighup)
     let path = ConfigLocation.path(option: config, environment: environment)
     // The administrator's files (/etc/tessera), then the user's: any problem in any of them is a
     // reason not to start (exit 78, sysexits' EX_CONFIG), each on a line with its file and line.
@@ -99,7 +102,7 @@ struct Tesserad: AsyncParsableCommand {
     let moveJournal = FileStoreMoveJournal.defaultPath(environment: environment).map(FileStoreMoveJournal.init(path:))
     let opener = DaemonStoreOpener(environment: environment, logger: logger)
     if let finished = await finishInterruptedMove(
-      moveJournal, opener: opener, configured: brokerConfig.store, logger: logger)
+      moveJournal, opener: opener, configured: brokerConfig.store, policy: effective.policy, logger: logger)
     {
       store = finished
     } else {
@@ -178,7 +181,7 @@ struct Tesserad: AsyncParsableCommand {
       .init(service: StoreService(broker: broker)),
       .init(service: MaintenanceService(broker: broker, afterEachPass: tidy)),
       .init(service: EventsService(broker: broker, server: server, notifier: notifier, logger: logger)),
-      .init(service: ReloadService(reloader: reloader)),
+      .init(service: ReloadService(reloader: reloader, signals: hangups)),
       .init(service: bus, successTerminationBehavior: .gracefullyShutdownGroup),
     ]
     let group = ServiceGroup(
@@ -278,13 +281,42 @@ struct DaemonStoreOpener: StoreOpener {
 /// is locked, say), the journal stays for the next start, and the store that holds every item is
 /// used: the source while items were being copied, the target once they were being deleted.
 func finishInterruptedMove(
-  _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice, logger: Logger
+  _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice,
+  policy: ConfigPolicy = ConfigPolicy(), logger: Logger
 ) async -> (any SecretStore)? {
   guard let journal, let move = journal.pending() else { return nil }
   let metadata: Logger.Metadata = [
     "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
     "phase": "\(move.deleting ? "deleting" : "copying")",
   ]
+  func allowed(_ kind: String) -> Bool { BrokerConfig.StoreChoice(rawValue: kind).map(policy.allows) ?? false }
+  // The administrator's allowed_stores, set since the move began, no longer allow its target:
+  // the move is taken back to its source (never finished into a store the policy forbids).
+  if !allowed(move.to) {
+    guard allowed(move.from) else {
+      logger.error(
+        "A store move (tessera store migrate) was interrupted, and the administrator's allowed_stores allow neither of its stores; Tessera's items stay where they are, unused",
+        metadata: metadata)
+      return nil
+    }
+    do {
+      let source = try opener.open(move.from)
+      let target = try opener.open(move.to)
+      try await source.probe(withinSeconds: autoProbeSeconds)
+      try await target.probe(withinSeconds: autoProbeSeconds)
+      let items = try await StoreMove.undo(journal, move, source: source, target: target)
+      logger.notice(
+        "Using the \(move.from) store: a store move to the \(move.to) store was interrupted, and the administrator's allowed_stores no longer allow that store; took the move back (\(items) items)",
+        metadata: metadata.merging(["items": "\(items)"]) { $1 })
+      return source
+    } catch {
+      let using = move.deleting ? move.to : move.from
+      logger.error(
+        "A store move was interrupted and its target is no longer allowed, but it cannot be taken back now; using the \(using) store, which holds every item, until a later start can",
+        metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
+      return try? opener.open(using)
+    }
+  }
   do {
     let source = try opener.open(move.from)
     let target = try opener.open(move.to)

@@ -1,3 +1,4 @@
+import Logging
 import TesseraEngineFakes
 import XCTest
 
@@ -77,34 +78,80 @@ final class ReloadTests: XCTestCase {
     XCTAssertNil(status.config?.refused)
   }
 
-  func testAReloadThatStrictensAccessRefusesAnAppTheFastPathServedBefore() async throws {
+  func testAReloadClearsWhatTheBusThreadWouldAnswerAndDecidesAgainUnderTheNewMode() async throws {
     let h = await Harness()
     try await h.signIn()
+    let handler = TesseraFront(broker: h.broker, logger: Logger(label: "test"), clock: h.clock)
     let caller = CallerInfo(busName: ":1.7", app: AppIdentity(kind: .executable, id: "/usr/bin/curl"))
-    var request = try h.request()
-    request.caller = caller
-    _ = try await h.broker.silentToken(request)
+    let arguments: [BusValue] = [.string(""), .strings([]), .string(""), .dict([:])]
+    _ = await handler.handle(method: "AcquireTokenSilent", arguments: arguments, caller: caller)
+    guard
+      case .success? = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller)?.values
+    else { return XCTFail("open mode: the repeat is answered on the bus thread") }
+    // Strict now: the bus thread has nothing to answer, and the full path refuses the app.
     await h.broker.reload(effective { $0.accessMode = .strict }, started: await h.broker.config)
-    do {
-      _ = try await h.broker.silentToken(request)
-      XCTFail("an app without a grant got a token in strict mode")
-    } catch let error as TesseraError {
-      XCTAssertEqual(error.code, .accessDenied)
+    XCTAssertNil(handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller))
+    guard
+      case .failure(let error) = await handler.handle(
+        method: "AcquireTokenSilent", arguments: arguments, caller: caller)
+    else { return XCTFail("an app without a grant got a token in strict mode") }
+    XCTAssertEqual(error.code, .accessDenied)
+    XCTAssertNil(handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller))
+  }
+
+  /// Forwards of the socket, recorded.
+  final class FakeForwards: ForwardListeners, Sendable {
+    let open = Locked<[String]>([])
+    let closed = Locked<[String: String]>([:])
+
+    func open(name: String, host: String, path: String, lasting: Bool, owner: CallerInfo) async throws -> String {
+      open.withLock { $0.append(name) }
+      return "/run/user/1000/tessera/forward/" + name
+    }
+    func close(name: String, reason: String) async -> Bool {
+      let was = open.withLock { names -> Bool in
+        guard let index = names.firstIndex(of: name) else { return false }
+        names.remove(at: index)
+        return true
+      }
+      if was { closed.withLock { $0[name] = reason } }
+      return was
+    }
+    func list() async -> [ForwardInfo] {
+      open.withLock { $0 }.map {
+        ForwardInfo(name: $0, host: "build01", path: "/f/" + $0, lasting: true, since: 0, connections: 0, ownerPID: nil)
+      }
     }
   }
 
-  func testForwardsAreRefusedAndClosedWhenThePolicyForbidsThem() async throws {
+  func testForwardsAreRefusedAndTheOpenOnesClosedWhenThePolicyForbidsThem() async throws {
     let h = await Harness()
+    let forwards = FakeForwards()
+    let broker = Broker(
+      config: await h.broker.config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock,
+        forwards: forwards),
+      logger: Logger(label: "test"))
+    let front = TesseraFront(broker: broker, logger: Logger(label: "test"), clock: h.clock)
+    let me = CallerInfo(busName: ":1.9", uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/tessera"))
+    let add: [BusValue] = [.string("build01"), .string("build01.example.com"), .string(""), .dict([:])]
+    guard case .success = await front.handle(method: "AddForward", arguments: add, caller: me) else {
+      return XCTFail("a forward was refused without a policy")
+    }
+    XCTAssertEqual(forwards.open.withLock { $0 }, ["build01"])
     var policy = ConfigPolicy()
     policy.allowForwarding = false
     policy.files = ["/etc/tessera/config.toml"]
-    await h.broker.reload(effective({ _ in }, policy: policy), started: await h.broker.config)
-    do {
-      try await h.broker.checkForwardingAllowed()
-      XCTFail("a forward was allowed against the policy")
-    } catch let error as TesseraError {
-      XCTAssertEqual(error.code, .accessDenied)
-      XCTAssertTrue(error.message.contains("allow_forwarding = false"))
+    let outcome = await broker.reload(effective({ _ in }, policy: policy), started: await broker.config)
+    XCTAssertEqual(outcome.closedForwards, 1)
+    XCTAssertEqual(forwards.closed.withLock { $0 }["build01"], Broker.forwardsForbidden)
+    let again: [BusValue] = [.string("build02"), .string("build02.example.com"), .string(""), .dict([:])]
+    guard case .failure(let error) = await front.handle(method: "AddForward", arguments: again, caller: me) else {
+      return XCTFail("a forward was made against the policy")
     }
+    XCTAssertEqual(error.code, .accessDenied)
+    XCTAssertTrue(error.message.contains("allow_forwarding = false in [policy] of /etc/tessera/config.toml"))
+    XCTAssertEqual(forwards.open.withLock { $0 }, [])
   }
 }

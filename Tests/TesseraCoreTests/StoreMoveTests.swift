@@ -288,4 +288,47 @@ final class StoreMoveTests: XCTestCase {
       XCTAssertEqual(again, 0)
     }
   }
+
+  /// A move interrupted before the administrator's allowed_stores forbade its target is taken
+  /// back: every item in the source again, none left in the target, at either point of the move.
+  func testAMoveToAStoreThePolicyNoLongerAllowsIsTakenBack() async throws {
+    let s = try await prepare()
+    let all = s.h.store.items.withLock { $0 }
+    func stores() -> (KindStore, KindStore) {
+      let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
+      keyring.base.items.withLock { $0 = all }
+      return (keyring, KindStore(kind: "file"))
+    }
+    // Killed while copying: the copies go, the source is as it was.
+    do {
+      let (keyring, file) = stores()
+      let journal = MemoryMoveJournal()
+      let note = StoreMoveNote(from: "secret-service", to: "file")
+      try journal.write(note)
+      for item in TokenCache.movable(try await keyring.loadAll()).prefix(3) { try await file.save(item) }
+      let undone = try await StoreMove.undo(journal, note, source: keyring, target: file)
+      XCTAssertEqual(undone, 3)
+      XCTAssertEqual(keyring.contents, s.before)
+      XCTAssertTrue(file.contents.isEmpty)
+      XCTAssertNil(journal.pending())
+    }
+    // Killed while deleting from the source: every item moves back, as a move of its own.
+    do {
+      let (keyring, file) = stores()
+      let journal = MemoryMoveJournal()
+      let movable = TokenCache.movable(try await keyring.loadAll())
+      for item in movable { try await file.save(item) }
+      let note = StoreMoveNote(from: "secret-service", to: "file", deleting: true)
+      try journal.write(note)
+      for item in movable.prefix(movable.count / 2) { try await keyring.delete(matching: item.attributes) }
+      try await StoreMove.undo(journal, note, source: keyring, target: file)
+      XCTAssertEqual(keyring.contents, s.before)
+      XCTAssertTrue(file.contents.isEmpty)
+      XCTAssertNil(journal.pending())
+      // The reverse note replaced the old one in one write (kill-safe), then ran to its end.
+      XCTAssertEqual(
+        journal.written.withLock { $0 }.suffix(3).map { "\($0.from)>\($0.to):\($0.deleting)" },
+        ["file>secret-service:false", "file>secret-service:false", "file>secret-service:true"])
+    }
+  }
 }

@@ -53,7 +53,9 @@ final class BrokerConfigTests: XCTestCase {
     expected.accessMode = .strict
     expected.notifyFirstUse = false
     expected.store = .file
-    expected.gitRules = [GitCredentialRule(host: "git.example.com", pathPrefix: "team", line: 17)]
+    var rule = GitCredentialRule(host: "git.example.com", pathPrefix: "team", line: 17)
+    rule.file = "config.toml"
+    expected.gitRules = [rule]
     XCTAssertEqual(config, expected)
     // The key table is the enum: every key above is in it, and nothing else.
     XCTAssertEqual(Set(BrokerConfig.keys).count, 15)

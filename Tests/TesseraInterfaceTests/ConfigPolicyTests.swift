@@ -173,4 +173,29 @@ final class ConfigPolicyTests: XCTestCase {
       XCTAssertEqual(file.entries.first?.value, value, value.toml)
     }
   }
+
+  func testStoresNoPolicyAgreesOnAndSettingsWrittenUnderPolicyAreErrorsThatSayWhy() throws {
+    let found = problems {
+      try EffectiveConfig.combine(
+        system: [
+          try system("[policy]\nallowed_stores = [\"file\"]\n"),
+          try system("[policy]\nallowed_stores = [\"secret-service\"]\n", "/etc/tessera/config.d/b.toml"),
+        ], user: nil)
+    }
+    XCTAssertEqual(found.count, 1)
+    XCTAssertTrue(found[0].contains("have no store in common"), found[0])
+    XCTAssertEqual(
+      problems { try self.system("[policy]\nlocked = []\ntrusted_authorities = []\n") },
+      [
+        "/etc/tessera/config.toml:3: [policy] key 'trusted_authorities': is a setting, not a policy key: in TOML every key after the [policy] header belongs to that table, so write settings above [policy]"
+      ])
+  }
+
+  func testAnAccessModeTheMinimumRaisedNamesThePolicyAsItsSource() throws {
+    let effective = try EffectiveConfig.combine(
+      system: [try system("[policy]\nminimum_access_mode = \"strict\"\n", "/etc/tessera/config.d/sec.toml")],
+      user: try user("log_level = \"debug\"\n"))
+    XCTAssertEqual(
+      effective.sources[.accessMode]?.description, "/etc/tessera/config.d/sec.toml ([policy] minimum_access_mode)")
+  }
 }

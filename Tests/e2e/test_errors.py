@@ -379,6 +379,6 @@ def test_a_config_toml_over_16_mib_at_the_default_path_stops_tesserad(tmp_path):
     env.pop("TESSERA_CONFIG", None)
     proc = subprocess.run([TESSERAD], capture_output=True, text=True, timeout=20, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 78, proc
-    assert f"{config} is larger than 16 MiB" in proc.stderr, proc.stderr
+    assert f"{config}: is larger than 16 MiB, and is refused" in proc.stderr, proc.stderr
     check = cli(env, "config", "check")
     assert check.returncode == 15 and "larger than 16 MiB" in check.stderr, check

@@ -193,12 +193,14 @@ def test_the_packages_install_and_work_on_debian_12_without_swift(machine, idp):
     # `tessera config` shows the locked key and its file, and the daemon's status says so.
     machine.sh("mkdir -p /etc/tessera/config.d && printf 'microsoft_broker = false\\n[policy]\\n"
                "locked = [\"microsoft_broker\"]\\n' >/etc/tessera/config.d/10-site.toml")
-    shown = machine.sh("tessera config", user=USER, env=session_env()).stdout
-    assert "microsoft_broker = false  # /etc/tessera/config.d/10-site.toml:1, locked" in shown, shown
-    rc, out, err = in_session(machine, "tessera --bus status")
-    assert rc == 0 and "Locked by the administrator's [policy]: microsoft_broker." in out, f"{out}\n{err}"
-    assert "Microsoft broker protocol: off" in out, out
-    machine.sh("rm -r /etc/tessera")
+    try:
+        shown = machine.sh("tessera config", user=USER, env=session_env()).stdout
+        assert "microsoft_broker = false  # /etc/tessera/config.d/10-site.toml:1, locked" in shown, shown
+        rc, out, err = in_session(machine, "tessera --bus status")
+        assert rc == 0 and "Locked by the administrator's [policy]: microsoft_broker." in out, f"{out}\n{err}"
+        assert "Microsoft broker protocol: off" in out, out
+    finally:
+        machine.sh("rm -r /etc/tessera")
 
 
 def test_an_upgrade_keeps_the_account_and_purge_removes_every_installed_file(machine, idp):
