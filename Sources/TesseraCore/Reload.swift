@@ -52,7 +52,7 @@ extension Broker {
     }
     let atStart = Self.keysAppliedAtStart.filter { started.value(of: $0) != effective.config.value(of: $0) }
     configNotes.files = effective.files
-    configNotes.warnings = effective.warnings
+    configNotes.warnings = effective.warnings + storeNotAllowed(by: effective.policy)
     configNotes.locked = effective.policy.locked.map(\.rawValue)
     configNotes.refused = nil
     configNotes.atNextStart = atStart.map(\.rawValue)
@@ -68,8 +68,22 @@ extension Broker {
         "at_next_start": "\(atStart.map(\.rawValue).joined(separator: ", "))",
         "closed_forwards": "\(closed)",
       ])
-    for warning in effective.warnings { logger.warning("\(warning)") }
+    for warning in configNotes.warnings { logger.warning("\(warning)") }
     return outcome
+  }
+
+  /// A warning when the store in use is one the policy no longer allows (chosen at start, it
+  /// stays until moved): what to run to move everything to an allowed one.
+  func storeNotAllowed(by policy: ConfigPolicy) -> [String] {
+    let kind = storeSlot.current.storeDescription.kind
+    guard let store = BrokerConfig.StoreChoice(rawValue: kind), !policy.allows(store) else { return [] }
+    let movable = (policy.allowedStores ?? []).filter { $0 != .memory }.map(\.rawValue)
+    let next =
+      movable.first.map { "`tessera store migrate --to \($0)` moves everything to an allowed one" }
+      ?? "a restart of tesserad uses an allowed one (and needs a new sign-in)"
+    return [
+      "the store in use (\(kind)) is not among the administrator's allowed_stores ([policy] in \(policy.files.joined(separator: ", "))): \(next)"
+    ]
   }
 
   /// A reload that was refused: the configuration in force stays, and `tessera status` says why.

@@ -63,6 +63,21 @@ final class ReloadTests: XCTestCase {
     XCTAssertEqual(StatusReport.Report(busValue: status.busValue).config, status.config)
   }
 
+  func testAStoreInUseThatANewPolicyForbidsIsReportedWithWhatToRun() async throws {
+    let h = await Harness()
+    var policy = ConfigPolicy()
+    policy.allowedStores = [.file]
+    policy.files = ["/etc/tessera/config.toml"]
+    // The harness's store says it is the Secret Service.
+    await h.broker.reload(effective({ _ in }, policy: policy), started: await h.broker.config)
+    let warnings = try await h.broker.status().config?.warnings ?? []
+    XCTAssertEqual(
+      warnings,
+      [
+        "the store in use (secret-service) is not among the administrator's allowed_stores ([policy] in /etc/tessera/config.toml): `tessera store migrate --to file` moves everything to an allowed one"
+      ])
+  }
+
   func testARefusedReloadKeepsTheConfigurationAndIsReportedUntilOneSucceeds() async throws {
     let h = await Harness()
     let before = await h.broker.config
