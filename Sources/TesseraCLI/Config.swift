@@ -255,7 +255,11 @@ extension Tessera.Config {
       } else if problems.isEmpty {
         for file in effective.files { print("\(SafeText.clip(file, limit: 500)): OK") }
         if !exists {
-          print("\(path): no such file; tesserad uses the defaults (see tessera-config(5)).")
+          print(
+            effective.files.isEmpty
+              ? "\(path): no such file; tesserad uses the defaults (see tessera-config(5))."
+              : "\(path): no such file; tesserad uses the administrator's files above and the defaults (see tessera-config(5))."
+          )
         }
         for warning in effective.warnings { printError("tessera: warning: \(warning)") }
       } else {

@@ -336,6 +336,17 @@ struct BinaryTests {
         == "\(home)/etc-tessera/config.d/30-bad.toml:2: [policy] key 'allow_forwarding': must be true or false\n")
   }
 
+  @Test func configCheckWithOnlyTheAdministratorsFileSaysTheyApply() throws {
+    try writeSystemConfig("config.toml", "log_level = \"notice\"\n")
+    let check = try run(["config", "check"])
+    #expect(check.status == 0)
+    #expect(
+      check.stdout
+        == "\(home)/etc-tessera/config.toml: OK\n\(configPath): no such file; tesserad uses the administrator's files above and the defaults (see tessera-config(5)).\n"
+    )
+    #expect(try run(["config"]).stdout.contains("log_level = \"notice\"  # \(home)/etc-tessera/config.toml:1"))
+  }
+
   @Test func configCheckHelpHasAnExample() throws {
     let help = try run(["config", "check", "--help"])
     #expect(help.status == 0)
