@@ -131,6 +131,59 @@ public enum StoreMove {
     return copied.count
   }
 
+  /// A move journal left at start means `tessera store migrate` was interrupted (killed, or a
+  /// store failed part-way): the move is finished now, before the store is chosen, and the target
+  /// is used. Returns nil when there was no journal. When the move cannot be finished yet (the
+  /// target is locked, say), the journal stays for the next start, and the store that holds every
+  /// item is used: the source while items were being copied, the target once they were being
+  /// deleted. When the administrator's `allowed_stores` no longer allow the target, the move is
+  /// taken back (`undo`) and the source is used: nothing is finished into a forbidden store.
+  public static func finishInterrupted(
+    _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice,
+    policy: ConfigPolicy = ConfigPolicy(), probeSeconds: Double, logger: Logger
+  ) async -> (any SecretStore)? {
+    guard let journal, let move = journal.pending() else { return nil }
+    let metadata: Logger.Metadata = [
+      "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
+      "phase": "\(move.deleting ? "deleting" : "copying")",
+    ]
+    func allowed(_ kind: String) -> Bool { BrokerConfig.StoreChoice(rawValue: kind).map(policy.allows) ?? false }
+    let takeBack = !allowed(move.to)
+    if takeBack && !allowed(move.from) {
+      logger.error(
+        "A store move (tessera store migrate) was interrupted, and the administrator's allowed_stores allow neither of its stores; Tessera's items stay where they are, unused",
+        metadata: metadata)
+      return nil
+    }
+    do {
+      let source = try opener.open(move.from)
+      let target = try opener.open(move.to)
+      try await source.probe(withinSeconds: probeSeconds)
+      try await target.probe(withinSeconds: probeSeconds)
+      if takeBack {
+        let items = try await undo(journal, move, source: source, target: target)
+        logger.notice(
+          "Using the \(move.from) store: a store move to the \(move.to) store was interrupted, and the administrator's allowed_stores no longer allow that store; took the move back (\(items) items)",
+          metadata: metadata.merging(["items": "\(items)"]) { $1 })
+        return source
+      }
+      let moved = try await run(journal, from: source, to: target, fromKind: move.from, toKind: move.to)
+      logger.notice(
+        "Using the \(move.to) store: a store move (tessera store migrate) was interrupted; finished it now (\(moved) items)",
+        metadata: metadata.merging(["items": "\(moved)"]) { $1 })
+      return target
+    } catch {
+      // The store that holds every item serves until a later start can finish (or take back) the move.
+      let using = move.deleting ? move.to : move.from
+      logger.error(
+        takeBack
+          ? "A store move was interrupted and its target is no longer allowed, but it cannot be taken back now; using the \(using) store, which holds every item, until a later start can"
+          : "A store move (tessera store migrate) was interrupted and cannot be finished now; using the \(using) store, which holds every item, and finishing the move at a later start",
+        metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
+      return try? opener.open(using)
+    }
+  }
+
   /// Copies every Tessera item of `source` (of the schema version this daemon knows) into `target`,
   /// then deletes them from `source`; returns how many. Items of other versions stay where they
   /// are. (Without a journal: `run` is the kill-safe move.)

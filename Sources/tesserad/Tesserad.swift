@@ -101,8 +101,9 @@ struct Tesserad: AsyncParsableCommand {
     let store: any SecretStore
     let moveJournal = FileStoreMoveJournal.defaultPath(environment: environment).map(FileStoreMoveJournal.init(path:))
     let opener = DaemonStoreOpener(environment: environment, logger: logger)
-    if let finished = await finishInterruptedMove(
-      moveJournal, opener: opener, configured: brokerConfig.store, policy: effective.policy, logger: logger)
+    if let finished = await StoreMove.finishInterrupted(
+      moveJournal, opener: opener, configured: brokerConfig.store, policy: effective.policy,
+      probeSeconds: autoProbeSeconds, logger: logger)
     {
       store = finished
     } else {
@@ -272,67 +273,6 @@ struct DaemonStoreOpener: StoreOpener {
     default:
       throw TesseraError.invalidArgument("There is no store '\(kind)' to move to; use file or secret-service.")
     }
-  }
-}
-
-/// A move journal left at start means `tessera store migrate` was interrupted (killed, or a store
-/// failed part-way): the move is finished now, before the store is chosen, and the target is
-/// used. Returns nil when there was no journal. When the move cannot be finished yet (the target
-/// is locked, say), the journal stays for the next start, and the store that holds every item is
-/// used: the source while items were being copied, the target once they were being deleted.
-func finishInterruptedMove(
-  _ journal: (any StoreMoveJournal)?, opener: any StoreOpener, configured: BrokerConfig.StoreChoice,
-  policy: ConfigPolicy = ConfigPolicy(), logger: Logger
-) async -> (any SecretStore)? {
-  guard let journal, let move = journal.pending() else { return nil }
-  let metadata: Logger.Metadata = [
-    "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
-    "phase": "\(move.deleting ? "deleting" : "copying")",
-  ]
-  func allowed(_ kind: String) -> Bool { BrokerConfig.StoreChoice(rawValue: kind).map(policy.allows) ?? false }
-  // The administrator's allowed_stores, set since the move began, no longer allow its target:
-  // the move is taken back to its source (never finished into a store the policy forbids).
-  if !allowed(move.to) {
-    guard allowed(move.from) else {
-      logger.error(
-        "A store move (tessera store migrate) was interrupted, and the administrator's allowed_stores allow neither of its stores; Tessera's items stay where they are, unused",
-        metadata: metadata)
-      return nil
-    }
-    do {
-      let source = try opener.open(move.from)
-      let target = try opener.open(move.to)
-      try await source.probe(withinSeconds: autoProbeSeconds)
-      try await target.probe(withinSeconds: autoProbeSeconds)
-      let items = try await StoreMove.undo(journal, move, source: source, target: target)
-      logger.notice(
-        "Using the \(move.from) store: a store move to the \(move.to) store was interrupted, and the administrator's allowed_stores no longer allow that store; took the move back (\(items) items)",
-        metadata: metadata.merging(["items": "\(items)"]) { $1 })
-      return source
-    } catch {
-      let using = move.deleting ? move.to : move.from
-      logger.error(
-        "A store move was interrupted and its target is no longer allowed, but it cannot be taken back now; using the \(using) store, which holds every item, until a later start can",
-        metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
-      return try? opener.open(using)
-    }
-  }
-  do {
-    let source = try opener.open(move.from)
-    let target = try opener.open(move.to)
-    try await source.probe(withinSeconds: autoProbeSeconds)
-    try await target.probe(withinSeconds: autoProbeSeconds)
-    let moved = try await StoreMove.run(journal, from: source, to: target, fromKind: move.from, toKind: move.to)
-    logger.notice(
-      "Using the \(move.to) store: a store move (tessera store migrate) was interrupted; finished it now (\(moved) items)",
-      metadata: metadata.merging(["items": "\(moved)"]) { $1 })
-    return target
-  } catch {
-    let using = move.deleting ? move.to : move.from
-    logger.error(
-      "A store move (tessera store migrate) was interrupted and cannot be finished now; using the \(using) store, which holds every item, and finishing the move at a later start",
-      metadata: metadata.merging(["error": "\(TesseraError.wrap(error).message)"]) { $1 })
-    return try? opener.open(using)
   }
 }
 

@@ -331,4 +331,45 @@ final class StoreMoveTests: XCTestCase {
         ["file>secret-service:false", "file>secret-service:false", "file>secret-service:true"])
     }
   }
+
+  func testAtStartAMoveIsFinishedOrTakenBackAsThePolicySays() async throws {
+    let s = try await prepare()
+    let all = s.h.store.items.withLock { $0 }
+    func interrupted() async throws -> (KindStore, KindStore, MemoryMoveJournal) {
+      let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
+      keyring.base.items.withLock { $0 = all }
+      let file = KindStore(kind: "file")
+      let journal = MemoryMoveJournal()
+      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
+      for item in TokenCache.movable(try await keyring.loadAll()).prefix(2) { try await file.save(item) }
+      return (keyring, file, journal)
+    }
+    // No policy: finished into the target.
+    var (keyring, file, journal) = try await interrupted()
+    var used = await StoreMove.finishInterrupted(
+      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      probeSeconds: 0.5, logger: .init(label: "t"))
+    XCTAssertEqual(used?.storeDescription.kind, "file")
+    XCTAssertEqual(file.contents, s.before)
+    // The policy allows only the Secret Service now: taken back, the source used.
+    (keyring, file, journal) = try await interrupted()
+    var policy = ConfigPolicy()
+    policy.allowedStores = [.secretService]
+    used = await StoreMove.finishInterrupted(
+      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      policy: policy, probeSeconds: 0.5, logger: .init(label: "t"))
+    XCTAssertEqual(used?.storeDescription.kind, "secret-service")
+    XCTAssertEqual(keyring.contents, s.before)
+    XCTAssertTrue(file.contents.isEmpty)
+    XCTAssertNil(journal.pending())
+    // Neither store allowed: nothing is opened or changed, and the caller chooses an allowed one.
+    (keyring, file, journal) = try await interrupted()
+    policy.allowedStores = [.memory]
+    used = await StoreMove.finishInterrupted(
+      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      policy: policy, probeSeconds: 0.5, logger: .init(label: "t"))
+    XCTAssertNil(used)
+    XCTAssertEqual(keyring.contents, s.before)
+    XCTAssertNotNil(journal.pending())
+  }
 }
