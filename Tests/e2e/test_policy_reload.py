@@ -186,24 +186,14 @@ def test_a_broken_file_on_reload_is_refused_whole_and_status_says_why(tmp_path, 
 def test_an_interrupted_move_to_a_store_the_policy_now_forbids_is_taken_back(start_daemon, write_config, tmp_path,
                                                                             keyring):
     """A `tessera store migrate` killed while copying to the keyring, and meanwhile the administrator
-    allowed only the file store: the next start never opens the keyring for Tessera's items; the
-    copies there go, and the file store, which holds every item, serves."""
-    from tessera_keyring import LOGIN_COLLECTION
-    from test_store_migrate import contents, migrate, own_file_store, store_kind
+    allowed only the file store: the next start does not finish the move into the keyring; it
+    deletes the copies there, and the file store, which holds every item, serves."""
+    from test_store_migrate import contents, interrupted_move_back_to_the_keyring, migrate, own_file_store, store_kind
     env, files = own_file_store(tmp_path)
     system = str(tmp_path / "etc-tessera")
     env["TESSERA_SYSTEM_CONFIG_DIR"] = system
-    daemon = start_daemon(write_config(store="auto"), extra_env=env)
-    b = Broker()
-    alice = b.sign_in("alice")["account"]["id"]
-    b.close()
-    before = contents(keyring)
-    assert migrate("--to", "file").returncode == 0
-    daemon.stop()
-    journal = tmp_path / "state" / "tessera" / "moving"
-    journal.write_text("from=file\nto=secret-service\nphase=copying\n")
-    account_item = next(x for x in before if ("kind", "account") in x[0])
-    keyring.create_item(dict(account_item[0]), account_item[1], collection=LOGIN_COLLECTION)
+    daemon, alice, before, journal = interrupted_move_back_to_the_keyring(
+        start_daemon, write_config, tmp_path, keyring, env)
     write_toml(f"{system}/config.toml", {}, '[policy]\nallowed_stores = ["file"]\n')
     daemon.start()
     assert "allowed_stores no longer allow that store; took the move back (1 items)" in daemon.log(), daemon.log()

@@ -136,9 +136,10 @@ def test_a_move_that_is_not_allowed_says_what_to_do_and_moves_nothing(start_daem
     assert Broker().silent()["access_token"]
 
 
-def test_an_interrupted_move_waits_for_a_locked_target_and_is_finished_at_the_next_start(
-        start_daemon, write_config, tmp_path, keyring):
-    env, files = own_file_store(tmp_path)
+def interrupted_move_back_to_the_keyring(start_daemon, write_config, tmp_path, keyring, env):
+    """alice signed in, everything moved to the file store, then the state a kill while copying
+    back to the keyring leaves: the journal, one item copied. Returns (daemon, alice's id, what
+    the keyring held first, the journal's path); the daemon is stopped."""
     daemon = start_daemon(write_config(store="auto"), extra_env=env)
     b = Broker()
     alice = b.sign_in("alice")["account"]["id"]
@@ -146,11 +147,18 @@ def test_an_interrupted_move_waits_for_a_locked_target_and_is_finished_at_the_ne
     before = contents(keyring)
     assert migrate("--to", "file").returncode == 0
     daemon.stop()
-    # As a kill while copying back to the keyring leaves it: the journal, some items copied.
     journal = tmp_path / "state" / "tessera" / "moving"
     journal.write_text("from=file\nto=secret-service\nphase=copying\n")
     account_item = next(x for x in before if ("kind", "account") in x[0])
     keyring.create_item(dict(account_item[0]), account_item[1], collection=LOGIN_COLLECTION)
+    return daemon, alice, before, journal
+
+
+def test_an_interrupted_move_waits_for_a_locked_target_and_is_finished_at_the_next_start(
+        start_daemon, write_config, tmp_path, keyring):
+    env, files = own_file_store(tmp_path)
+    daemon, alice, before, journal = interrupted_move_back_to_the_keyring(
+        start_daemon, write_config, tmp_path, keyring, env)
     keyring.lock()
     daemon.start()
     assert "cannot be finished now; using the file store" in daemon.log()
