@@ -13,7 +13,7 @@ HEADING = "## Coverage-guided fuzzing"
 COLUMNS = ["target", "what it reads", "time", "executions", "exec/s", "coverage (edges / features)",
            "corpus (inputs / bytes)", "crashes", "leaks", "timeouts", "date, commit"]
 WHAT = {
-    "FuzzConfig": "config.toml and its `[[git]]` tables",
+    "FuzzConfig": "config.toml and its `[[git]]` tables, the administrator's files with `[policy]`, and what `tessera config` prints",
     "FuzzOAuth": "token and error bodies, client_info, Retry-After, base64url, form encoding, authorities, SafeText",
     "FuzzGitCredential": "git's credential protocol, KUBERNETES_EXEC_INFO",
     "FuzzLoopback": "the browser's redirect request (request line, headers, query), /proc/net/tcp",
