@@ -395,29 +395,11 @@ public struct EffectiveConfig: Sendable, Equatable {
 }
 
 extension ConfigFile.Value {
-  /// The value as TOML writes it (strings in basic quotes, escaped).
+  /// The value as TOML writes it (strings in basic quotes, escaped as JSONText does).
   public var toml: String {
     switch self {
-    case .string(let s):
-      var out = "\""
-      for scalar in s.unicodeScalars {
-        switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\t": out += "\\t"
-        case "\r": out += "\\r"
-        default:
-          if scalar.value < 0x20 || scalar.value == 0x7F {
-            out +=
-              "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
-              + String(scalar.value, radix: 16, uppercase: true)
-          } else {
-            out.unicodeScalars.append(scalar)
-          }
-        }
-      }
-      return out + "\""
+    // A JSON string literal is a TOML basic string: the same escapes (\uXXXX for the rest).
+    case .string(let s): return JSONText.quote(s)
     case .integer(let n): return String(n)
     case .bool(let b): return b ? "true" : "false"
     case .array(let list): return "[" + list.map(\.toml).joined(separator: ", ") + "]"

@@ -138,7 +138,8 @@ public enum JSONText {
       case "\n": out += "\\n"
       case "\r": out += "\\r"
       case "\t": out += "\\t"
-      case _ where scalar.value < 0x20 || scalar.value == 0x2028 || scalar.value == 0x2029:
+      // DEL too: JSON allows it raw, but TOML (ConfigFile.Value.toml, which uses this) does not.
+      case _ where scalar.value < 0x20 || scalar.value == 0x7F || scalar.value == 0x2028 || scalar.value == 0x2029:
         let hex = String(scalar.value, radix: 16)
         out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
       default: out.unicodeScalars.append(scalar)
