@@ -66,6 +66,13 @@ public enum DirectSocket {
     return nil
   }
 
+  /// Whether two paths name the same file (device and inode, links not followed).
+  public static func sameFile(_ a: String, _ b: String) -> Bool {
+    var x = stat()
+    var y = stat()
+    return lstat(a, &x) == 0 && lstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino
+  }
+
   /// Whether `path` is in a shared sticky directory, where only a forward's socket can be (tesserad
   /// listens only in a directory of the user's own): its listener is ssh's, not tessera.service.
   public static func isInSharedDirectory(_ path: String) -> Bool {

@@ -157,40 +157,49 @@ public final class TesseraBroker {
   }
 
   /// Why the process listening on the broker's socket is not the user's broker, or nil. When the
-  /// user's service manager runs tessera.service, the socket must be served from it: a process of
-  /// the service's own cgroup, or its MainPID (asked of the manager over its private socket, only
-  /// when the cheaper cgroup check does not settle it).
+  /// user's service manager runs tessera.service, the socket must be served from it: by its
+  /// MainPID, or by the manager itself for tessera.socket (socket activation: the kernel names
+  /// whoever called listen(), the manager, whichever process accepts). Both are asked of the
+  /// manager over its private socket, whose own peer the kernel names too. A process's cgroup
+  /// proves nothing here: the user may create and enter a cgroup named tessera.service.
   static func refusal(ofSocketPeer peer: DirectSocket.PeerCredentials, path: String, environment: [String: String])
     -> String?
   {
     // A forward's socket on a remote host (in /tmp, made by ssh): served by ssh, never by a
     // tessera.service there.
     if DirectSocket.isInSharedDirectory(path) { return nil }
-    if let cgroup = try? Syscall.readFile("/proc/\(peer.pid)/cgroup", limit: 64 * 1024),
-      let unit = String(decoding: cgroup, as: UTF8.self).split(separator: "\n").last?.split(separator: "/").last,
-      unit == "tessera.service"
-    {
-      return nil
-    }
     guard let runtime = environment["XDG_RUNTIME_DIR"],
-      let mainPID = serviceMainPID(managerSocket: runtime + "/systemd/private"),
-      mainPID != peer.pid
+      let manager = try? BusClient(directSocket: runtime + "/systemd/private"),
+      let managerPID = manager.directPeer?.pid
+    else { return nil }  // no user manager: nothing runs tessera.service
+    if peer.pid == managerPID {
+      // The manager holds the socket: only tessera.socket's own is the broker's.
+      if let listening = unitProperty(manager, "tessera_2esocket", "Socket", "Listen"),
+        case .structs(_, let rows) = listening,
+        rows.contains(where: { row in
+          if row.count == 2, case .string(let other) = row[1] { return DirectSocket.sameFile(other, path) }
+          return false
+        })
+      {
+        return nil
+      }
+      return
+        "The socket \(path) is held by your service manager (process \(peer.pid)), but not as tessera.socket's: another unit took the broker's socket. Nothing was sent to it; see `systemctl --user list-sockets`."
+    }
+    guard case .uint32(let mainPID)? = unitProperty(manager, "tessera_2eservice", "Service", "MainPID"),
+      mainPID != 0, mainPID != peer.pid
     else { return nil }
     return
       "The socket \(path) is served by process \(peer.pid), but tessera.service runs as process \(mainPID): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid)."
   }
 
-  /// tessera.service's MainPID, asked of the user's service manager on its private socket; nil
-  /// when there is no manager or the service is not running.
-  static func serviceMainPID(managerSocket: String) -> UInt32? {
-    guard let manager = try? BusClient(directSocket: managerSocket),
-      let value = try? manager.call(
-        destination: "org.freedesktop.systemd1", path: "/org/freedesktop/systemd1/unit/tessera_2eservice",
-        interface: "org.freedesktop.DBus.Properties", member: "Get",
-        arguments: [.string("org.freedesktop.systemd1.Service"), .string("MainPID")], timeoutSeconds: 5
-      ).first, case .uint32(let pid) = value, pid != 0
-    else { return nil }
-    return pid
+  /// A property of one of the manager's units (`org.freedesktop.systemd1.KIND`), or nil.
+  static func unitProperty(_ manager: BusClient, _ unit: String, _ kind: String, _ name: String) -> BusValue? {
+    try? manager.call(
+      destination: "org.freedesktop.systemd1", path: "/org/freedesktop/systemd1/unit/" + unit,
+      interface: "org.freedesktop.DBus.Properties", member: "Get",
+      arguments: [.string("org.freedesktop.systemd1." + kind), .string(name)], timeoutSeconds: 5
+    ).first
   }
 
   private func call(
