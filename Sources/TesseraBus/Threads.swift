@@ -1,3 +1,4 @@
+import CTesseraBusShim
 import Glibc
 import SystemPackage
 
@@ -21,6 +22,8 @@ public func startThread(name: String, _ body: @escaping @Sendable () -> Void) th
     &thread, nil,
     { raw in
       let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+      // Named for ps, gdb and crash reports (at most 15 bytes), not after the thread that made it.
+      _ = tessera_name_this_thread(box.name)
       box.body()
       return nil
     }, box.toOpaque())

@@ -190,6 +190,8 @@ def kill_rounds(daemon, keyring, db_path, grace, state_dir, crashes):
         caller.start()
         delay = rng.uniform(0, span)
         time.sleep(delay)
+        ended = daemon.proc.poll()
+        assert ended is None, f"tesserad ended by itself (status {ended}) before the kill:\n{daemon.log()[-3000:]}"
         daemon.proc.kill()
         daemon.proc.wait()
         daemon.proc = None
@@ -294,6 +296,9 @@ def kill_at_random(daemon, action, delay):
     caller = threading.Thread(target=run)
     caller.start()
     time.sleep(delay)
+    # A daemon that died by itself (a crash under load) must not pass for one this test killed.
+    ended = daemon.proc.poll()
+    assert ended is None, f"tesserad ended by itself (status {ended}) before the kill:\n{daemon.log()[-3000:]}"
     daemon.proc.kill()
     daemon.proc.wait()
     daemon.proc = None
@@ -374,3 +379,33 @@ def test_sigkill_during_sign_ins_and_sign_outs_leaves_accounts_whole(start_daemo
                # Restarts that found items of a missing account and finished the job.
                "cleanups": daemon.log().count("Removing what an interrupted sign-out or sign-in left")}
     report(summary)
+
+
+def test_sigterm_while_a_request_runs_on_its_thread_exits_cleanly(start_daemon, write_config, tmp_path):
+    """SIGTERM while an HTTP request is still running on its thread (here: libcurl parsing a 15 MiB
+    ca_file, about two seconds of OpenSSL work, for a sign-in's discovery request). tesserad must
+    leave with status 0: exit(3) would run OpenSSL's atexit clean-up under the request and crash
+    the daemon on its way out (SIGSEGV in libcrypto, seen in this suite's runs)."""
+    from conftest import session_config
+    with open(session_config()["ca_file"]) as f:
+        pem = f.read()
+    big = tmp_path / "big-ca.pem"
+    big.write_text(pem * ((15 << 20) // len(pem)))
+    config = write_config(ca_file=str(big))
+    rng = random.Random(23)
+    for round_ in range(3):
+        daemon = start_daemon(config)
+        caller = threading.Thread(target=lambda: _ignore_errors(lambda: Broker().acquire(client_id="tessera-test")))
+        caller.start()
+        time.sleep(rng.uniform(0.3, 1.2))
+        rc = daemon.stop()
+        caller.join(30)
+        log = daemon.log()
+        assert rc == 0 and "Program crashed" not in log, f"round {round_}: status {rc}\n{log[-3000:]}"
+
+
+def _ignore_errors(call):
+    try:
+        call()
+    except Exception:  # noqa: BLE001 (the daemon stops under it)
+        pass
