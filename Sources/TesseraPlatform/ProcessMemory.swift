@@ -34,4 +34,13 @@ public enum ProcessLimits {
     limit.rlim_cur = max(limit.rlim_cur, min(limit.rlim_max, 65536))
     _ = setrlimit(resource, &limit)
   }
+
+  /// Makes the process undumpable (PR_SET_DUMPABLE 0), as ssh-agent does: a crash leaves no core
+  /// file holding refresh tokens (systemd-coredump would keep one), and other programs of the
+  /// user can no longer read the daemon's memory through ptrace or /proc/PID/mem. A program that
+  /// runs as the user can still read the keyring or the file store's key (docs/threat-model.md):
+  /// this closes a copy of every secret at once, not the user's own access. Returns false when
+  /// the kernel refused.
+  @discardableResult
+  public static func forbidCoreDumps() -> Bool { tessera_set_undumpable() == 0 }
 }

@@ -293,6 +293,14 @@ def test_tessera_socket_under_systemd_user_starts_tesserad_and_serves_every_late
     assert service["ActiveState"] == "active", service
     main_pid = int(service["MainPID"])
     assert os.path.realpath(f"/proc/{main_pid}/exe") == os.path.realpath(os.path.join(m.bin, "tesserad"))
+    # tesserad, running as the user, is undumpable: no core file would hold its tokens, and the
+    # user's other programs cannot read its memory or environment through /proc.
+    with open(f"/proc/{main_pid}/status") as f:
+        uid = [line.split()[1] for line in f if line.startswith("Uid:")][0]
+    assert int(uid) == m.pw.pw_uid
+    assert os.stat(f"/proc/{main_pid}/environ").st_uid == 0
+    denied = m.run("cat", f"/proc/{main_pid}/environ")
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied.stdout[:200]
     # What a client is told listens there: the manager, which called listen(), not tesserad.
     probe = socket.socket(socket.AF_UNIX)
     probe.connect(m.socket)
