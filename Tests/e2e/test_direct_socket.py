@@ -15,7 +15,8 @@ import dbus
 import dbus.connection
 import pytest
 
-from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, TESSERA, TESSERAD, Broker, options, run_cli,
+from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, SESSION_CONFIG, TESSERA, TESSERAD, Broker, Daemon,
+                      options, run_cli,
                       unwrap, wait_until)
 
 SOCKET = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
@@ -306,3 +307,48 @@ def test_where_systemd_runs_tessera_service_only_its_process_is_believed(daemon,
                 proc.wait(10)
         if os.path.exists(manager_socket):
             os.unlink(manager_socket)
+
+
+def test_direct_connections_are_capped_and_one_that_leaves_frees_its_place(tmp_path):
+    """Each direct connection holds a socket and a pidfd, so their number is bounded by the
+    descriptors tesserad may open: with RLIMIT_NOFILE at 300 (pins: 64), 32 at once. The next is
+    closed at accept, before a byte is read, and callers on the bus are still served; when one of
+    the 32 leaves, a new connection is taken again."""
+
+    class Limited(Daemon):
+        def command(self):
+            return ["prlimit", "--nofile=300:300", "--"] + super().command()
+
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_CONFIG"}
+    daemon = Limited(SESSION_CONFIG, str(tmp_path / "tesserad.log"), env).start()
+    try:
+        _capped(daemon)
+    finally:
+        assert daemon.stop() in (None, 0), daemon.log()[-3000:]
+        daemon.close()
+
+
+def _capped(daemon):
+    held = [DirectBroker() for _ in range(32)]
+    for b in held:
+        assert b.version()
+    with pytest.raises(dbus.exceptions.DBusException):
+        DirectBroker().version()
+    wait_until(lambda: "are open already (the limit)" in daemon.log(), what="the refusal in the log")
+    # The bus is not the socket: its callers are still served.
+    assert Broker().version() == held[0].version()
+    # One leaves: its place is taken by the next.
+    held.pop().conn.close()
+    wait_until(lambda: _connects(), what="a direct connection to be taken again")
+    for b in held:
+        b.conn.close()
+
+
+def _connects():
+    try:
+        b = DirectBroker()
+        ok = bool(b.version())
+        b.conn.close()
+        return ok
+    except dbus.exceptions.DBusException:
+        return False

@@ -83,7 +83,7 @@ DOC_BLOCKS = [
     # file store, is test_no_session_bus.py (a device-code sign-in, tokens across a restart).
     ("README.md", "8a3bf7eeab", "tesserad &                        # or once, with a user manager: systemctl --user enable --now tessera.socket",
      "Tests/e2e/test_no_session_bus.py::bare.device_login(idp, \"alice\")"),
-    ("README.md", "20c2e0e2b3", "busctl --address=unix:path=$XDG_RUNTIME_DIR/tessera/bus get-property org.tessera.Broker1 /org/tessera/Broker1 org.tessera.Broker1 Version",
+    ("README.md", "769981c064", "busctl --address=unix:path=$XDG_RUNTIME_DIR/tessera/bus get-property org.tessera.Broker1 /org/tessera/Broker1 org.tessera.Broker1 Version",
      "run::test_readme_busctl_reaches_the_socket"),
     ("README.md", "42c3f68237", 'curl -H "Authorization: Bearer $(tessera token)" https://graph.microsoft.com/v1.0/me',
      "run::test_curl_and_tessera_exec_reach_an_api"),
@@ -718,6 +718,8 @@ def approve_pending(idp, since):
 
 
 def test_readme_busctl_reaches_the_socket(daemon, doc_env):
-    """The README's busctl line, as pasted, gets the broker's version over its own socket."""
-    out = sh(doc_env, as_run(doc("README.md", "20c2e0e2b3"))).stdout
-    assert out.strip() == f's "{Broker().version()}"', out
+    """The README's busctl and gdbus lines, as pasted, get the broker's version and its accounts
+    over its own socket."""
+    out = sh(doc_env, as_run(doc("README.md", "769981c064"))).stdout.splitlines()
+    assert out[0].strip() == f's "{Broker().version()}"', out
+    assert out[1].startswith("(@aa{sv} ["), out
