@@ -54,8 +54,14 @@ extension Tessera {
       var storeNotes: [String]?
       /// The bus names this broker answers on.
       var fronts: [String]
-      /// com.microsoft.identity.broker1: "served", "other_broker" or "off"; nil when not running.
+      /// com.microsoft.identity.broker1: "served", "other_broker" or "off"; "no_session_bus" when
+      /// tesserad has no session bus, "not_reachable_here" when it has one this program cannot
+      /// reach; nil when not running.
       var microsoftBroker: String?
+      /// Whether tesserad has a session bus: "connected" or "missing" (then `session_bus_message`
+      /// says why); nil when not running or from an older broker.
+      var sessionBus: String?
+      var sessionBusMessage: String?
       var microsoftBrokerOwner: Owner?
       /// How the broker was reached: "socket" (its own, at `socket`) or "session_bus"; nil when
       /// not running.
@@ -83,6 +89,8 @@ extension Tessera {
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
         case connection, socket, config
+        case sessionBus = "session_bus"
+        case sessionBusMessage = "session_bus_message"
       }
     }
 
@@ -174,14 +182,26 @@ extension Tessera {
       // Shown, but no reason for a failing status: the broker serves (under the configuration
       // in force), and the configuration's own notes are in `config`.
       report.config = health.config
+      switch health.sessionBus {
+      case .connected?: report.sessionBus = "connected"
+      case .missing(let why)?:
+        report.sessionBus = "missing"
+        report.sessionBusMessage = why
+      case nil: break
+      }
       let front: TesseraBroker.MicrosoftFront
       switch broker.connection {
       case .socket(let path, _):
         report.connection = "socket"
         report.socket = path
-        // Reached without the bus: there may be none at all, and then what needs it is off.
-        guard let answer = try? broker.microsoftFront() else {
+        // Reached without the bus. What tesserad says of its own bus decides; a broker too old to
+        // say is judged from here.
+        if case .missing = health.sessionBus {
           report.microsoftBroker = "no_session_bus"
+          return report
+        }
+        guard let answer = try? broker.microsoftFront() else {
+          report.microsoftBroker = health.sessionBus == .connected ? "not_reachable_here" : "no_session_bus"
           return report
         }
         front = answer
@@ -284,8 +304,15 @@ extension Tessera {
       if let config = report.config { Self.printConfig(config) }
       switch report.microsoftBroker {
       case "no_session_bus":
+        if let why = report.sessionBusMessage {
+          print("tesserad has no session bus: \(SafeText.clip(why, limit: 500))")
+        }
         print(
           "No session bus: tesserad serves its own socket alone. Tokens, sign-in (browser or device code), accounts and the git, kubectl, SASL and exec helpers all work; the Microsoft broker protocol (MSAL apps), desktop notifications and the portal's access dialog need a session bus and are off."
+        )
+      case "not_reachable_here":
+        print(
+          "tesserad has a session bus, but this program cannot reach it: here, only Tessera's own socket works (MSAL apps in this environment cannot use the Microsoft broker protocol). Run `tessera status` where the desktop session is to see the Microsoft front."
         )
       case "served":
         print("Microsoft broker protocol: served (MSAL apps, Edge and Teams get their tokens from Tessera).")

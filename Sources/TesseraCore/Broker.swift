@@ -54,6 +54,8 @@ public actor Broker {
   public internal(set) var adminPolicy = ConfigPolicy()
   /// What `tessera status` says of the configuration: its files, the warnings, a refused reload.
   var configNotes = StatusReport.ConfigStatus()
+  /// Whether tesserad has a session bus, as its bus server found it at start (`noteSessionBus`).
+  var sessionBus: StatusReport.SessionBus?
   /// Counts reloads: a request that waited across one is decided again (silentToken).
   var configGeneration = 0
   let deps: BrokerDependencies

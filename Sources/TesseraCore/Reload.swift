@@ -19,6 +19,12 @@ extension Broker {
     for warning in effective.warnings { logger.warning("\(warning)") }
   }
 
+  /// Whether tesserad has a session bus (nil: connected), for `tessera status`: a client that
+  /// reached it over its socket cannot tell from where it runs.
+  public func noteSessionBus(missing: String?) {
+    sessionBus = missing.map { .missing($0) } ?? .connected
+  }
+
   /// What a reload changed.
   public struct ReloadOutcome: Sendable, Equatable {
     /// The keys whose values changed, applied now.

@@ -30,6 +30,17 @@ public enum StatusReport {
   /// configuration in force (issue 26). Absent from brokers older than this key.
   public static let configKey = "config"
 
+  /// {state: "connected" or "missing", message when missing}: whether tesserad itself has a
+  /// session bus (issue 23). Absent from brokers older than this key. A client that reached
+  /// tesserad over its socket may see no bus where tesserad has one, or the other way round.
+  public static let sessionBusKey = "session_bus"
+
+  /// Whether tesserad has a session bus: connected, or missing and why.
+  public enum SessionBus: Sendable, Equatable {
+    case connected
+    case missing(String)
+  }
+
   /// The configuration in force: the files it was read from (the administrator's first), the
   /// user's settings the administrator's policy ignored, the keys it locks, when it was read, the
   /// changes waiting for a restart, and the last reload that was refused (nil once one succeeds).
@@ -270,6 +281,8 @@ public enum StatusReport {
     public var version: String
     /// The configuration in force; nil from a broker older than the key.
     public var config: ConfigStatus?
+    /// Whether tesserad has a session bus; nil when not known (an older broker).
+    public var sessionBus: SessionBus?
 
     public init(
       storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
@@ -300,6 +313,12 @@ public enum StatusReport {
         accountsKey: .dicts(accounts.map(\.busValue)), attentionKey: .strings(attentionNeeded),
       ]
       if let config { report[configKey] = .dict(config.busValue) }
+      switch sessionBus {
+      case .connected?: report[sessionBusKey] = .dict([Store.state: .string("connected")])
+      case .missing(let why)?:
+        report[sessionBusKey] = .dict([Store.state: .string("missing"), Store.message: .string(why)])
+      case nil: break
+      }
       return report
     }
 
@@ -324,6 +343,13 @@ public enum StatusReport {
       if case .uint32(let n)? = report[schemaKey] { schema = n }
       version = report[versionKey]?.stringValue ?? ""
       if case .dict(let config)? = report[configKey] { self.config = ConfigStatus(busValue: config) }
+      if case .dict(let bus)? = report[sessionBusKey] {
+        switch bus[Store.state]?.stringValue {
+        case "connected": sessionBus = .connected
+        case "missing": sessionBus = .missing(bus[Store.message]?.stringValue ?? "")
+        default: break
+        }
+      }
     }
   }
 }

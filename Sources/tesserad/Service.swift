@@ -59,8 +59,14 @@ final class BusService: Service, Sendable {
   let microsoftNames: [String]
   let socketPath: String?
   let failure = Locked<String?>(nil)
+  /// Told, once the server has started, whether it has a session bus (nil) or why not.
+  let started: @Sendable (String?) async -> Void
 
-  init(server: BusServer, logger: Logger, configPath: String, microsoftNames: [String], socketPath: String?) {
+  init(
+    server: BusServer, logger: Logger, configPath: String, microsoftNames: [String], socketPath: String?,
+    started: @escaping @Sendable (String?) async -> Void
+  ) {
+    self.started = started
     self.socketPath = socketPath
     self.server = server
     self.logger = logger
@@ -80,6 +86,7 @@ final class BusService: Service, Sendable {
       failure.withLock { $0 = "\(error)" }
       throw error
     }
+    await started(server.sessionBusMissing)
     if let missing = server.sessionBusMissing {
       logger.notice(
         "tesserad \(BrokerInterface.version) is serving its own socket alone: there is no session bus, so the Microsoft front, desktop notifications and the portal dialog are off",

@@ -176,7 +176,8 @@ struct Tesserad: AsyncParsableCommand {
     }
     let bus = BusService(
       server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName),
-      socketPath: listener.map { $0.fromSystemd ? "\($0.path) (from systemd)" : $0.path })
+      socketPath: listener.map { $0.fromSystemd ? "\($0.path) (from systemd)" : $0.path },
+      started: { missing in await broker.noteSessionBus(missing: missing) })
     // Started in this order, stopped in reverse: the bus first, the keyring's queue last. The bus
     // going away ends the daemon, as a signal does.
     let services: [ServiceGroupConfiguration.ServiceConfiguration] = [

@@ -63,6 +63,20 @@ final class ReloadTests: XCTestCase {
     XCTAssertEqual(StatusReport.Report(busValue: status.busValue).config, status.config)
   }
 
+  func testStatusSaysWhetherTesseradHasASessionBusAndWhyNot() async throws {
+    let h = await Harness()
+    var status = try await h.broker.status()
+    XCTAssertNil(status.sessionBus, "not known until the bus server has started")
+    XCTAssertNil(status.busValue[StatusReport.sessionBusKey])
+    await h.broker.noteSessionBus(missing: "Could not connect to the session bus (ENOENT)")
+    status = try await h.broker.status()
+    XCTAssertEqual(status.sessionBus, .missing("Could not connect to the session bus (ENOENT)"))
+    XCTAssertEqual(StatusReport.Report(busValue: status.busValue).sessionBus, status.sessionBus)
+    await h.broker.noteSessionBus(missing: nil)
+    status = try await h.broker.status()
+    XCTAssertEqual(StatusReport.Report(busValue: status.busValue).sessionBus, .connected)
+  }
+
   func testAStoreInUseThatANewPolicyForbidsIsReportedWithWhatToRun() async throws {
     let h = await Harness()
     var policy = ConfigPolicy()

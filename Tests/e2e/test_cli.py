@@ -84,11 +84,33 @@ def test_tesserad_without_a_session_bus_serves_its_socket_alone(tmp_path):
         report = json.loads(out.stdout)
         assert report["running"] and report["connection"] == "socket", report
         assert report["microsoft_broker"] == "no_session_bus", report
+        assert report["session_bus"] == "missing" and "session bus" in report["session_bus_message"], report
+        # A client that has a session bus itself still says what tesserad lacks, not what it sees.
+        with_bus = dict(os.environ, TESSERA_SOCKET=str(tmp_path / "tessera" / "bus"))
+        out = subprocess.run([TESSERA, "status", "--json"], capture_output=True, text=True, timeout=20, env=with_bus)
+        report = json.loads(out.stdout)
+        assert report["connection"] == "socket" and report["microsoft_broker"] == "no_session_bus", report
+        human = subprocess.run([TESSERA, "status"], capture_output=True, text=True, timeout=20, env=with_bus).stdout
+        assert "tesserad has no session bus: Could not connect to the session bus" in human, human
     finally:
         proc.terminate()
         log = proc.communicate(timeout=20)[0]
     assert proc.returncode == 0, log
     assert "serving its own socket alone: there is no session bus" in log, log
+
+
+def test_a_client_without_the_bus_tesserad_has_says_so(daemon, tmp_path):
+    """tesserad has a session bus; a program reaching it over its socket from where there is none
+    (an SSH login to the desktop machine) is told that, not that tesserad has none."""
+    socket_path = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
+    env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path), TESSERA_SOCKET=socket_path)
+    out = subprocess.run([TESSERA, "status", "--json"], capture_output=True, text=True, timeout=20, env=env)
+    report = json.loads(out.stdout)
+    assert report["connection"] == "socket" and report["session_bus"] == "connected", report
+    assert report["microsoft_broker"] == "not_reachable_here", report
+    human = subprocess.run([TESSERA, "status"], capture_output=True, text=True, timeout=20, env=env).stdout
+    assert "tesserad has a session bus, but this program cannot reach it" in human, human
 
 
 def test_tesserad_with_neither_a_session_bus_nor_a_socket_says_so(tmp_path):
