@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 typedef CURLcode (*tessera_easy_setopt_fn)(CURL *, CURLoption, ...);
@@ -49,5 +48,3 @@ int tessera_memfd_seal(int fd) {
 
 int tessera_pidfd_open(int pid) { return pidfd_open(pid, 0); }
 
-
-int tessera_set_undumpable(void) { return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); }

@@ -157,11 +157,16 @@ public final class TesseraBroker {
   }
 
   /// Why the process listening on the broker's socket is not the user's broker, or nil. When the
-  /// user's service manager runs tessera.service, the socket must be served from it: by its
-  /// MainPID, or by the manager itself for tessera.socket (socket activation: the kernel names
-  /// whoever called listen(), the manager, whichever process accepts). Both are asked of the
-  /// manager over its private socket, whose own peer the kernel names too. A process's cgroup
-  /// proves nothing here: the user may create and enter a cgroup named tessera.service.
+  /// user's service manager runs Tessera, the socket must be served from it:
+  /// - while tessera.socket is active and lists this socket, by the manager itself (socket
+  ///   activation: the kernel names whoever called listen(), the manager, whichever process
+  ///   accepts), whether tessera.service runs or not;
+  /// - else, while tessera.service runs, by its MainPID.
+  /// Each is asked of the manager over its private socket, whose own peer the kernel names. A
+  /// process's cgroup proves nothing here: the user may create and enter a cgroup named
+  /// tessera.service. What cannot be asked (no manager, a manager that does not answer) is not
+  /// held against the socket: a program of the user's own could fake the manager too
+  /// (docs/threat-model.md).
   static func refusal(ofSocketPeer peer: DirectSocket.PeerCredentials, path: String, environment: [String: String])
     -> String?
   {
@@ -172,23 +177,37 @@ public final class TesseraBroker {
       let manager = try? BusClient(directSocket: runtime + "/systemd/private"),
       let managerPID = manager.directPeer?.pid
     else { return nil }  // no user manager: nothing runs tessera.service
-    if peer.pid == managerPID {
-      // The manager holds the socket: only tessera.socket's own is the broker's.
-      if let listening = unitProperty(manager, "tessera_2esocket", "Socket", "Listen"),
-        case .structs(_, let rows) = listening,
-        rows.contains(where: { row in
-          if row.count == 2, case .string(let other) = row[1] { return DirectSocket.sameFile(other, path) }
-          return false
-        })
-      {
+    let socketUnit: Bool? = {
+      guard case .string(let state)? = unitProperty(manager, "tessera_2esocket", "Unit", "ActiveState") else {
         return nil
       }
+      guard state == "active" else { return false }
+      guard case .structs(_, let rows)? = unitProperty(manager, "tessera_2esocket", "Socket", "Listen") else {
+        return nil
+      }
+      return rows.contains { row in
+        if row.count == 2, case .string(let listed) = row[1] { return DirectSocket.sameFile(listed, path) }
+        return false
+      }
+    }()
+    if peer.pid == managerPID {
+      // The manager holds the socket: only tessera.socket's own is the broker's.
+      guard socketUnit == false else { return nil }
       return
         "The socket \(path) is held by your service manager (process \(peer.pid)), but not as tessera.socket's: another unit took the broker's socket. Nothing was sent to it; see `systemctl --user list-sockets`."
     }
-    guard case .uint32(let mainPID)? = unitProperty(manager, "tessera_2eservice", "Service", "MainPID"),
-      mainPID != 0, mainPID != peer.pid
-    else { return nil }
+    let mainPID: UInt32? = {
+      guard case .uint32(let pid)? = unitProperty(manager, "tessera_2eservice", "Service", "MainPID") else {
+        return nil
+      }
+      return pid == 0 ? nil : pid
+    }()
+    if socketUnit == true, mainPID != peer.pid {
+      // tessera.socket holds this path: whoever listens there now replaced the manager's socket.
+      return
+        "The socket \(path) belongs to tessera.socket, but process \(peer.pid) listens there instead of your service manager (process \(managerPID)): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid), then run `systemctl --user restart tessera.socket`."
+    }
+    guard let mainPID, mainPID != peer.pid else { return nil }
     return
       "The socket \(path) is served by process \(peer.pid), but tessera.service runs as process \(mainPID): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid)."
   }

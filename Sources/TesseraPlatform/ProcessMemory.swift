@@ -35,12 +35,13 @@ public enum ProcessLimits {
     _ = setrlimit(resource, &limit)
   }
 
-  /// Makes the process undumpable (PR_SET_DUMPABLE 0), as ssh-agent does: a crash leaves no core
-  /// file holding refresh tokens (systemd-coredump would keep one), and other programs of the
-  /// user can no longer read the daemon's memory through ptrace or /proc/PID/mem. A program that
-  /// runs as the user can still read the keyring or the file store's key (docs/threat-model.md):
-  /// this closes a copy of every secret at once, not the user's own access. Returns false when
-  /// the kernel refused.
+  /// No core file (RLIMIT_CORE 0, soft and hard, as ssh-agent sets it): the daemon's memory holds
+  /// every token, and a crash must not leave a copy of them on disk, unsealed (the kernel's core
+  /// file, or systemd-coredump, which honours the limit). Crash backtraces (Swift's, into the
+  /// log) still work. Returns false when the kernel refused.
   @discardableResult
-  public static func forbidCoreDumps() -> Bool { tessera_set_undumpable() == 0 }
+  public static func forbidCoreDumps() -> Bool {
+    var none = rlimit(rlim_cur: 0, rlim_max: 0)
+    return setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &none) == 0
+  }
 }

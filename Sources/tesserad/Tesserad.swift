@@ -194,16 +194,17 @@ struct Tesserad: AsyncParsableCommand {
     // The socket file made here goes with the daemon (systemd keeps its own for the next start).
     if let listener, !listener.fromSystemd { unlink(listener.path) }
     // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
+    // The services have ended (the store's queued writes were awaited) and the bus is closed, but
+    // an HTTP request may still run on its own thread (a refresh, a key fetch): exit(3) would run
+    // OpenSSL's atexit clean-up under it and crash the daemon on its way out (a SIGSEGV in
+    // libcrypto, seen in the test suite). Leave without running exit handlers, either way.
+    var status: Int32 = 0
     if let failure = bus.failure.withLock({ $0 }) ?? groupError.map({ "\($0)" }) {
       printError("tesserad: \(failure)")
-      throw ExitCode(1)
+      status = 1
     }
-    // Everything is stored (each write is durable before its reply) and the bus is closed, but an
-    // HTTP request may still run on its own thread (a refresh, a key fetch): exit(3) would run
-    // OpenSSL's atexit clean-up under it and crash the daemon on its way out (a SIGSEGV in
-    // libcrypto, seen in the test suite). Leave without running exit handlers.
     fflush(nil)
-    _exit(0)
+    _exit(status)
   }
 }
 

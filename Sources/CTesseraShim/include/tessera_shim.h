@@ -48,11 +48,4 @@ int tessera_memfd_seal(int fd);
 /// that reuses its pid.
 int tessera_pidfd_open(int pid);
 
-// --- prctl -------------------------------------------------------------------------------------
-// Reason: prctl(2) is variadic.
-
-/// prctl(PR_SET_DUMPABLE, 0): the process leaves no core dump (its memory holds tokens), and other
-/// processes of the same user may not ptrace it or read its /proc/PID/mem, environ and maps.
-int tessera_set_undumpable(void);
-
 #endif
