@@ -161,14 +161,20 @@ def test_another_user_is_closed_before_a_byte_is_read_even_when_the_socket_is_le
 
 FAKE_SERVER = """
     import socket, sys
-    # A listening socket passed by descriptor (made by another user), or a path to bind.
+    # Says "listening", then how many bytes its one connection sent: on stdout, or to the file
+    # named second (a line each), for a server started where its stdout cannot be read.
+    out = open(sys.argv[2], "a") if len(sys.argv) > 2 else sys.stdout
+    def say(text):
+        out.write(f"{text}\\n")
+        out.flush()
+    # A listening socket passed by descriptor (made by another user, or by systemd), or a path.
     if sys.argv[1].isdigit():
         s = socket.socket(fileno=int(sys.argv[1]))
     else:
         s = socket.socket(socket.AF_UNIX)
         s.bind(sys.argv[1])
     s.listen(4)
-    print("listening", flush=True)
+    say("listening")
     s.settimeout(20)
     conn, _ = s.accept()
     conn.settimeout(2)
@@ -181,7 +187,7 @@ FAKE_SERVER = """
             got += chunk
     except socket.timeout:
         pass
-    print(len(got), flush=True)
+    say(len(got))
     """
 
 

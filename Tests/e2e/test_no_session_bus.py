@@ -68,25 +68,31 @@ class Bare:
         return out.stdout
 
     def device_login(self, idp, user, client="tessera-device"):
-        since = idp.last_device_grant()
-        proc = subprocess.Popen([TESSERA, "login", "--device-code", "--client-id", client, "--timeout", "60"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-        try:
-            while True:
-                line = lines.get(timeout=30)
-                codes = [c for c in CODE_RE.findall(line) if c in idp.pending_user_codes(since)]
-                if codes:
-                    idp.approve_device(codes[0], "--user", user)
-                    break
-            out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0 and user in out, out
+        device_code_login(idp, user, [TESSERA, "login", "--device-code", "--client-id", client, "--timeout", "60"],
+                          env=self.env)
+
+
+def device_code_login(idp, user, argv, env=None):
+    """Runs `argv` (a `tessera login --device-code` command line) and approves the code it prints
+    at the test IdP as `user`; it must sign `user` in."""
+    since = idp.last_device_grant()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    try:
+        while True:
+            line = lines.get(timeout=30)
+            codes = [c for c in CODE_RE.findall(line) if c in idp.pending_user_codes(since)]
+            if codes:
+                idp.approve_device(codes[0], "--user", user)
+                break
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and user in out, out
 
 
 @pytest.fixture

@@ -14,56 +14,22 @@ tessera.service's MainPID refused every call after the first."""
 import json
 import os
 import pwd
-import queue
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import tempfile
 import textwrap
-import threading
 
 import pytest
 
 from conftest import REPO, TESSERA, TESSERAD, session_config, toml_value, wait_until
-from test_no_session_bus import CODE_RE
+from test_access import cgroup2_root
+from test_direct_socket import FAKE_SERVER
+from test_no_session_bus import device_code_login
 
 USER = "tessera-e2e-manager"
 SYSTEMD = "/lib/systemd/systemd"
-
-# A server of the user's own on a socket (a path, or a descriptor from socket activation): takes one
-# connection and reports to a file, a line each, its cgroup, "listening", and how many bytes it was
-# sent.
-IMPOSTOR = textwrap.dedent("""
-    import socket, sys
-    report = open(sys.argv[2], "a")
-    def say(text):
-        report.write(text + "\\n")
-        report.flush()
-    say([l for l in open("/proc/self/cgroup").read().splitlines() if l.startswith("0::")][0][3:])
-    if sys.argv[1].isdigit():
-        s = socket.socket(fileno=int(sys.argv[1]))
-    else:
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(sys.argv[1])
-        s.listen(4)
-    say("listening")
-    s.settimeout(30)
-    conn, _ = s.accept()
-    conn.settimeout(2)
-    got = b""
-    try:
-        while True:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            got += chunk
-    except socket.timeout:
-        pass
-    say(str(len(got)))
-    """)
-
 
 def cgroup_of(pid):
     with open(f"/proc/{pid}/cgroup") as f:
@@ -82,15 +48,6 @@ def report_lines(path, count):
     return wait_until(lines, timeout=40, what=f"{count} lines in {path}")
 
 
-def cgroup2_mount():
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            if fields[2] == "cgroup2":
-                return fields[1]
-    return None
-
-
 def missing():
     if os.geteuid() != 0:
         return "needs root to run a user manager for another user (CI runs as root)"
@@ -98,7 +55,7 @@ def missing():
                  shutil.which("systemctl"), shutil.which("useradd")):
         if not tool or not os.access(tool, os.X_OK):
             return f"{tool} is missing"
-    root = cgroup2_mount()
+    root = cgroup2_root()
     if not root:
         return "no cgroup2 hierarchy to delegate to the user manager"
     probe = os.path.join(root, f"tessera-e2e-probe-{os.getpid()}")
@@ -154,7 +111,7 @@ class UserManager:
                    "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         self.socket = os.path.join(self.runtime, "tessera", "bus")
         # The user's delegated cgroup, as user@.service has it.
-        self.cgroup = os.path.join(cgroup2_mount(), f"tessera-e2e-{os.getpid()}")
+        self.cgroup = os.path.join(cgroup2_root(), f"tessera-e2e-{os.getpid()}")
         os.mkdir(self.cgroup)
         for root, dirs, files in os.walk(self.cgroup):
             for name in [root] + [os.path.join(root, n) for n in files]:
@@ -232,25 +189,8 @@ class UserManager:
             return f.read()[-3000:]
 
     def device_login(self, idp, user, client="tessera-device"):
-        since = idp.last_device_grant()
-        proc = subprocess.Popen(self.command(os.path.join(self.bin, "tessera"), "login", "--device-code",
-                                             "--client-id", client, "--timeout", "60"),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-        try:
-            while True:
-                line = lines.get(timeout=30)
-                codes = [c for c in CODE_RE.findall(line) if c in idp.pending_user_codes(since)]
-                if codes:
-                    idp.approve_device(codes[0], "--user", user)
-                    break
-            out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0 and user in out, out
+        device_code_login(idp, user, self.command(os.path.join(self.bin, "tessera"), "login", "--device-code",
+                                                  "--client-id", client, "--timeout", "60"))
 
     def close(self):
         # Everything in the user's cgroup (the manager, tesserad, the units' processes) at once.
@@ -348,7 +288,7 @@ def test_a_same_user_impostor_gets_nothing_from_its_cgroup_name_or_from_another_
     # 1. A program of the user's, in a cgroup it made itself and named tessera.service (a user
     # service may: the user owns the manager's delegated cgroup tree), serving a socket of its own.
     script = os.path.join(m.home, "impostor.py")
-    m.write(script, IMPOSTOR)
+    m.write(script, textwrap.dedent(FAKE_SERVER))
     evil_cgroup = os.path.join(m.cgroup, "evil", "tessera.service")
     fake = os.path.join(m.mine("home/fake"), "bus")
     os.chmod(os.path.dirname(fake), 0o700)
@@ -357,7 +297,7 @@ def test_a_same_user_impostor_gets_nothing_from_its_cgroup_name_or_from_another_
                     f"mkdir -p {evil_cgroup} && {{ echo $$ > {evil_cgroup}/cgroup.procs; }} 2>/dev/null; "
                     f"exec python3 {script} {fake} {report}")
     assert started.returncode == 0, started.stderr
-    assert report_lines(report, 2)[1] == "listening"
+    assert report_lines(report, 1)[0] == "listening"
     pid = int(m.unit("impostor-1.service")["MainPID"])
     if not cgroup_of(pid).endswith("/evil/tessera.service"):
         # This machine's kernel refuses an unprivileged process any cgroup move (EIO), even inside
@@ -369,7 +309,7 @@ def test_a_same_user_impostor_gets_nothing_from_its_cgroup_name_or_from_another_
     out = m.tessera("token", env={"TESSERA_SOCKET": fake})
     assert out.returncode == 12, out.stdout + out.stderr
     assert f"tessera.service runs as process {main_pid}" in out.stderr, out.stderr
-    assert report_lines(report, 3)[2] == "0", "the impostor was sent something"
+    assert report_lines(report, 2)[1] == "0", "the impostor was sent something"
 
     # 2. A socket the manager holds for another unit of the user's: the manager is the listener,
     # but not for tessera.socket.
@@ -384,7 +324,7 @@ def test_a_same_user_impostor_gets_nothing_from_its_cgroup_name_or_from_another_
     assert out.returncode == 12, out.stdout + out.stderr
     assert f"held by your service manager (process {m.pid}), but not as tessera.socket's" in out.stderr, out.stderr
     # The connection woke impostor.service, which was sent nothing.
-    assert report_lines(counted, 3)[1:] == ["listening", "0"]
+    assert report_lines(counted, 2) == ["listening", "0"]
     # The real socket is still the broker's.
     report, out = m.status()
     assert report["running"] and report["connection"] == "socket", out.stdout + out.stderr
@@ -396,11 +336,11 @@ def test_a_same_user_impostor_gets_nothing_from_its_cgroup_name_or_from_another_
     taker = subprocess.Popen(m.command("sh", "-c", f"rm -f {m.socket} && exec python3 {script} {m.socket} {report3}"),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        assert report_lines(report3, 2)[1] == "listening"
+        assert report_lines(report3, 1)[0] == "listening"
         out = m.tessera("token")
         assert out.returncode == 12, out.stdout + out.stderr
         assert "belongs to tessera.socket, but process" in out.stderr, out.stderr
-        assert report_lines(report3, 3)[2] == "0", "the impostor was sent something"
+        assert report_lines(report3, 2)[1] == "0", "the impostor was sent something"
     finally:
         if taker.poll() is None:
             taker.kill()
