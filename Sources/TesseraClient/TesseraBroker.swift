@@ -177,7 +177,8 @@ public final class TesseraBroker {
       let manager = try? BusClient(directSocket: runtime + "/systemd/private"),
       let managerPID = manager.directPeer?.pid
     else { return nil }  // no user manager: nothing runs tessera.service
-    let socketUnit: Bool? = {
+    // Whether tessera.socket is active and lists this socket (nil: the manager did not say).
+    func socketUnitHoldsPath() -> Bool? {
       guard case .string(let state)? = unitProperty(manager, "tessera_2esocket", "Unit", "ActiveState") else {
         return nil
       }
@@ -189,10 +190,10 @@ public final class TesseraBroker {
         if row.count == 2, case .string(let listed) = row[1] { return DirectSocket.sameFile(listed, path) }
         return false
       }
-    }()
+    }
     if peer.pid == managerPID {
       // The manager holds the socket: only tessera.socket's own is the broker's.
-      guard socketUnit == false else { return nil }
+      guard socketUnitHoldsPath() == false else { return nil }
       return
         "The socket \(path) is held by your service manager (process \(peer.pid)), but not as tessera.socket's: another unit took the broker's socket. Nothing was sent to it; see `systemctl --user list-sockets`."
     }
@@ -202,12 +203,13 @@ public final class TesseraBroker {
       }
       return pid == 0 ? nil : pid
     }()
-    if socketUnit == true, mainPID != peer.pid {
+    if mainPID == peer.pid { return nil }  // tesserad itself, which made its socket
+    if socketUnitHoldsPath() == true {
       // tessera.socket holds this path: whoever listens there now replaced the manager's socket.
       return
         "The socket \(path) belongs to tessera.socket, but process \(peer.pid) listens there instead of your service manager (process \(managerPID)): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid), then run `systemctl --user restart tessera.socket`."
     }
-    guard let mainPID, mainPID != peer.pid else { return nil }
+    guard let mainPID else { return nil }
     return
       "The socket \(path) is served by process \(peer.pid), but tessera.service runs as process \(mainPID): another program took the broker's socket. Nothing was sent to it; stop process \(peer.pid)."
   }
