@@ -132,8 +132,9 @@ class UserManager:
         wait_until(lambda: self.proc.poll() is not None or os.path.exists(
             os.path.join(self.runtime, "systemd", "private")), timeout=30, what="systemd --user to start")
         assert self.proc.poll() is None, self.manager_log()
-        # The manager itself, not runuser: the process that holds its private socket.
-        self.pid = self.unit_pid()
+        # The manager itself, not runuser: the process that holds its private socket (which may
+        # exist a moment before it listens).
+        self.pid = wait_until(self.listening_pid, what="systemd --user to listen on its private socket")
 
     def mine(self, relative):
         path = os.path.join(self.base, relative)
@@ -176,13 +177,17 @@ class UserManager:
         text = self.systemctl("show", "-p", "ActiveState,MainPID,SubState", name)
         return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
-    def unit_pid(self):
-        # The manager answers on its private socket; SO_PEERCRED names it.
+    def listening_pid(self):
+        """The process listening on the manager's private socket (SO_PEERCRED); None until it
+        listens."""
         s = socket.socket(socket.AF_UNIX)
-        s.connect(os.path.join(self.runtime, "systemd", "private"))
-        pid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        s.close()
-        return pid
+        try:
+            s.connect(os.path.join(self.runtime, "systemd", "private"))
+            return struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except ConnectionRefusedError:
+            return None
+        finally:
+            s.close()
 
     def manager_log(self):
         with open(os.path.join(self.base, "manager.log"), errors="replace") as f:
