@@ -169,6 +169,36 @@ final class FileStoreTests: XCTestCase {
     XCTAssertEqual(again.storeDescription.notes, [])
   }
 
+  /// Every byte of a sealed record, flipped in turn (its lowest bit, then its highest): the
+  /// record never opens, as itself or as anything else; it is set aside and named, and the others
+  /// load. Nothing in a record (header, nonce, ciphertext, tag) is outside the seal.
+  func testAFlippedBitAnywhereInARecordIsSetAsideAndTheOthersLoad() async throws {
+    let first = store()
+    for name in ["alice", "bob", "carol"] { try await first.save(Self.item(name, secret: "rt-\(name)")) }
+    let victim = records()[1]
+    let path = directory + "/" + victim
+    let whole = try bytes(path)
+    XCTAssertGreaterThan(whole.count, 64)
+    let expected = Set(try await store().loadAll().map(\.attributes))
+    for index in whole.indices {
+      for bit: UInt8 in [0x01, 0x80] {
+        var flipped = whole
+        flipped[index] ^= bit
+        try write(path, flipped)
+        let after = store()
+        let loaded = try await after.loadAll()
+        XCTAssertEqual(loaded.count, 2, "byte \(index) ^ \(bit): the record opened")
+        XCTAssertTrue(Set(loaded.map(\.attributes)).isSubset(of: expected), "byte \(index): opened as another item")
+        XCTAssertEqual(try bytes(path + ".corrupt"), flipped, "byte \(index): set aside as it was")
+        XCTAssertEqual(after.storeDescription.notes.count, 1, "byte \(index): named")
+        try FileManager.default.removeItem(atPath: path + ".corrupt")
+      }
+    }
+    try write(path, whole)
+    let restored = try await store().loadAll().count
+    XCTAssertEqual(restored, 3, "the record as it was opens again")
+  }
+
   func testAWrongKeyIsNamedAndNothingIsDeletedOrOverwritten() async throws {
     let first = store()
     for name in ["alice", "bob"] { try await first.save(Self.item(name, secret: "rt-\(name)")) }

@@ -203,16 +203,17 @@ def expect_error(name, fn, *args, **kwargs):
 
 class Daemon(SessionDaemon):
     """A tesserad process started by a test, reading `config` (which a test may change before a
-    restart); its log goes to a file."""
+    restart); its log goes to a file. `wrapper`: a command it runs under (prlimit, setpriv)."""
 
-    def __init__(self, config, log_path, env, log_level=None):
+    def __init__(self, config, log_path, env, log_level=None, wrapper=()):
         super().__init__(log_path, env, BUS_NAME)
         self.config = config
         self.log_level = log_level
+        self.wrapper = list(wrapper)
 
     def command(self):
         assert os.access(TESSERAD, os.X_OK), f"{TESSERAD} is missing: build it (swift build)"
-        cmd = [TESSERAD, "--config", self.config]
+        cmd = self.wrapper + [TESSERAD, "--config", self.config]
         if self.log_level:
             cmd += ["--log-level", self.log_level]
         return cmd
@@ -258,14 +259,15 @@ def browser(tmp_path):
 
 @pytest.fixture
 def start_daemon(tmp_path, browser):
-    """start_daemon(config=None, log_level=None) -> a started Daemon; all are stopped at teardown."""
+    """start_daemon(config=None, log_level=None, extra_env=None, wrapper=()) -> a started Daemon;
+    all are stopped at teardown."""
     started = []
     env = dict(os.environ, TESSERA_TEST_BROWSER_FILE=browser.path)
     env.pop("TESSERA_CONFIG", None)
 
-    def start(config=None, log_level=None, extra_env=None):
+    def start(config=None, log_level=None, extra_env=None, wrapper=()):
         log_path = str(tmp_path / f"tesserad-{len(started)}.log")
-        d = Daemon(config or SESSION_CONFIG, log_path, dict(env, **(extra_env or {})), log_level)
+        d = Daemon(config or SESSION_CONFIG, log_path, dict(env, **(extra_env or {})), log_level, wrapper)
         started.append(d)
         return d.start()
 

@@ -33,7 +33,15 @@ def refused_app_key(proc):
     return match.group(1)
 
 
-def test_strict_mode_keeps_each_app_to_its_grants(start_daemon, write_config):
+@pytest.mark.parametrize("path", ["own socket", "session bus"])
+def test_strict_mode_keeps_each_app_to_its_grants(start_daemon, write_config, path):
+    """The tessera command, another program than this test's python, is kept to its grants: the
+    same decisions, refusals and audit records whichever way it reaches tesserad (issue 23 §2)."""
+    via = ("--bus",) if path == "session bus" else ()
+
+    def cli(*args, **kw):
+        return run_cli(*via, *args, **kw)
+
     start(start_daemon, write_config, "strict")
     b = Broker()
     signed_in = b.sign_in()  # this Python completes the sign-in: it gets the grant
@@ -41,31 +49,33 @@ def test_strict_mode_keeps_each_app_to_its_grants(start_daemon, write_config):
     assert b.silent()["access_token"] == token
 
     # Another program (the tessera command) asks for the same client: refused, told how to grant.
-    other = run_cli("token")
+    other = cli("token")
     assert other.returncode == 12 and other.stdout == "", other.stderr
     assert "unverified" in other.stderr and "has no grant" in other.stderr
+    report = json.loads(cli("status", "--json").stdout)
+    assert report["connection"] == ("session_bus" if via else "socket"), report
     key = refused_app_key(other)
     assert key.startswith("exe:") and key.split("@")[0].endswith("/tessera"), key
     assert token not in other.stderr
     # It sees no account, and cannot sign this one out.
-    assert json.loads(run_cli("accounts", "--json", check_rc=0).stdout) == []
-    assert run_cli("logout", "--account", signed_in["account"]["id"]).returncode != 0
+    assert json.loads(cli("accounts", "--json", check_rc=0).stdout) == []
+    assert cli("logout", "--account", signed_in["account"]["id"]).returncode != 0
     assert [a["id"] for a in b.accounts()] == [signed_in["account"]["id"]]
 
-    grants = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
+    grants = json.loads(cli("access", "list", "--json", check_rc=0).stdout)
     assert [(g["client_id"], g["account"], g["via"]) for g in grants] == [("tessera-test", "alice", "sign-in")]
     assert grants[0]["app"].startswith("exe:") and "unverified" in grants[0]["app_display"]
 
     # The user grants it: the same token, from the cache.
-    run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice", check_rc=0)
-    assert run_cli("token", check_rc=0).stdout.strip() == token
-    assert run_cli("token", check_rc=0).stdout.strip() == token  # and from the bus thread's cache
+    cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice", check_rc=0)
+    assert cli("token", check_rc=0).stdout.strip() == token
+    assert cli("token", check_rc=0).stdout.strip() == token  # and from the bus thread's cache
     # ... and takes it back: refused again, also on the bus thread's fast path.
-    revoked = run_cli("access", "revoke", "--app", key, check_rc=0)
+    revoked = cli("access", "revoke", "--app", key, check_rc=0)
     assert "Removed 1 grant" in revoked.stdout
-    assert run_cli("token").returncode == 12
+    assert cli("token").returncode == 12
 
-    log = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+    log = json.loads(cli("access", "log", "--json", check_rc=0).stdout)
     decisions = [(r["app_key"] == key, r["decision"], r["reason"]) for r in log]
     assert (True, "refused", "strict") in decisions and (True, "allowed", "grant") in decisions
     assert all(token not in json.dumps(r) for r in log)

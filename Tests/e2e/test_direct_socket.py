@@ -1,11 +1,13 @@
 """tesserad's own socket, $XDG_RUNTIME_DIR/tessera/bus (issue 23): peer-to-peer D-Bus with no bus
 daemon in between. Every client takes it by itself when it is there; standard tools reach it; it
 answers as the session bus does; another user is shut out on both sides of it; a stale socket is
-replaced, a second tesserad refused; socket activation starts tesserad on the first call."""
+replaced, a second tesserad refused; socket activation starts tesserad on the first call; one
+connection's calls in flight and unread replies are bounded, the number of connections too."""
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,9 +17,12 @@ import dbus
 import dbus.connection
 import pytest
 
+import dbus_wire
+
 from conftest import (BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, SESSION_CONFIG, TESSERA, TESSERAD, Broker, Daemon,
                       options, run_cli,
                       unwrap, wait_until)
+from test_faults_idp import proxy  # noqa: F401 (a fixture)
 
 SOCKET = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
 ADDRESS = "unix:path=" + SOCKET
@@ -320,13 +325,9 @@ def test_direct_connections_are_capped_and_one_that_leaves_frees_its_place(tmp_p
     descriptors tesserad may open: with RLIMIT_NOFILE at 300 (pins: 64), 32 at once. The next is
     closed at accept, before a byte is read, and callers on the bus are still served; when one of
     the 32 leaves, a new connection is taken again."""
-
-    class Limited(Daemon):
-        def command(self):
-            return ["prlimit", "--nofile=300:300", "--"] + super().command()
-
     env = {k: v for k, v in os.environ.items() if k != "TESSERA_CONFIG"}
-    daemon = Limited(SESSION_CONFIG, str(tmp_path / "tesserad.log"), env).start()
+    daemon = Daemon(SESSION_CONFIG, str(tmp_path / "tesserad.log"), env,
+                    wrapper=["prlimit", "--nofile=300:300", "--"]).start()
     try:
         _capped(daemon)
     finally:
@@ -358,3 +359,98 @@ def _connects():
         return ok
     except dbus.exceptions.DBusException:
         return False
+
+
+# tesserad's bounds for one direct connection (BusServer+Direct.swift).
+DIRECT_CALLS_IN_FLIGHT = 1024
+DIRECT_REPLIES_QUEUED = 1024
+
+
+def silent_calls(first, count, body):
+    return b"".join(dbus_wire.message(serial, "AcquireTokenSilent", body, "sassa{sv}")
+                    for serial in range(first, first + count))
+
+
+def test_a_direct_connection_may_have_1024_calls_waiting_and_the_next_are_told_busy(proxy, start_daemon,
+                                                                                   write_config):
+    """Issue 23 §1, bounds: with no bus daemon in front, tesserad alone bounds what one connection
+    may leave waiting. One connection sends 1,064 forced refreshes at once while the IdP does not
+    answer: the 40 past 1,024 are answered Busy at once, with a message that says what to do;
+    another connection is served meanwhile; the 1,024 waiting are each answered once the IdP's
+    request times out; then the same connection is served again."""
+    from test_faults_callers import empty_silent_body, force_refresh_body
+    config = write_config(default_authority=proxy.authority, trusted_authorities=[proxy.url])
+    daemon = start_daemon(config)
+    account = Broker().sign_in()["account"]["id"]
+    proxy.fault("no_answer", "token")
+    sock = dbus_wire.connect(ADDRESS, timeout=60)
+    extra = 40
+    first, last_waiting = 2, 2 + DIRECT_CALLS_IN_FLIGHT - 1
+    sock.sendall(silent_calls(first, DIRECT_CALLS_IN_FLIGHT + extra, force_refresh_body()))
+    busy = {}
+    for _ in range(extra):
+        mtype, fields, reply = dbus_wire.read_message(sock)
+        assert mtype == 3, f"a call past the bound got {fields}, not an error"
+        (n,) = struct.unpack_from("<I", reply, 0)
+        busy[fields[5]] = (fields[4], reply[4:4 + n].decode())
+    assert sorted(busy) == list(range(last_waiting + 1, last_waiting + 1 + extra)), \
+        "exactly the calls past the 1,024th are refused"
+    for name, text in busy.values():
+        assert name == ERROR_PREFIX + "Busy", name
+        assert "1024 calls waiting" in text and "Wait for their answers" in text, text
+    # The bound is this connection's: another direct connection, and the bus, are served.
+    assert DirectBroker().silent(account_id=account)["account"]["id"] == account
+    assert Broker().silent(account_id=account)["account"]["id"] == account
+    assert len(proxy.requests(endpoint="token")) >= 1
+    # The waiting calls share one refresh; when its request times out, each gets its answer.
+    answered = {}
+    for _ in range(DIRECT_CALLS_IN_FLIGHT):
+        mtype, fields, _ = dbus_wire.read_message(sock)
+        answered[fields[5]] = fields.get(4, "a token")
+    assert sorted(answered) == list(range(first, last_waiting + 1)), "every waiting call is answered once"
+    assert set(answered.values()) <= {ERROR_PREFIX + "Network", "a token"}, set(answered.values())
+    # The places are free again: the same connection is served.
+    proxy.clear()
+    mtype, fields, _ = dbus_wire.call(sock, 5000, "AcquireTokenSilent", empty_silent_body("", account),
+                                      "sassa{sv}")
+    assert mtype == 2, fields
+    sock.close()
+    assert daemon.running
+
+
+def test_a_direct_connection_that_reads_no_replies_is_closed_and_nothing_else_is_hurt(daemon, broker):
+    """Issue 23 §1, bounds: a peer that sends calls and never reads the replies would make tesserad
+    hold them without bound (the bus daemon drops such a connection at its outgoing limit; on the
+    socket there is no bus daemon). Once more than 1,024 replies wait to be written to it, tesserad
+    closes it, says so in its log, and goes on serving everyone else, on the socket and the bus."""
+    from test_faults_callers import empty_silent_body
+    account = broker.sign_in()["account"]["id"]
+    sock = dbus_wire.connect(ADDRESS, timeout=60)
+    body = empty_silent_body("", account)
+    closed = lambda: "replies unread" in daemon.log()  # noqa: E731
+    serial, broken = 2, False
+    # Silent replies are about 2 KB: the kernel's socket buffer takes a few hundred, then they
+    # queue in tesserad. Waves of 500 calls until tesserad gives up on the connection.
+    while serial < 20_000 and not closed() and not broken:
+        try:
+            sock.sendall(silent_calls(serial, 500, body))
+        except (BrokenPipeError, ConnectionResetError):
+            broken = True
+        serial += 500
+        time.sleep(0.1)
+    wait_until(closed, what="tesserad to close the connection that reads nothing")
+    line = next(line for line in daemon.log().splitlines() if "replies unread" in line)
+    queued = int(line.split(" left ")[1].split()[0])
+    assert queued == DIRECT_REPLIES_QUEUED + 1, line
+    # What the kernel already held can still be read; then the connection is at its end.
+    read = 0
+    with pytest.raises((EOFError, ConnectionResetError)):
+        while True:
+            dbus_wire.read_message(sock)
+            read += 1
+    assert 0 < read < serial - 2, f"{read} replies read of {serial - 2} calls"
+    sock.close()
+    # Everyone else is served, on the socket and on the bus.
+    assert DirectBroker().silent(account_id=account)["account"]["id"] == account
+    assert broker.silent(account_id=account)["account"]["id"] == account
+    assert daemon.running

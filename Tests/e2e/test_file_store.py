@@ -157,7 +157,11 @@ def test_auto_uses_the_file_store_without_a_secret_service_and_keeps_sign_ins_se
 def test_an_unusable_store_directory_is_named_and_loses_nothing(start_daemon, write_config, tmp_path):
     store_dir = tmp_path / "state" / "tessera" / "store"
     items = FileStoreView(store_dir, tmp_path / "config" / "tessera" / "store.key")
-    d = start_daemon(write_config(store="file"), extra_env={
+    # Root reads and writes any directory: as root (CI), tesserad runs without the capabilities
+    # that let it (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so an unreadable one is refused to it
+    # as to any user.
+    wrapper = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    d = start_daemon(write_config(store="file"), wrapper=wrapper, extra_env={
         "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "CREDENTIALS_DIRECTORY": str(tmp_path / "no-credentials")})
     b = Broker()
@@ -165,12 +169,10 @@ def test_an_unusable_store_directory_is_named_and_loses_nothing(start_daemon, wr
         alice = b.sign_in("alice")["account"]["id"]
         before = items.tessera_items(secrets=True)
         assert {a["kind"] for _, a, _ in before} >= {"account", "refresh_token", "access_token"}, before
-        # (mode, owner, what the error says). Root reads and writes any directory, so an unreadable
-        # one is tried only by others; a directory of another user's, or one others can write, is
-        # refused by what it is, whoever runs tesserad.
-        damages = [(0o777, None, "writable by other users"), (0o700, 65534, "belongs to another user")]
-        if os.geteuid() != 0:
-            damages.append((0o000, None, "Cannot read the file store's directory"))
+        # (mode, owner, what the error says). A directory of another user's, or one others can
+        # write, is refused by what it is; an unreadable one because it cannot be read.
+        damages = [(0o777, None, "writable by other users"), (0o700, 65534, "belongs to another user"),
+                   (0o000, None, "Cannot read the file store's directory")]
         for mode, owner, says in damages:
             os.chmod(store_dir, mode)
             if owner is not None:

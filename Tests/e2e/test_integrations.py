@@ -39,18 +39,22 @@ def with_tables(config_path, text):
     return config_path
 
 
-@pytest.fixture
-def helper_env(tmp_path):
-    """The environment git and kubectl run helpers in: git-credential-tessera on PATH (a link to
-    tessera, as scripts/install makes it), a HOME of its own, no terminal prompts."""
+def helper_environment(tmp_path, base):
+    """The environment git and kubectl run helpers in, from `base`: git-credential-tessera on PATH
+    (a link to tessera, as scripts/install makes it), a HOME of its own, no terminal prompts."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     os.symlink(TESSERA, bin_dir / "git-credential-tessera")
     home = tmp_path / "home"
     home.mkdir()
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME=str(home), GIT_TERMINAL_PROMPT="0",
-               GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="Alice", GIT_AUTHOR_EMAIL="alice@example.test",
-               GIT_COMMITTER_NAME="Alice", GIT_COMMITTER_EMAIL="alice@example.test", GIT_SSL_CAINFO=CA)
+    return dict(base, PATH=f"{bin_dir}:{base['PATH']}", HOME=str(home), GIT_TERMINAL_PROMPT="0",
+                GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="Alice", GIT_AUTHOR_EMAIL="alice@example.test",
+                GIT_COMMITTER_NAME="Alice", GIT_COMMITTER_EMAIL="alice@example.test", GIT_SSL_CAINFO=CA)
+
+
+@pytest.fixture
+def helper_env(tmp_path):
+    env = helper_environment(tmp_path, os.environ)
     env.pop("TESSERA_CONFIG", None)
     return env
 
@@ -280,7 +284,7 @@ def test_kube_credential_output(broker):
 # Mail: msmtp with passwordeval, and tessera sasl
 
 
-def msmtp(tmp_path, port, mechanism, passwordeval):
+def msmtp(tmp_path, port, mechanism, passwordeval, env=None):
     rc = tmp_path / f"msmtprc-{mechanism}"
     rc.write_text(f"""defaults
 tls off
@@ -296,7 +300,7 @@ account default : test
     rc.chmod(0o600)
     message = "Subject: hello\n\nfrom Tessera's tests\n"
     return subprocess.run(["msmtp", "-C", str(rc), "bob@example.test"], input=message, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
 
 
 def test_msmtp_sends_with_xoauth2_and_oauthbearer(broker, tmp_path):

@@ -3,12 +3,14 @@ container. No DBUS_SESSION_BUS_ADDRESS and nothing at $XDG_RUNTIME_DIR/bus, so n
 either: tesserad serves its own socket alone and keeps accounts in its file store. Everything the
 CLI does is done here through it: device-code and browser sign-in, silent tokens, accounts, the
 current account, access grants and refusals, the git, kubectl, SASL and exec helpers, a restart that
-needs no new sign-in, and sign-out."""
+needs no new sign-in, and sign-out; and the real programs that call the helpers (git, kubectl, msmtp)
+work there as they do on a desktop."""
 import base64
 import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -18,6 +20,9 @@ import dbus.connection
 import pytest
 
 from conftest import BUS_NAME, ERROR_PREFIX, IFACE, OBJECT_PATH, TESSERA, TESSERAD, wait_until
+from resource_servers import KubeAPI, SMTPServer
+from test_integrations import git_server  # noqa: F401 (a fixture)
+from test_integrations import git, helper_environment, kubeconfig, kubectl, kubectl_version, msmtp
 
 CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])[A-Z0-9]{4,}(?:-[A-Z0-9]{4,})?\b")
 
@@ -174,3 +179,43 @@ def test_without_a_session_bus_every_command_and_helper_works(bare, idp, tmp_pat
     bare.ok("logout", "--account", "bob")
     bare.ok("logout", "--account", "alice")
     assert json.loads(bare.ok("accounts", "--json")) == []
+
+
+def test_without_a_session_bus_git_kubectl_and_msmtp_get_their_tokens(bare, git_server, tmp_path):
+    """The programs users run on an SSH box, with the helpers as they are installed: git clones and
+    pushes through git-credential-tessera, kubectl's exec plugin runs `tessera kube-credential`, and
+    msmtp's passwordeval runs `tessera token`. Each server accepts only a token the test IdP
+    vouches for, and sees alice."""
+    if kubectl_version() is None or shutil.which("msmtp") is None:
+        pytest.fail("kubectl and msmtp are not installed: scripts/test installs them")
+    repo = git_server
+    config = bare.env["TESSERA_CONFIG"]
+    with open(config, "a") as f:
+        f.write(f'\n[[git]]\nurl = "{repo.url}/"\nclient_id = "tessera-test"\n')
+    bare.start()
+    bare.ok("login")  # through the browser (the test's), as alice
+    env = helper_environment(tmp_path, bare.env)
+    assert "DBUS_SESSION_BUS_ADDRESS" not in env
+    api = KubeAPI()
+    smtp = SMTPServer()
+    try:
+        work = tmp_path / "work"
+        git(env, "clone", "-q", f"{repo.url}/repo.git", str(work))
+        (work / "NEW").write_text("from an SSH box\n")
+        git(env, "add", "NEW", cwd=work)
+        git(env, "commit", "-qm", "pushed without a session bus", cwd=work)
+        git(env, "push", "-q", "origin", "main", cwd=work)
+        authorized = [r for r in repo.requests if r[4] != 401]
+        assert authorized and {r[3] for r in authorized} == {"alice"}, repo.requests
+
+        never = kubeconfig(tmp_path / "kube.json", api.url, "client.authentication.k8s.io/v1", "Never")
+        got = kubectl(env, never)
+        assert got.returncode == 0 and "pod-of-alice" in got.stdout, got.stderr
+        assert {r[3] for r in api.requests if r[4] == 200} == {"alice"}
+
+        sent = msmtp(tmp_path, smtp.port, "xoauth2", f"{TESSERA} token", env=env)
+        assert sent.returncode == 0, sent.stderr
+        assert smtp.auth == [("XOAUTH2", "alice", True)] and len(smtp.messages) == 1
+    finally:
+        api.close()
+        smtp.close()
