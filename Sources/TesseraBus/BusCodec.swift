@@ -207,7 +207,7 @@ package enum BusCodec {
 
   // MARK: Writing
 
-  static func append(_ m: OpaquePointer, _ value: BusValue) throws {
+  package static func append(_ m: OpaquePointer, _ value: BusValue) throws {
     switch value {
     case .string(let s):
       try appendString(m, s)

@@ -129,17 +129,23 @@ struct Bench: ParsableCommand {
     let silent = BrokerCall.silent(clientID: "tessera-test")
     let socketPath = try Direct.socketPath()
     let direct = try Direct.connect(socketPath)
-    let replyBytes = Marshalled.bodySize(try direct.call(member: silent.member, arguments: silent.arguments))
+    let silentReply = try direct.call(member: silent.member, arguments: silent.arguments)
+    let replyBytes = Marshalled.bodySize(silentReply)
     let floorServer = try FloorServer(replyBytes: replyBytes, parent: env.sessionDir)
     defer { floorServer.stop() }
+    // The shape floor: the silent call's request and reply (values, types, nesting, bytes) between
+    // a bare sd-bus server and this client, with no Tessera server code: what the contract alone
+    // costs on this path.
+    let shapeServer = try FloorServer(replyBytes: replyBytes, parent: env.sessionDir, shape: silentReply)
+    defer { shapeServer.stop() }
     let busDaemon = try? client.call(
       destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
       member: "GetConnectionUnixProcessID", arguments: [.string("org.freedesktop.DBus")]
     ).first
     let busPID: [pid_t] = if case .uint32(let pid)? = busDaemon { [pid_t(pid)] } else { [] }
     let directLatency = try measureDirectLatency(
-      direct: direct, floor: try floorServer.connect(), bus: client,
-      servers: [[floorServer.pid], [daemon.pid], [daemon.pid] + busPID, [daemon.pid] + busPID])
+      direct: direct, floor: try floorServer.connect(), shape: try shapeServer.connect(), bus: client,
+      servers: [[floorServer.pid], [daemon.pid], [daemon.pid] + busPID, [daemon.pid] + busPID, [shapeServer.pid]])
     for (id, name, keyPath) in [("p50", "median", \Stats.p50), ("p99", "p99", \Stats.p99)] {
       let value = directLatency.direct[keyPath: keyPath]
       let floor = directLatency.floor[keyPath: keyPath]
@@ -165,6 +171,14 @@ struct Bench: ParsableCommand {
       .init(
         id: "direct_floor_ratio", name: "Direct silent median / p2p floor median",
         value: directLatency.direct.p50 / directLatency.floor.p50, unit: "×", goal: 1.3, lowerIsBetter: true))
+    let shape = directLatency.shape
+    report.add(
+      .init(
+        id: "direct_shape_floor_p50", name: "Direct socket: shape floor (the silent call's bytes and types), median",
+        value: shape.p50, unit: "µs",
+        detail:
+          "\(fmt(shape.p50 / directLatency.floor.p50)) × the p2p floor; direct silent / shape floor \(fmt(directLatency.direct.p50 / shape.p50)) ×; CPU per call: server \(fmt(cpu[4][0])) µs, client \(fmt(clientCPU[4])) µs"
+      ))
     if let profile {
       try recordProfiles(
         into: profile, count: profileCalls,
@@ -346,16 +360,21 @@ struct Bench: ParsableCommand {
     return samples
   }
 
-  /// Silent calls over the direct socket, the p2p floor and Ping on the bus, interleaved in rounds.
-  /// Silent calls over the direct socket, the p2p floor, Ping and silent calls on the bus,
-  /// interleaved in rounds; with the CPU time each call costs the processes on its path (from the
-  /// kernel's per-thread accounting): the servers (`servers`, per kind of call: the floor server;
-  /// tesserad; tesserad and dbus-daemon, twice), and this client's thread.
-  func measureDirectLatency(direct: BusClient, floor: BusClient, bus: BusClient, servers: [[pid_t]]) throws
-    -> (floor: Stats, direct: Stats, ping: Stats, busSilent: Stats, serverCPU: [[Double]], clientCPU: [Double])
-  {
+  /// Silent calls over the direct socket, the p2p floor, Ping and silent calls on the bus, and the
+  /// shape floor, interleaved in rounds; with the CPU time each call costs the processes on its
+  /// path (from the kernel's per-thread accounting): the servers (`servers`, per kind of call: the
+  /// floor server; tesserad; tesserad and dbus-daemon, twice; the shape floor's server), and this
+  /// client's thread.
+  func measureDirectLatency(
+    direct: BusClient, floor: BusClient, shape: BusClient, bus: BusClient, servers: [[pid_t]]
+  ) throws -> (
+    floor: Stats, direct: Stats, ping: Stats, busSilent: Stats, shape: Stats, serverCPU: [[Double]],
+    clientCPU: [Double]
+  ) {
     let silent = BrokerCall.silent(clientID: "tessera-test")
-    let calls = [(floor, BrokerCall.p2pFloor), (direct, silent), (bus, .ping), (bus, silent)]
+    let calls = [
+      (floor, BrokerCall.p2pFloor), (direct, silent), (bus, .ping), (bus, silent), (shape, .shapeFloor(silent)),
+    ]
     var samples: [[Double]] = calls.map { _ in [] }
     var serverCPU = servers.map { $0.map { _ in 0.0 } }
     var clientCPU = calls.map { _ in 0.0 }
@@ -376,7 +395,7 @@ struct Bench: ParsableCommand {
     // Seconds in all → µs per call.
     let perCall = 1e6 / Double(max(1, rounds * callsPerRound))
     return (
-      Stats(samples[0]), Stats(samples[1]), Stats(samples[2]), Stats(samples[3]),
+      Stats(samples[0]), Stats(samples[1]), Stats(samples[2]), Stats(samples[3]), Stats(samples[4]),
       serverCPU.map { $0.map { $0 * perCall } },
       clientCPU.map { $0 * perCall }
     )

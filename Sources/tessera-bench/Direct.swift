@@ -25,14 +25,17 @@ struct P2PFloor: ParsableCommand {
     shouldDisplay: false)
 
   @Option(help: "The Unix socket to listen on (its directory is made 0700).") var socket: String
-  @Option(help: "The length of the string every reply carries.") var length: Int
+  @Option(help: "The length of the string every reply carries.") var length: Int = 0
+  @Option(help: "Answer with this reply instead (a file FloorShape wrote): the contract's shape, no Tessera code.")
+  var shape: String?
 
   func run() throws {
     let listener: DirectSocket.Listener
     do { listener = try DirectSocket.listen(at: socket) } catch { throw BenchError("p2p-floor: \(error)") }
     _ = fcntl(listener.fd, F_SETFL, fcntl(listener.fd, F_GETFL) & ~O_NONBLOCK)
     let text = strdup(String(repeating: "x", count: max(0, length)))!
-    let reply = UncheckedBox(FloorReply(text: text, length: strlen(text)))
+    let values = try shape.map { try FloorShape.read($0) }
+    let reply = UncheckedBox(FloorReply(text: text, length: strlen(text), values: values))
     Thread.detachNewThread {
       var byte: UInt8 = 0
       while read(0, &byte, 1) > 0 {}
@@ -74,31 +77,84 @@ struct P2PFloor: ParsableCommand {
   }
 }
 
-/// The one reply the floor server sends, as bytes ready to copy.
+/// The one reply the floor server sends: one string, as bytes ready to copy, or (the shape floor)
+/// the values of a silent reply.
 final class FloorReply {
   let text: UnsafeMutablePointer<CChar>
   let length: Int
-  init(text: UnsafeMutablePointer<CChar>, length: Int) {
+  let values: [BusValue]?
+  init(text: UnsafeMutablePointer<CChar>, length: Int, values: [BusValue]?) {
     self.text = text
     self.length = length
+    self.values = values
   }
 }
 
-/// Answers any method call with the string, copied into the message as tesserad copies its own
-/// strings (`append_string_space`, no second UTF-8 scan): the cheapest sd-bus can do.
+/// Answers any method call, reading nothing of it: with the string, copied into the message as
+/// tesserad copies its own strings (`append_string_space`, no second UTF-8 scan), the cheapest
+/// sd-bus can do; or with the silent reply's values, written by the codec tesserad uses.
 private let floorAnswer: sd_bus_message_handler_t = { message, userdata, _ in
   guard let message, sd_bus_message_is_method_call(message, nil, nil) > 0 else { return 0 }
   let reply = Unmanaged<FloorReply>.fromOpaque(userdata!).takeUnretainedValue()
   var answer: OpaquePointer?
   var r = sd_bus_message_new_method_return(message, &answer)
-  guard r >= 0 else { return r }
+  guard r >= 0, let answer else { return r }
   defer { sd_bus_message_unref(answer) }
-  var space: UnsafeMutablePointer<CChar>?
-  r = sd_bus_message_append_string_space(answer, reply.length, &space)
-  guard r >= 0, let space else { return r }
-  memcpy(space, reply.text, reply.length)
+  if let values = reply.values {
+    do { for value in values { try BusCodec.append(answer, value) } } catch { return -EINVAL }
+  } else {
+    var space: UnsafeMutablePointer<CChar>?
+    r = sd_bus_message_append_string_space(answer, reply.length, &space)
+    guard r >= 0, let space else { return r }
+    memcpy(space, reply.text, reply.length)
+  }
   r = sd_bus_send(nil, answer, nil)
   return r < 0 ? r : 1
+}
+
+/// A reply's values in a file, for the shape floor's server: JSON, each value tagged with its
+/// D-Bus type (the types a silent reply holds).
+enum FloorShape {
+  static func write(_ values: [BusValue], to path: String) throws {
+    let data = try JSONSerialization.data(withJSONObject: values.map(tagged))
+    guard FileManager.default.createFile(atPath: path, contents: data) else {
+      throw BenchError("cannot write \(path)")
+    }
+  }
+
+  static func read(_ path: String) throws -> [BusValue] {
+    guard let data = FileManager.default.contents(atPath: path),
+      let list = try JSONSerialization.jsonObject(with: data) as? [Any]
+    else { throw BenchError("p2p-floor: cannot read the reply in \(path)") }
+    return try list.map(untagged)
+  }
+
+  private static func tagged(_ value: BusValue) -> Any {
+    switch value {
+    case .string(let s): ["s": s]
+    case .int64(let x): ["x": x]
+    case .uint32(let u): ["u": u]
+    case .bool(let b): ["b": b]
+    case .strings(let list): ["as": list]
+    case .dict(let dict): ["a{sv}": dict.mapValues(tagged)]
+    default: ["?": value.signature]
+    }
+  }
+
+  private static func untagged(_ any: Any) throws -> BusValue {
+    guard let object = any as? [String: Any], let (tag, inner) = object.first else {
+      throw BenchError("p2p-floor: a value without its type")
+    }
+    switch (tag, inner) {
+    case ("s", let s as String): return .string(s)
+    case ("x", let x as NSNumber): return .int64(x.int64Value)
+    case ("u", let u as NSNumber): return .uint32(u.uint32Value)
+    case ("b", let b as Bool): return .bool(b)
+    case ("as", let list as [String]): return .strings(list)
+    case ("a{sv}", let dict as [String: Any]): return .dict(try dict.mapValues(untagged))
+    default: throw BenchError("p2p-floor: a value of type \(tag) is not in a silent reply")
+    }
+  }
 }
 
 /// The floor server, run by the benchmark as a child process (`tessera-bench p2p-floor`).
@@ -110,8 +166,9 @@ final class FloorServer {
   private let directory: String
 
   /// Starts it on a fresh socket under `parent`, answering with a body of `replyBytes` bytes
-  /// (one string, so `replyBytes - 5` characters: its length and its NUL take the rest).
-  init(replyBytes: Int, parent: String) throws {
+  /// (one string, so `replyBytes - 5` characters: its length and its NUL take the rest); or, with
+  /// `shape`, with those values (the shape floor).
+  init(replyBytes: Int, parent: String, shape: [BusValue]? = nil) throws {
     self.replyBytes = replyBytes
     var template = Array((parent + "/bench-floor.XXXXXX").utf8CString)
     guard let made = mkdtemp(&template) else { throw BenchError("mkdtemp under \(parent) failed") }
@@ -127,7 +184,11 @@ final class FloorServer {
     defer { posix_spawn_file_actions_destroy(&actions) }
     posix_spawn_file_actions_adddup2(&actions, pipeEnds[0], 0)
     let exe = try Syscall.readLink("/proc/self/exe")
-    let argv = [exe, "p2p-floor", "--socket", socket, "--length", "\(max(0, replyBytes - 5))"]
+    var argv = [exe, "p2p-floor", "--socket", socket, "--length", "\(max(0, replyBytes - 5))"]
+    if let shape {
+      try FloorShape.write(shape, to: directory + "/reply.json")
+      argv += ["--shape", directory + "/reply.json"]
+    }
     var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
     defer { cArguments.forEach { free($0) } }
     let r = posix_spawn(&pid, exe, &actions, nil, &cArguments, environ)
@@ -149,6 +210,7 @@ final class FloorServer {
     waitpid(pid, &status, 0)
     pid = 0
     unlink(socket)
+    unlink(directory + "/reply.json")
     rmdir(directory)
   }
 
@@ -170,6 +232,14 @@ extension BrokerCall {
   static let p2pFloor = BrokerCall(
     destination: "org.tessera.BenchFloor", path: "/org/tessera/BenchFloor", interface: "org.tessera.BenchFloor",
     member: "Answer", arguments: [])
+
+  /// The shape floor's call: a silent call's arguments, so the client encodes the same request.
+  static func shapeFloor(_ silent: BrokerCall) -> BrokerCall {
+    var call = p2pFloor
+    call.member = silent.member
+    call.arguments = silent.arguments
+    return call
+  }
 }
 
 /// The size of a message body holding `values`, marshalled as D-Bus does (little-endian,

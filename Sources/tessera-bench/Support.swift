@@ -468,6 +468,10 @@ struct Report: Codable {
         that answers with one string making a reply body as large as the silent reply's: two
         wake-ups and the same bytes, no Tessera code. Direct calls, the p2p floor and Ping on the bus
         alternate in the same rounds (latency) and phases (throughput).
+      - **The shape floor** is the same bare server answering with the silent reply itself (its
+        `a{sv}`: the same values, types and nesting, written by the codec tesserad uses) to a request
+        with the silent call's arguments, read by the same client code: what the contract's
+        messages cost on the direct path with no Tessera server code, measured in the same rounds.
       - **CLI** compares `tessera --bus token` (the session bus) and `tessera token` (which takes the
         direct socket by itself) with `busctl --user call` of the same `AcquireTokenSilent` (whole
         processes, started alike, their median wall time over interleaved runs); start-up alone is
