@@ -246,10 +246,25 @@ final class BrowserLauncherTests: XCTestCase {
     try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(atPath: directory) }
     let probe = directory + "/probe"
-    try
-      "#!/bin/sh\ngrep -E '^Sig(Ign|Blk):' /proc/$$/status >\(directory)/out.tmp && mv \(directory)/out.tmp \(directory)/out\n"
-      .write(toFile: probe, atomically: true, encoding: .utf8)
+    // The shell reads its own status with builtins only: a command it runs (grep) would read it
+    // while dash has every signal blocked around its vfork, until the child has exec'd.
+    try """
+    #!/bin/sh
+    while IFS= read -r line; do
+      case "$line" in SigIgn:*|SigBlk:*) printf '%s\\n' "$line" ;; esac
+    done </proc/$$/status >\(directory)/out.tmp
+    mv \(directory)/out.tmp \(directory)/out
+
+    """.write(toFile: probe, atomically: true, encoding: .utf8)
     chmod(probe, 0o755)
+    // And a thread of the daemon's that has signals blocked does not hand its mask on.
+    var blocked = sigset_t()
+    var before = sigset_t()
+    sigemptyset(&blocked)
+    sigaddset(&blocked, SIGUSR1)
+    sigaddset(&blocked, SIGCHLD)
+    pthread_sigmask(SIG_BLOCK, &blocked, &before)
+    defer { pthread_sigmask(SIG_SETMASK, &before, nil) }
     try CommandBrowserLauncher(configured: probe, environment: [:]).open("https://idp.example.com/authorize")
     var text: String?
     for _ in 0..<200 where text == nil {
