@@ -72,6 +72,8 @@ public actor Broker {
   let storeWriter: StoreWriter
   /// The store in use, which a move switches (`deps.store` is this slot).
   let storeSlot: StoreSlot
+  /// A store move (`tessera store migrate`) is under way: a second one is refused until it ends.
+  var storeMoveUnderWay = false
   /// A value each time a write failed and left operations for a retry (see runStoreRetries).
   let storeWriteFailures: AsyncStream<Void>
   /// Single flight, lanes, refresh-ahead, backoff and throttling.

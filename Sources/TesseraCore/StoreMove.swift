@@ -91,16 +91,22 @@ public enum StoreMove {
     _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore, fromKind: String,
     toKind: String
   ) async throws -> Int {
-    var note = journal.pending() ?? StoreMoveNote(from: fromKind, to: toKind)
+    let resumed = journal.pending()
+    var note = resumed ?? StoreMoveNote(from: fromKind, to: toKind)
     var moved = 0
     if !note.deleting {
       try journal.write(note)
       let items = TokenCache.movable(try await source.loadAll())
-      let wanted = Set(items.map(\.attributes))
-      let stale = TokenCache.movable(try await target.loadAll()).filter { !wanted.contains($0.attributes) }
-      // Deleted first: deleting matches on a subset of attributes, so it may take a wanted item
-      // with it, which the copy then puts back.
-      try await target.apply(stale.map { .delete($0.attributes) })
+      // Only a move taken up again deletes from its target: what the target holds then that the
+      // source does not are this move's own copies of items dropped since. A new move's target
+      // held none of Tessera's items (the caller checked), and what it holds is never deleted.
+      if resumed != nil {
+        let wanted = Set(items.map(\.attributes))
+        let stale = TokenCache.movable(try await target.loadAll()).filter { !wanted.contains($0.attributes) }
+        // Deleted first: deleting matches on a subset of attributes, so it may take a wanted item
+        // with it, which the copy then puts back.
+        try await target.apply(stale.map { .delete($0.attributes) })
+      }
       try await target.apply(items.map { .save($0) })
       moved = items.count
       note.deleting = true
@@ -255,6 +261,17 @@ extension Broker {
   /// move journal (see StoreMove).
   public func moveStore(to kind: String, caller: CallerInfo?) async throws -> StoreMoveResult {
     try checkMayManage(caller)
+    // One move at a time. This actor takes other calls at each `await`: a second move started
+    // while the first runs (its client gone after Ctrl-C, say) would still see the first's source
+    // in use and its journal, and once the first had emptied the source it would take every item
+    // now in the target for a stale copy and delete it.
+    guard !storeMoveUnderWay else {
+      throw TesseraError.busy(
+        "A store move (tessera store migrate) is under way already; it goes on even when the command that started it was interrupted. Wait for it to end (`tessera status` shows the store in use), then run this again if you still need to."
+      )
+    }
+    storeMoveUnderWay = true
+    defer { storeMoveUnderWay = false }
     let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
     guard kinds.contains(kind) else {
       throw TesseraError.invalidArgument(
@@ -338,6 +355,12 @@ extension Broker {
     }
     let logger = self.logger
     let moved = try await storeWriter.exclusive { () async throws -> Int in
+      // Checked again where the writes are serialized: the store in use is still this move's source.
+      guard slot.current.storeDescription.kind == from else {
+        throw TesseraError.invalidArgument(
+          "The store in use changed while this move waited (it is the \(slot.current.storeDescription.kind) store now): nothing was moved. `tessera status` shows the store in use."
+        )
+      }
       let moved: Int
       do {
         moved = try await StoreMove.run(journal, from: source, to: target, fromKind: from, toKind: kind)

@@ -14,6 +14,8 @@ final class KindStore: SecretStore, Sendable {
   let savesLeft = Locked<Int?>(nil)
   /// Deletes left before every delete fails so; nil: never.
   let deletesLeft = Locked<Int?>(nil)
+  /// How long each save takes (a slow keyring): the move is under way meanwhile.
+  let saveDelay = Locked<UInt64>(0)
 
   init(_ base: FakeStore = FakeStore(), kind: String, stripsAttributes: Bool = false) {
     self.base = base
@@ -37,6 +39,8 @@ final class KindStore: SecretStore, Sendable {
       return false
     }
     if refused { throw TesseraError.storeUnavailable("the fake \(kind) store is locked") }
+    let delay = saveDelay.withLock { $0 }
+    if delay > 0 { try await Task.sleep(nanoseconds: delay) }
     try await base.save(item)
   }
   func delete(matching attributes: [String: String]) async throws {
@@ -186,6 +190,56 @@ final class StoreMoveTests: XCTestCase {
         error.message)
     }
     XCTAssertEqual(pinned.keyring.contents, pinned.before)
+  }
+
+  /// `tessera store migrate` interrupted (Ctrl-C) goes on in tesserad; run again meanwhile, the
+  /// second move is refused. (It used to pass its checks, wait behind the first, and then take
+  /// every item the first had moved into the target for a stale copy: both stores ended empty.)
+  func testASecondMoveWhileOneRunsIsRefusedAndLosesNothing() async throws {
+    let s = try await prepare()
+    s.file.saveDelay.withLock { $0 = 20_000_000 }
+    let broker = s.broker
+    let first = Task { try await broker.moveStore(to: "file", caller: nil) }
+    while s.file.contents.isEmpty { try await Task.sleep(nanoseconds: 1_000_000) }
+    do {
+      _ = try await broker.moveStore(to: "file", caller: nil)
+      XCTFail("a second move was started while one ran")
+    } catch {
+      let error = TesseraError.wrap(error)
+      XCTAssertEqual(error.code, .busy, error.message)
+      XCTAssertTrue(error.message.contains("under way already"), error.message)
+    }
+    let result = try await first.value
+    XCTAssertEqual(result.items, s.before.count)
+    XCTAssertEqual(s.file.contents, s.before, "every item is in the target")
+    XCTAssertTrue(s.keyring.contents.isEmpty)
+    XCTAssertNil(s.journal.pending())
+    // Once it has ended, the store in use is the target: there is nothing more to move.
+    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await broker.moveStore(to: "file", caller: nil) }
+    XCTAssertEqual(s.file.contents, s.before)
+  }
+
+  /// Only a move taken up again (its journal there) deletes from its target; a new move never
+  /// deletes what its target holds, even items its source does not have.
+  func testANewMoveNeverDeletesFromItsTargetAndATakenUpOneDeletesItsStaleCopies() async throws {
+    let s = try await prepare()
+    let all = s.h.store.items.withLock { $0 }
+    let extra = try XCTUnwrap(all.first { $0.attributes["kind"] == "refresh_token" })
+    try await s.file.base.save(extra)
+    try await s.keyring.base.delete(matching: extra.attributes)
+    let source = s.keyring.contents
+    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: "secret-service", toKind: "file")
+    XCTAssertEqual(s.file.contents, source.union(s.file.contents.filter { $0["kind"] == "refresh_token" }))
+    XCTAssertTrue(s.file.contents.contains { $0["(secret)"] == extra.secret }, "the target's own item is kept")
+
+    // Taken up again after a kill while copying: what the target holds that the source does not is
+    // this move's own stale copy, and goes.
+    for item in all { try await s.keyring.base.save(item) }
+    try await s.keyring.base.delete(matching: extra.attributes)
+    try await s.file.base.save(extra)
+    s.journal.note.withLock { $0 = StoreMoveNote(from: "secret-service", to: "file") }
+    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: "secret-service", toKind: "file")
+    XCTAssertFalse(s.file.contents.contains { $0["(secret)"] == extra.secret }, "the stale copy is deleted")
   }
 
   func testATargetFailingMidWayLosesNothingKeepsTheJournalAndARetryFinishes() async throws {
