@@ -20,8 +20,16 @@ extension BusServer {
   }
 
   func callerInfo(_ message: OpaquePointer) -> CallerInfo {
-    // A direct connection has no bus daemon to stamp a sender: it is known by its connection.
-    let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? directPeer(of: message)?.name ?? ""
+    let sender: String
+    if let messageBus = sd_bus_message_get_bus(message), messageBus != bus {
+      // A direct connection has no bus daemon to stamp the sender, and its peer may write any
+      // name there (another caller's, to take its identity): it is known by its connection
+      // alone. A connection already let go is nobody (refused as an unknown user).
+      guard let peer = peers[messageBus] else { return CallerInfo(busName: "") }
+      sender = peer.name
+    } else {
+      sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
+    }
     if var cached = callerCache[sender] {
       // The process that connected has ended, or now runs another program: identified anew.
       if let process = cached.process, process.recheck() {

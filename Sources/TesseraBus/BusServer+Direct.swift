@@ -46,6 +46,11 @@ extension BusServer {
     let p = sd_event_add_post(event, &postSource, postIteration, me)
     if p < 0 { throw StartError(description: "sd_event_add_post: \(Errno(rawValue: -p))") }
     _ = sd_event_source_set_enabled(postSource, Int32(SD_EVENT_ON))
+    // Enabled once at a time, when a fresh connection has more to read: the loop then iterates
+    // again even if nothing else happens.
+    let d = sd_event_add_defer(event, &drainSource, drainFresh, me)
+    if d < 0 { throw StartError(description: "sd_event_add_defer: \(Errno(rawValue: -d))") }
+    _ = sd_event_source_set_enabled(drainSource, Int32(SD_EVENT_OFF))
   }
 
   /// Accepts every connection waiting on a listening socket: tesserad's own, or a forward's.
@@ -191,12 +196,20 @@ extension BusServer {
       sd_bus_close_unref(closing)
     }
     closingPeers.removeAll()
+    var more = false
     for peer in peers.values where peer.fresh {
       guard sd_bus_is_ready(peer.bus) > 0 else { continue }
-      peer.fresh = false
-      while sd_bus_process(peer.bus, nil) > 0 {}
+      // At most a batch per loop iteration: a peer that keeps writing must not hold the thread
+      // every caller is served on. What is left is read at the next iteration (made to come).
+      var handled = 0
+      while handled < Self.freshBatch, peers[peer.bus] != nil, sd_bus_process(peer.bus, nil) > 0 { handled += 1 }
+      if handled < Self.freshBatch || peers[peer.bus] == nil { peer.fresh = false } else { more = true }
     }
+    if more, let drainSource { _ = sd_event_source_set_enabled(drainSource, Int32(SD_EVENT_ONESHOT)) }
   }
+
+  /// How many messages of a connection whose handshake just ended are read in one loop iteration.
+  static let freshBatch = 64
 
   /// A direct call about to go to the handler: counted, or refused when its connection has too
   /// many waiting. Returns false when refused (answered already).
@@ -257,12 +270,11 @@ extension BusServer {
     if logThis { log(.notice, text) }
   }
 
-  /// Closes every direct connection (at exit).
+  /// Closes every direct connection (at exit). Not flushed: sd-bus writes a reply at once when
+  /// the peer reads, and waiting for one that does not (or is still in its handshake) would hold
+  /// the exit until systemd's SIGKILL.
   func closePeers() {
-    for peerBus in Array(peers.keys) {
-      _ = sd_bus_flush(peerBus)
-      peerGone(peerBus)
-    }
+    for peerBus in Array(peers.keys) { peerGone(peerBus) }
     processFreshPeers()
   }
 }
@@ -276,6 +288,9 @@ private let postIteration: sd_event_handler_t = { _, userdata in
   server(userdata).processFreshPeers()
   return 0
 }
+
+/// Nothing to do itself: its dispatch makes the post-iteration source run again.
+private let drainFresh: sd_event_handler_t = { _, _ in 0 }
 
 private let peerDisconnected: sd_bus_message_handler_t = { message, userdata, _ in
   guard let message, let peerBus = sd_bus_message_get_bus(message) else { return 0 }

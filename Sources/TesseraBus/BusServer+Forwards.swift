@@ -129,10 +129,9 @@ extension BusServer {
     close(forward.fd)
     unlink(forward.info.path)
     // Its connections end with it: a forward that is gone serves no one.
-    for (peerBus, peer) in peers where peer.forward == name {
-      _ = sd_bus_flush(peerBus)
-      peerGone(peerBus)
-    }
+    // Not flushed: a peer that does not read (or never finished its handshake) would hold the
+    // bus thread.
+    for (peerBus, peer) in peers where peer.forward == name { peerGone(peerBus) }
     if tellOwner, let owner = forward.owner {
       sendSignal(
         path: BrokerInterface.objectPath, interface: BrokerInterface.interfaceName,

@@ -84,6 +84,8 @@ extension BusServer {
         return
       }
       _ = sd_bus_send(connection, signal, nil)
+      // A peer that reads nothing, not even its signals, is closed as one that leaves replies unread.
+      if connection != bus, let peer = peers[connection] { checkBacklog(peer) }
     }
   }
 }

@@ -76,6 +76,8 @@ public final class BusServer: @unchecked Sendable {
   var nextPeerNumber: UInt64 = 0
   var serverID = sd_id128_t()
   var postSource: OpaquePointer?
+  /// Makes the loop iterate again while a fresh connection has more to read (processFreshPeers).
+  var drainSource: OpaquePointer?
   /// Forwards of the socket (BusServer+Forwards.swift), by name.
   var forwards: [String: ForwardListener] = [:]
   /// Without a session bus, why not (set on the bus thread before `start` returns); the server
@@ -302,6 +304,7 @@ public final class BusServer: @unchecked Sendable {
           if r < 0 && connection == bus {
             log(.notice, "Could not emit PropertiesChanged for \(name): \(Errno(rawValue: -r))")
           }
+          if connection != bus, let peer = peers[connection] { checkBacklog(peer) }
         }
       case .call(let outgoing):
         startCall(outgoing)

@@ -8,9 +8,11 @@ As a program:
 STEPS, in order:
   call                 AcquireTokenSilent(client, [scope], account, {}); prints one JSON line:
                        {"pid": ..., "ok": true} or {"pid": ..., "error": NAME, "message": TEXT}
+  signout              SignOut(account, {}); prints the same
   exec PROGRAM         execs PROGRAM (another python) with this script, resuming on the same fd
   fork-and-exit        forks; the parent exits; the child goes on (after the parent is gone)
-The call's client, scope and account come from $RAW_CLIENT, $RAW_SCOPE and $RAW_ACCOUNT."""
+The call's client, scope and account come from $RAW_CLIENT, $RAW_SCOPE and $RAW_ACCOUNT; with
+$RAW_SENDER, the call says it comes from that name (its SENDER header field)."""
 import json
 import os
 import socket
@@ -40,7 +42,19 @@ def token_call_body(client, scope, account):
 
 def token_call(sock, serial):
     body = token_call_body(os.environ["RAW_CLIENT"], os.environ["RAW_SCOPE"], os.environ["RAW_ACCOUNT"])
-    mtype, fields, reply = call(sock, serial, "AcquireTokenSilent", body, "sassa{sv}")
+    return answer(*call(sock, serial, "AcquireTokenSilent", body, "sassa{sv}", sender=os.environ.get("RAW_SENDER")))
+
+
+def sign_out_call(sock, serial):
+    body = bytearray()
+    put_string(body, os.environ["RAW_ACCOUNT"])
+    pad(body, 4)
+    body.extend(struct.pack("<I", 0))  # an empty a{sv}
+    pad(body, 8)
+    return answer(*call(sock, serial, "SignOut", bytes(body), "sa{sv}", sender=os.environ.get("RAW_SENDER")))
+
+
+def answer(mtype, fields, reply):
     if mtype == 2:
         return {"pid": os.getpid(), "ok": True}
     (n,) = struct.unpack_from("<I", reply, 0)
@@ -53,6 +67,9 @@ def run(sock, steps, serial):
         if step == "call":
             serial += 1
             print(json.dumps(token_call(sock, serial)), flush=True)
+        elif step == "signout":
+            serial += 1
+            print(json.dumps(sign_out_call(sock, serial)), flush=True)
         elif step == "exec":
             program = steps.pop(0)
             os.set_inheritable(sock.fileno(), True)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,8 @@ import time
 
 import dbus
 import pytest
+
+import dbus_wire
 
 from conftest import TESSERA, TESSERAD, Broker, expect_error, run_cli, stop_process, wait_until
 from tessera_session import bus_config, new_connection
@@ -542,4 +545,59 @@ def test_a_caller_that_execs_or_hands_its_connection_on_is_identified_anew(start
     assert first.get("ok") and orphan["pid"] != first["pid"]
     assert orphan["error"] == "org.tessera.Broker1.Error.AccessDenied", orphan
     assert "could not identify" in orphan["message"], orphan
+    b.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="copies python to a root-owned path (CI runs as root)")
+def test_a_direct_peer_cannot_pass_for_another_caller_with_the_sender_field(start_daemon, write_config, tmp_path):
+    """On tesserad's own socket no bus daemon stamps the SENDER header field: a peer may write any
+    name there, and the broker must know it by its connection alone.
+    - Another program's token call and sign-out, naming the granted caller (this python, on the bus
+      and on the socket): neither is served (sd-bus answers InvalidArgs: it cannot vouch for a name
+      on a peer-to-peer connection), and the account stays signed in.
+    - Calls refused before they are read (wrong argument types) are logged with their caller: that
+      caller must be the connection's, not the name written in the message. (It was the name: a
+      peer that wrote the unique names the bus daemon gives next had them remembered as an unknown
+      user, and the programs that then connected on the bus under those names were refused.)"""
+    start(start_daemon, write_config, "strict")
+    b = Broker()  # this python signs in and holds the grant
+    account = b.sign_in()["account"]["id"]
+    assert b.silent(account_id=account)["access_token"]  # its identity is known (cached) by now
+    socket_address = "unix:path=" + os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "bus")
+    granted_direct = dbus_wire.connect(socket_address)
+    mtype, _, body = dbus_wire.call(granted_direct, 2, "Hello", destination="org.freedesktop.DBus",
+                                    path="/org/freedesktop/DBus", interface="org.freedesktop.DBus")
+    (n,) = struct.unpack_from("<I", body, 0)
+    direct_name = body[4:4 + n].decode()
+    assert mtype == 2 and direct_name.startswith(":direct."), body
+    python = os.path.realpath(sys.executable)
+    other = str(tmp_path / "other-program")
+    shutil.copy(python, other)
+    for victim in (b.conn.get_unique_name(), direct_name):
+        env = dict(os.environ, RAW_CLIENT="tessera-test", RAW_SCOPE="read", RAW_ACCOUNT=account, RAW_SENDER=victim,
+                   PYTHONHOME=sys.base_prefix)
+        out = subprocess.run([other, os.path.join(HERE, "raw_dbus.py"), "connect", socket_address, "call", "signout"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        answers = [json.loads(line) for line in out.stdout.splitlines()]
+        assert len(answers) == 2 and not any(a.get("ok") for a in answers), (victim, answers)
+    assert [a["id"] for a in b.accounts()] == [account], "the account is still signed in"
+
+    # The bus daemon names connections :1.N in order: the next ones are written into refused calls.
+    probe = Broker()
+    number = int(probe.conn.get_unique_name().split(".")[1])
+    probe.close()
+    spoofer = dbus_wire.connect(socket_address)
+    for k in range(1, 9):
+        spoofer.sendall(dbus_wire.message(k + 1, "GetAccounts", b"\0\0\0\0", "s", sender=f":1.{number + k}"))
+        mtype, fields, body = dbus_wire.read_message(spoofer)
+        assert mtype == 3 and fields.get(4) == "org.tessera.Broker1.Error.InvalidArgument", fields
+    spoofer.close()
+    # Programs connecting now get those names, and are served as themselves.
+    newcomers = [Broker() for _ in range(4)]
+    for newcomer in newcomers:
+        assert int(newcomer.conn.get_unique_name().split(".")[1]) in range(number + 1, number + 9)
+        assert [a["id"] for a in newcomer.accounts()] == [account], newcomer.conn.get_unique_name()
+        newcomer.close()
+    granted_direct.close()
     b.close()

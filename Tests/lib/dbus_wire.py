@@ -29,12 +29,14 @@ def put_string(buf, s, code="s"):
 
 
 def message(serial, member, body=b"", signature="", destination="org.tessera.Broker1",
-            path="/org/tessera/Broker1", interface="org.tessera.Broker1"):
-    """One method call; its destination, path and interface are the broker's unless given."""
+            path="/org/tessera/Broker1", interface="org.tessera.Broker1", sender=None):
+    """One method call; its destination, path and interface are the broker's unless given.
+    `sender`: a SENDER header field of the caller's choosing (a bus daemon replaces it; on a
+    peer-to-peer connection it arrives as written)."""
     fields = bytearray()
     for code, typ, value in ((1, "o", path), (2, "s", interface), (3, "s", member), (6, "s", destination),
-                             (8, "g", signature)):
-        if typ == "g" and not value:
+                             (7, "s", sender), (8, "g", signature)):
+        if (typ == "g" and not value) or value is None:
             continue
         pad(fields, 8)  # each field is a struct, 8-aligned
         fields.append(code)
