@@ -497,3 +497,27 @@ def test_a_peer_that_floods_from_its_handshake_on_does_not_hold_the_broker(daemo
     direct.close()
     sock.close()
     assert daemon.running
+
+
+def test_tesserad_stops_at_once_with_peers_that_never_finish_their_handshake_or_read(daemon, broker):
+    """Issue 23 §1: at exit tesserad lets every direct connection go. A peer that connected and
+    said nothing, one stopped in the middle of its handshake, and one that sends calls and reads
+    none of the replies must not hold the exit (sd-bus's flush waits for them: 90 s for a
+    handshake, for ever for a peer that does not read)."""
+    account = broker.sign_in()["account"]["id"]
+    from test_faults_callers import empty_silent_body
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(SOCKET)
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(SOCKET)
+    half.sendall(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
+    assert half.recv(3) == b"OK "
+    deaf = dbus_wire.connect(ADDRESS, timeout=30)
+    deaf.sendall(silent_calls(2, 900, empty_silent_body("", account)))
+    wait_until(lambda: DirectBroker().version() is not None, what="tesserad to answer others")
+    began = time.monotonic()
+    assert daemon.stop(timeout=30) in (None, 0), daemon.log()[-3000:]
+    took = time.monotonic() - began
+    assert took < 5, f"tesserad took {took:.1f} s to stop"
+    for s in (silent, half, deaf):
+        s.close()
