@@ -69,6 +69,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
 
   private struct Shared {
     var notes: [String] = []
+    /// Records set aside as NAME.corrupt in the directory, at the last load.
+    var setAside = 0
     /// Why the last load failed (a wrong key, say): probe says it too.
     var failure: TesseraError?
   }
@@ -110,7 +112,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   public var storeDescription: StoreDescription {
     StoreDescription(
       kind: StatusReport.StoreKind.file, path: directory, key: keySource.description,
-      notes: shared.withLock { $0.notes })
+      notes: shared.withLock { $0.notes }, setAside: shared.withLock { $0.setAside })
   }
 
   private func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
@@ -211,6 +213,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   private struct Listing {
     var records: [String] = []
     var hasKeyCheck = false
+    /// NAME.corrupt files: records an earlier load set aside.
+    var setAside = 0
   }
 
   /// The directory's records and whether it has a key check; leftover temporary files go.
@@ -230,6 +234,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
         listing.hasKeyCheck = true
       } else if Self.isRecordName(name) {
         listing.records.append(name)
+      } else if name.hasSuffix(Self.corruptSuffix) {
+        listing.setAside += 1
       } else if removingLeftovers && name.hasSuffix(Self.temporarySuffix) {
         _ = unlink(directory + "/" + name)  // a write killed before its rename: never a record
       }
@@ -288,6 +294,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
       shared.withLock { $0.notes.append(note) }
     }
     if !damaged.isEmpty { try syncDirectory() }
+    shared.withLock { $0.setAside = listing.setAside + damaged.count }
     self.keys = keys
     index = opened
     logger.info(

@@ -161,12 +161,14 @@ final class FileStoreTests: XCTestCase {
     XCTAssertEqual(try bytes(directory + "/" + victim + ".corrupt"), Array(whole.prefix(whole.count / 2)))
     XCTAssertEqual(after.storeDescription.notes.count, 1)
     XCTAssertTrue(after.storeDescription.notes[0].contains(victim + ".corrupt"), after.storeDescription.notes[0])
+    XCTAssertEqual(after.storeDescription.setAside, 1, "the engine is told a record lies set aside")
     // The store goes on: writes work and the next start loads the two without a note.
     try await after.save(Self.item("dave", secret: "rt-dave"))
     let again = store()
     let got4 = try await again.loadAll().count
     XCTAssertEqual(got4, 3)
     XCTAssertEqual(again.storeDescription.notes, [])
+    XCTAssertEqual(again.storeDescription.setAside, 1, "still there at the next start: nothing of its account goes")
   }
 
   /// Every byte of a sealed record, flipped in turn (its lowest bit, then its highest): the
