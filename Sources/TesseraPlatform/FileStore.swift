@@ -348,10 +348,20 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   /// fsynced, so the record is either the old one or the new one, and stays after a power cut.
   private func writeAtomically(_ name: String, _ bytes: [UInt8]) throws {
     let target = directory + "/" + name
-    let temporary = target + Self.temporarySuffix
+    // A name of its own: a write never opens, or renames into place, another's temporary file.
+    // (One killed before its rename is removed at the next load.)
+    let temporary = target + ".\(UInt64.random(in: 0...UInt64.max))" + Self.temporarySuffix
     func fail(_ what: String, _ error: any Error) -> TesseraError {
       _ = unlink(temporary)
       let code = (error as? Errno) ?? (error as? SystemCallError)?.errno
+      if code == .noSuchFileOrDirectory, access(directory, F_OK) != 0 {
+        // Removed while tesserad ran: what it held is in memory only. Not made again here (a
+        // store holding only the changes from now on would lose the rest at the next start).
+        return .storeUnavailable(
+          "The file store's directory \(directory) is gone (removed while tesserad ran); the change is kept in memory and retried. "
+            + "Put the directory back, or restart tesserad to start with a new, empty store (every account then signs in again)."
+        )
+      }
       let detail = code.map { "\($0)" } ?? "\(error)"
       let advice =
         code == .noSpace || code == .diskQuotaExceeded
@@ -359,7 +369,6 @@ public final class FileStore: SecretStore, @unchecked Sendable {
         : "Check that \(directory) is yours and writable (`chmod 700`), then retry."
       return .storeUnavailable("Cannot \(what) the store record \(target) (\(detail)). \(advice)")
     }
-    _ = unlink(temporary)
     let fd: FileDescriptor
     do {
       fd = try FileDescriptor.open(
@@ -484,38 +493,49 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     return Self.derive(SymmetricKey(data: bytes))
   }
 
-  /// A new key file: its directory made 0700, 32 random bytes written 0600 with O_EXCL (a key made
-  /// meanwhile by another process wins: it is read instead), fsynced, the directory too.
+  /// A new key file: its directory made 0700; 32 random bytes written 0600 (O_EXCL) to a
+  /// temporary file and fsynced, then linked into place, which is atomic and never replaces a
+  /// key: the key file is whole or absent, even if tesserad is killed meanwhile, and a key made
+  /// meanwhile by another process wins (it is read instead). Then the directories are fsynced.
   private func createKey(_ path: String) throws -> [UInt8] {
     let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
     var partial = ""
+    var made: [String] = []
     for part in parent.split(separator: "/") {
       partial += "/" + part
-      _ = mkdir(partial, 0o700)
+      if mkdir(partial, 0o700) == 0 { made.append(partial) }
     }
     let key = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
+    let temporary = path + ".\(UInt64.random(in: 0...UInt64.max))" + Self.temporarySuffix
     let fd: FileDescriptor
     do {
       fd = try FileDescriptor.open(
-        FilePath(path), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
+        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
         permissions: [.ownerReadWrite])
     } catch {
-      if (error as? Errno) == .fileExists, let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
       throw keyProblem("could not be created (\(error))", fix: "Make \(parent) yours and writable")
     }
+    defer { _ = unlink(temporary) }
     do {
       try fd.closeAfter {
         try Syscall.writeAll(fd, key)
         try Syscall.check("fsync") { fsync(fd.rawValue) }
       }
     } catch {
-      _ = unlink(path)
       throw keyProblem("could not be written (\(error))", fix: "Free some space, or make \(parent) writable")
     }
-    let dirfd = Glibc.open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    if dirfd >= 0 {
-      _ = fsync(dirfd)
-      Glibc.close(dirfd)
+    guard link(temporary, path) == 0 else {
+      let code = Errno(rawValue: Glibc.errno)
+      if code == .fileExists, let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
+      throw keyProblem("could not be created (\(code))", fix: "Make \(parent) yours and writable")
+    }
+    // The new key's directory, and each directory made for it (in the one above it).
+    for directory in [parent] + made.reversed().map({ String($0[..<($0.lastIndex(of: "/") ?? $0.startIndex)]) }) {
+      let dirfd = Glibc.open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+      if dirfd >= 0 {
+        _ = fsync(dirfd)
+        Glibc.close(dirfd)
+      }
     }
     logger.notice("Created the file store's key", metadata: ["path": "\(path)"])
     return key

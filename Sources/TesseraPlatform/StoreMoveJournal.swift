@@ -36,21 +36,15 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
       let fd = try FileDescriptor.open(
         FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
         permissions: [.ownerReadWrite])
-      do {
+      // Closed once, whatever happens (a second close could take a descriptor another thread
+      // has just been given the same number).
+      try fd.closeAfter {
         let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
         try Syscall.writeAll(fd, Array(text.utf8))
         guard fsync(fd.rawValue) == 0 else { throw Errno(rawValue: Glibc.errno) }
-        try fd.close()
-      } catch {
-        try? fd.close()
-        throw error
       }
       guard rename(temporary, path) == 0 else { throw Errno(rawValue: Glibc.errno) }
-      let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-      if dir >= 0 {
-        _ = fsync(dir)
-        close(dir)
-      }
+      syncDirectory()
     } catch {
       _ = unlink(temporary)
       throw TesseraError(
@@ -78,9 +72,20 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
     return StoreMoveNote(from: from, to: to, deleting: fields["phase"] == "deleting")
   }
 
+  /// Removed durably: a note that came back after a power cut would have the next start finish a
+  /// move that had ended, deleting from its source whatever that holds by then.
   public func end() throws {
     guard unlink(path) == 0 || Glibc.errno == ENOENT else {
       throw TesseraError(.environment, "Cannot remove the store move journal \(path): \(Errno(rawValue: Glibc.errno)).")
+    }
+    syncDirectory()
+  }
+
+  private func syncDirectory() {
+    let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    if dir >= 0 {
+      _ = fsync(dir)
+      close(dir)
     }
   }
 }

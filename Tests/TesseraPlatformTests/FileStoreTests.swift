@@ -225,15 +225,18 @@ final class FileStoreTests: XCTestCase {
     let first = store()
     try await first.save(Self.item("alice", secret: "old"))
     let name = records()[0]
-    // A write killed before its rename leaves NAME.tmp: never read, removed at the next load.
-    try write(directory + "/" + name + ".tmp", [1, 2, 3])
+    // A write killed before its rename leaves NAME.N.tmp: never read, never renamed into place by
+    // a later write (each has a name of its own), removed at the next load.
+    let leftover = directory + "/" + name + ".12345.tmp"
+    try write(leftover, [1, 2, 3])
     try await first.save(Self.item("alice", secret: "new"))
     XCTAssertEqual(records(), [name], "the same attributes replace the same file")
-    XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/" + name + ".tmp"))
-    try write(directory + "/" + name + ".tmp", [1, 2, 3])
     let got5 = try await store().loadAll().map(\.secret)
     XCTAssertEqual(got5, ["{\"secret\":\"new\"}"])
-    XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/" + name + ".tmp"))
+    XCTAssertFalse(FileManager.default.fileExists(atPath: leftover))
+    XCTAssertEqual(
+      try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasSuffix(".tmp") }, [],
+      "no write leaves a temporary file")
   }
 
   func testTheKeyFileIsCreatedOnceAndNeverReplaced() async throws {
@@ -242,8 +245,32 @@ final class FileStoreTests: XCTestCase {
     let key = try bytes(keyPath)
     XCTAssertEqual(key.count, 32)
     XCTAssertEqual(mode(keyPath), 0o600)
+    let keyDirectory = (keyPath as NSString).deletingLastPathComponent
+    XCTAssertEqual(
+      try FileManager.default.contentsOfDirectory(atPath: keyDirectory), ["store.key"],
+      "written aside and linked into place: nothing else is left")
     _ = try await store().loadAll()
     XCTAssertEqual(try bytes(keyPath), key, "read, not made again")
+
+    // Eight stores making the key at once (two tesserads, say): one key, the same for all.
+    try FileManager.default.moveItem(atPath: keyPath, toPath: root + "/first.key")
+    let root = self.root
+    let keyPath = self.keyPath
+    let made = try await withThrowingTaskGroup(of: [UInt8].self) { group in
+      for index in 0..<8 {
+        group.addTask {
+          let store = FileStore(directory: root + "/state-\(index)", key: .file(keyPath))
+          _ = try await store.loadAll()
+          return try Array(Data(contentsOf: URL(fileURLWithPath: keyPath)))
+        }
+      }
+      return try await group.reduce(into: Set<[UInt8]>()) { $0.insert($1) }
+    }
+    XCTAssertEqual(made.count, 1, "one key")
+    XCTAssertEqual(made.first?.count, 32)
+    XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: keyDirectory), ["store.key"])
+    try FileManager.default.removeItem(atPath: keyPath)
+    try FileManager.default.moveItem(atPath: root + "/first.key", toPath: keyPath)
 
     // A key file already there (made by someone else first: O_EXCL loses to it) is used as it is.
     try FileManager.default.removeItem(atPath: root + "/state")
@@ -308,6 +335,22 @@ final class FileStoreTests: XCTestCase {
     }
     let got7 = try await store().loadAll().count
     XCTAssertEqual(got7, 1, "nothing lost")
+  }
+
+  /// The directory removed while tesserad runs: a write says so and what to do (the change stays
+  /// in memory, retried); put back, writes go on, with no restart.
+  func testADirectoryRemovedWhileRunningIsNamedAndPutBackWorksAgain() async throws {
+    let running = store()
+    try await running.save(Self.item("alice", secret: "rt-alice"))
+    try FileManager.default.moveItem(atPath: directory, toPath: root + "/aside")
+    await expectStoreError(
+      { try await running.save(Self.item("bob", secret: "rt-bob")) },
+      contains: [directory, "is gone", "Put the directory back", "restart tesserad"])
+    XCTAssertFalse(FileManager.default.fileExists(atPath: directory), "not made again behind the user's back")
+    try FileManager.default.moveItem(atPath: root + "/aside", toPath: directory)
+    try await running.save(Self.item("bob", secret: "rt-bob"))
+    let all = try await store().loadAll().count
+    XCTAssertEqual(all, 2)
   }
 
   func testTheMemoryStoreKeepsItemsInThisProcessOnly() async throws {
