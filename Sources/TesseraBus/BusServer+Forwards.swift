@@ -11,14 +11,15 @@ extension BusServer {
   /// One forward's listener. Used on the bus thread only.
   final class ForwardListener {
     var info: ForwardInfo
-    let fd: Int32
+    let listener: DirectSocket.Listener
+    var fd: Int32 { listener.fd }
     /// The unique name of the connection that made it (nil when lasting).
     let owner: String?
     var source: OpaquePointer?
     weak var server: BusServer?
-    init(info: ForwardInfo, fd: Int32, owner: String?, server: BusServer) {
+    init(info: ForwardInfo, listener: DirectSocket.Listener, owner: String?, server: BusServer) {
       self.info = info
-      self.fd = fd
+      self.listener = listener
       self.owner = owner
       self.server = server
     }
@@ -103,13 +104,13 @@ extension BusServer {
       name: request.name, host: request.host, path: listener.path, lasting: request.lasting, since: now,
       connections: 0, ownerPID: request.lasting ? nil : request.owner.pid)
     let forward = ForwardListener(
-      info: info, fd: listener.fd, owner: request.lasting ? nil : request.owner.busName, server: self)
+      info: info, listener: listener, owner: request.lasting ? nil : request.owner.busName, server: self)
     let r = sd_event_add_io(
       event, &forward.source, listener.fd, UInt32(EPOLLIN.rawValue), forwardReady,
       Unmanaged.passUnretained(forward).toOpaque())
     guard r >= 0 else {
       close(listener.fd)
-      unlink(listener.path)
+      listener.removeFile()
       return .failure(.invalidArgument("Could not watch the forward's socket: \(Errno(rawValue: -r))"))
     }
     forwards[request.name] = forward
@@ -127,7 +128,7 @@ extension BusServer {
     sd_event_source_disable_unref(forward.source)
     forward.source = nil
     close(forward.fd)
-    unlink(forward.info.path)
+    forward.listener.removeFile()
     // Its connections end with it: a forward that is gone serves no one.
     // Not flushed: a peer that does not read (or never finished its handshake) would hold the
     // bus thread.

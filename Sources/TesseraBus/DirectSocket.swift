@@ -157,6 +157,17 @@ public enum DirectSocket {
     public let path: String
     /// Passed by systemd (tessera.socket) rather than made here.
     public let fromSystemd: Bool
+    /// The socket file made here (device, inode): removed at the end only while it is still this one.
+    var file: (dev: UInt64, ino: UInt64)? = nil
+
+    /// Removes the socket file made here, unless another has taken its place since (a socket
+    /// systemd made for the next start, another tesserad's): never one this process did not make.
+    public func removeFile() {
+      guard !fromSystemd, let file else { return }
+      var st = stat()
+      guard lstat(path, &st) == 0, UInt64(st.st_dev) == file.dev, UInt64(st.st_ino) == file.ino else { return }
+      unlink(path)
+    }
   }
 
   /// Why tesserad cannot serve the socket.
@@ -262,10 +273,18 @@ public enum DirectSocket {
     let fd = socket(
       AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
     guard fd >= 0 else { throw fail("Could not create a socket: \(Errno(rawValue: errno))") }
+    // Bound under a name of its own in the same directory, and put in place once it listens (a
+    // hard link, which never replaces a file): another tesserad starting meanwhile never finds
+    // the socket there but not answering yet, which it would take for a stale one and remove.
+    // (A directory whose path leaves no room for the longer name gets the socket bound in place.)
+    let aside = dir + "/.tessera-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
+    let asideAddress = DirectSocket.address(aside)
+    var bindAddress = asideAddress ?? address
+    let bindPath = asideAddress == nil ? path : aside
     // Bound with no permission for others from the start (the chosen directory of a forward may
     // be searchable by others), then made 0600.
     let oldMask = umask(0o177)
-    let bound = withUnsafePointer(to: &address) {
+    let bound = withUnsafePointer(to: &bindAddress) {
       $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
     let bindErrno = errno
@@ -286,14 +305,31 @@ public enum DirectSocket {
       }
       throw fail("Could not bind \(path): \(code)")
     }
-    _ = chmod(path, 0o600)
+    _ = chmod(bindPath, 0o600)
     guard Glibc.listen(fd, 128) == 0 else {
       let code = Errno(rawValue: errno)
       close(fd)
-      unlink(path)
+      unlink(bindPath)
       throw fail("Could not listen on \(path): \(code)")
     }
-    return Listener(fd: fd, path: path, fromSystemd: false)
+    if bindPath != path {
+      let linked = link(bindPath, path)
+      let linkErrno = errno
+      unlink(bindPath)
+      guard linked == 0 else {
+        close(fd)
+        if linkErrno == EEXIST {
+          throw ListenError(
+            description: purpose == .broker
+              ? "Another tesserad took \(path) at the same moment. Only one may serve it."
+              : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
+        }
+        throw fail("Could not put the socket in place at \(path): \(Errno(rawValue: linkErrno))")
+      }
+    }
+    var made = stat()
+    let file = lstat(path, &made) == 0 ? (dev: UInt64(made.st_dev), ino: UInt64(made.st_ino)) : nil
+    return Listener(fd: fd, path: path, fromSystemd: false, file: file)
   }
 }
 

@@ -192,7 +192,7 @@ struct Tesserad: AsyncParsableCommand {
     var groupError: (any Error)?
     do { try await group.run() } catch { groupError = error }
     // The socket file made here goes with the daemon (systemd keeps its own for the next start).
-    if let listener, !listener.fromSystemd { unlink(listener.path) }
+    listener?.removeFile()
     // The bus service's own reason (name taken, no bus, bus gone) says more than the group's error.
     // The services have ended (the store's queued writes were awaited) and the bus is closed, but
     // an HTTP request may still run on its own thread (a refresh, a key fetch): exit(3) would run

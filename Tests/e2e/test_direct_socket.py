@@ -249,6 +249,24 @@ def test_a_stale_socket_is_replaced_and_a_second_tesserad_is_refused(start_daemo
     assert again.running and status()[0]["running"] is True
     again.stop()
     assert not os.path.exists(SOCKET), "tesserad removes the socket it made when it stops"
+    assert not [n for n in os.listdir(os.path.dirname(SOCKET)) if n.startswith(".tessera-")], \
+        "the socket is bound aside and linked into place: nothing else is left"
+
+
+def test_at_exit_tesserad_removes_its_own_socket_file_only(start_daemon):
+    """A socket file put in the place of tesserad's while it ran (systemd's for the next start,
+    say) is not tesserad's to remove when it stops."""
+    daemon = start_daemon()
+    os.unlink(SOCKET)
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(SOCKET)
+    other.listen(1)
+    try:
+        daemon.stop()
+        assert os.path.exists(SOCKET), "tesserad removed a socket it did not make"
+    finally:
+        other.close()
+        os.unlink(SOCKET)
 
 
 def test_socket_activation_starts_tesserad_on_the_first_call(tmp_path):
