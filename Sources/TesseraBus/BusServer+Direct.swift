@@ -42,7 +42,14 @@ extension BusServer {
     let me = Unmanaged.passUnretained(self).toOpaque()
     let r = sd_event_add_io(event, nil, fd, UInt32(EPOLLIN.rawValue), listenerReady, me)
     if r < 0 { throw StartError(description: "Could not watch the direct socket: \(Errno(rawValue: -r))") }
-    // After each loop iteration: connections whose handshake just ended are read until idle.
+  }
+
+  /// What every direct connection needs of the loop, tesserad's own socket's and forwards' alike
+  /// (a forward may serve with no socket of tesserad's own): bus thread, during `connect`.
+  func attachPeerSources() throws {
+    let me = Unmanaged.passUnretained(self).toOpaque()
+    // After each loop iteration: connections whose handshake just ended are read (a batch at a
+    // time), and those that ended are closed.
     let p = sd_event_add_post(event, &postSource, postIteration, me)
     if p < 0 { throw StartError(description: "sd_event_add_post: \(Errno(rawValue: -p))") }
     _ = sd_event_source_set_enabled(postSource, Int32(SD_EVENT_ON))
@@ -241,7 +248,10 @@ extension BusServer {
   func checkBacklog(_ peer: DirectPeer) {
     var queued: UInt64 = 0
     guard sd_bus_get_n_queued_write(peer.bus, &queued) >= 0, queued > Self.directRepliesQueued else { return }
-    noteRefusal(
+    // Logged each time, not within the refusals' budget (the calls that filled the queue may have
+    // spent it): it takes more than a thousand replies to come here.
+    log(
+      .notice,
       "Closed direct connection \(peer.name): it left \(queued) replies unread (at most \(Self.directRepliesQueued) may wait)"
     )
     peerGone(peer.bus)
@@ -301,6 +311,13 @@ private let peerDisconnected: sd_bus_message_handler_t = { message, userdata, _ 
 private let peerFilter: sd_bus_message_handler_t = { message, userdata, _ in
   guard let message else { return 0 }
   let server = server(userdata)
+  // Every reply counts toward the unread ones, error replies and those sd-bus writes by itself
+  // (Ping, Introspect) included: checked as each message comes in. A peer closed here is read no
+  // further.
+  if let peerBus = sd_bus_message_get_bus(message), let peer = server.peers[peerBus] {
+    server.checkBacklog(peer)
+    if server.peers[peerBus] == nil { return 1 }
+  }
   if server.answerHello(message) > 0 { return 1 }
   return server.filter(message)
 }

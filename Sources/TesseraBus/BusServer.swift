@@ -208,10 +208,9 @@ public final class BusServer: @unchecked Sendable {
     try check(sd_event_new(&event), "sd_event_new")
     let me = Unmanaged.passUnretained(self).toOpaque()
     try check(sd_event_add_io(event, nil, eventFD, UInt32(EPOLLIN.rawValue), mailboxReady, me), "sd_event_add_io")
-    if let listener {
-      try check(sd_id128_randomize(&serverID), "sd_id128_randomize")
-      try attachListener(listener.fd)
-    }
+    try check(sd_id128_randomize(&serverID), "sd_id128_randomize")
+    try attachPeerSources()
+    if let listener { try attachListener(listener.fd) }
     let opened = sd_bus_open_user(&bus)
     if opened < 0 {
       bus = nil

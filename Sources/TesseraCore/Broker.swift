@@ -187,24 +187,14 @@ public actor Broker {
 
   private func finishLoading(_ items: [StoredItem]) {
     fastPath.clear()
-    var (cache, skipped, damaged) = TokenCache.load(items)
+    var (cache, skipped) = TokenCache.load(items)
     // What an interrupted sign-out (or a sign-in killed before its account was stored) left:
-    // items of accounts that are not there. The sign-out is finished now; unless the store holds
-    // damaged records (set aside, or that do not decode), one of which may be such an account's
-    // own: then what is left of it is kept, unrevoked, for a sign-in or the record put back.
+    // items of accounts that are not there. The sign-out is finished now.
     let leftovers = cache.removeOrphans()
     self.cache = cache
     loaded = true
     loading = nil
-    let setAside = deps.store.storeDescription.setAside
-    if !leftovers.accountIDs.isEmpty && (damaged > 0 || setAside > 0) {
-      logger.notice(
-        "Kept the items of accounts whose account record is missing: the store holds damaged records, and it may be among them. Sign such an account in again (its refresh tokens are then used again), or put its record back",
-        metadata: [
-          "accounts": "\(leftovers.accountIDs.count)", "refresh_tokens": "\(leftovers.refreshTokens.count)",
-          "damaged_items": "\(damaged)", "records_set_aside": "\(setAside)",
-        ])
-    } else if !leftovers.accountIDs.isEmpty {
+    if !leftovers.accountIDs.isEmpty {
       logger.notice(
         "Removing what an interrupted sign-out or sign-in left in the keyring (items of accounts that are not there)",
         metadata: [

@@ -140,17 +140,12 @@ public struct StoreDescription: Sendable, Equatable {
   public var key: String?
   /// What the store had to set aside (damaged records moved to NAME.corrupt), each said once.
   public var notes: [String]
-  /// How many damaged records lie set aside in the store (NAME.corrupt), from this run or an
-  /// earlier one: while there are any, an item's account record may be among them, and what is
-  /// left of that account is kept (see Broker.finishLoading).
-  public var setAside: Int
 
-  public init(kind: String, path: String? = nil, key: String? = nil, notes: [String] = [], setAside: Int = 0) {
+  public init(kind: String, path: String? = nil, key: String? = nil, notes: [String] = []) {
     self.kind = kind
     self.path = path
     self.key = key
     self.notes = notes
-    self.setAside = setAside
   }
 
   public static let secretService = StoreDescription(kind: StatusReport.StoreKind.secretService)

@@ -392,18 +392,14 @@ public struct TokenCache: Sendable {
 
   /// Rebuilds the cache from stored items; items of other schema versions or unreadable ones are skipped
   /// (and counted, so the caller can log them).
-  /// The cache `items` make, how many were skipped (of another schema version, or that do not
-  /// decode), and of those how many are of this version and do not decode (damaged).
-  public static func load(_ items: [StoredItem]) -> (TokenCache, skipped: Int, damaged: Int) {
+  public static func load(_ items: [StoredItem]) -> (TokenCache, skipped: Int) {
     var cache = TokenCache()
     var skipped = 0
-    var versionSkipped = 0
     let decoder = JSONDecoder()
     for item in items {
       guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
       else {
         skipped += 1
-        versionSkipped += 1
         continue
       }
       let data = Data(item.secret.utf8)
@@ -444,7 +440,7 @@ public struct TokenCache: Sendable {
         }
       }
     }
-    return (cache, skipped, skipped - versionSkipped)
+    return (cache, skipped)
   }
 }
 

@@ -66,11 +66,11 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   /// On `queue`: the keys once they opened the store, and the records by file name.
   private var keys: Keys?
   private var index: [String: StoredItem] = [:]
+  /// A load succeeded in this process: the directory is not made again if it goes.
+  private var loadedOnce = false
 
   private struct Shared {
     var notes: [String] = []
-    /// Records set aside as NAME.corrupt in the directory, at the last load.
-    var setAside = 0
     /// Why the last load failed (a wrong key, say): probe says it too.
     var failure: TesseraError?
   }
@@ -112,7 +112,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   public var storeDescription: StoreDescription {
     StoreDescription(
       kind: StatusReport.StoreKind.file, path: directory, key: keySource.description,
-      notes: shared.withLock { $0.notes }, setAside: shared.withLock { $0.setAside })
+      notes: shared.withLock { $0.notes })
   }
 
   private func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
@@ -213,8 +213,6 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   private struct Listing {
     var records: [String] = []
     var hasKeyCheck = false
-    /// NAME.corrupt files: records an earlier load set aside.
-    var setAside = 0
   }
 
   /// The directory's records and whether it has a key check; leftover temporary files go.
@@ -234,8 +232,6 @@ public final class FileStore: SecretStore, @unchecked Sendable {
         listing.hasKeyCheck = true
       } else if Self.isRecordName(name) {
         listing.records.append(name)
-      } else if name.hasSuffix(Self.corruptSuffix) {
-        listing.setAside += 1
       } else if removingLeftovers && name.hasSuffix(Self.temporarySuffix) {
         _ = unlink(directory + "/" + name)  // a write killed before its rename: never a record
       }
@@ -251,6 +247,9 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   }
 
   private func loadOrThrow() throws -> [StoredItem] {
+    // Gone after this process loaded it: removed while tesserad ran. What it held is in memory
+    // only; an empty store made here would have a move or a write take it for all there is.
+    if loadedOnce, access(directory, F_OK) != 0 { throw Self.directoryGone(directory) }
     try makeDirectory()
     try checkDirectory()
     let keys = try readKey()
@@ -294,9 +293,9 @@ public final class FileStore: SecretStore, @unchecked Sendable {
       shared.withLock { $0.notes.append(note) }
     }
     if !damaged.isEmpty { try syncDirectory() }
-    shared.withLock { $0.setAside = listing.setAside + damaged.count }
     self.keys = keys
     index = opened
+    loadedOnce = true
     logger.info(
       "Opened the file store",
       metadata: ["directory": "\(directory)", "records": "\(opened.count)", "key": "\(keySource)"])
@@ -357,10 +356,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
       if code == .noSuchFileOrDirectory, access(directory, F_OK) != 0 {
         // Removed while tesserad ran: what it held is in memory only. Not made again here (a
         // store holding only the changes from now on would lose the rest at the next start).
-        return .storeUnavailable(
-          "The file store's directory \(directory) is gone (removed while tesserad ran); the change is kept in memory and retried. "
-            + "Put the directory back, or restart tesserad to start with a new, empty store (every account then signs in again)."
-        )
+        return Self.directoryGone(directory)
       }
       let detail = code.map { "\($0)" } ?? "\(error)"
       let advice =
@@ -399,6 +395,13 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   // MARK: - The directory
 
   /// Makes the directory and its missing parents, 0700.
+  static func directoryGone(_ directory: String) -> TesseraError {
+    .storeUnavailable(
+      "The file store's directory \(directory) is gone (removed while tesserad ran); changes are kept in memory and retried. "
+        + "Put the directory back, or restart tesserad to start with a new, empty store (every account then signs in again)."
+    )
+  }
+
   private func makeDirectory() throws {
     var path = ""
     for part in directory.split(separator: "/") {
@@ -524,10 +527,18 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     } catch {
       throw keyProblem("could not be written (\(error))", fix: "Free some space, or make \(parent) writable")
     }
-    guard link(temporary, path) == 0 else {
+    if link(temporary, path) != 0 {
       let code = Errno(rawValue: Glibc.errno)
       if code == .fileExists, let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
-      throw keyProblem("could not be created (\(code))", fix: "Make \(parent) yours and writable")
+      // A file system with no hard links (a CIFS home): renamed into place instead, unless a key
+      // is there by now (a rename would replace it; the other process's key is read instead).
+      guard code == .notPermitted || code == .notSupported || code == .notSupportedOnSocket || code == .noFunction
+      else { throw keyProblem("could not be created (\(code))", fix: "Make \(parent) yours and writable") }
+      if let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
+      guard rename(temporary, path) == 0 else {
+        throw keyProblem(
+          "could not be created (\(Errno(rawValue: Glibc.errno)))", fix: "Make \(parent) yours and writable")
+      }
     }
     // The new key's directory, and each directory made for it (in the one above it).
     for directory in [parent] + made.reversed().map({ String($0[..<($0.lastIndex(of: "/") ?? $0.startIndex)]) }) {

@@ -278,79 +278,26 @@ final class BrokerTests: XCTestCase {
   }
 }
 
-/// Items of an account whose account record is missing: what an interrupted sign-out leaves (its
-/// sign-out is finished at load: deleted, refresh tokens revoked), unless the store holds damaged
-/// records, one of which may be that account's own: then nothing of it is deleted or revoked.
-final class StoreDamageTests: XCTestCase {
-  /// A broker reading `store` afresh (a restart), over the same fake IdP.
-  func restarted(_ h: Harness, _ store: any SecretStore) -> Broker {
-    Broker(
-      config: .fakeIdP,
-      dependencies: BrokerDependencies(
-        http: h.idp, store: store, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock),
-      logger: .init(label: "t"))
-  }
-
-  func revocations(_ h: Harness) -> Int { h.idp.requests.withLock { $0 }.filter { $0.url.hasSuffix("/revoke") }.count }
-
-  func refreshTokens(_ store: FakeStore) -> Int {
-    store.items.withLock { $0 }.filter { $0.attributes["kind"] == "refresh_token" }.count
-  }
-
-  func testADamagedAccountRecordKeepsTheAccountsRefreshTokensUnrevoked() async throws {
-    let h = await Harness()
-    try await h.signIn()
-    await h.broker.finishStoreWrites()
-    XCTAssertEqual(refreshTokens(h.store), 1)
-    h.store.items.withLock { items in
-      for index in items.indices where items[index].attributes["kind"] == "account" {
-        items[index].secret = "{\"id\":"  // truncated
-      }
-    }
-    let broker = restarted(h, h.store)
-    let listed = try await broker.knownAccounts(matching: AccountFilter())
-    XCTAssertEqual(listed, [], "an account without its record is not listed")
-    await broker.finishStoreWrites()
-    try await Task.sleep(nanoseconds: 50_000_000)
-    XCTAssertEqual(refreshTokens(h.store), 1, "its refresh token is kept")
-    XCTAssertEqual(revocations(h), 0, "and not revoked")
-  }
-
-  func testRecordsSetAsideKeepWhatIsLeftOfAnAccountWhoseRecordIsMissing() async throws {
-    let h = await Harness()
-    try await h.signIn()
-    await h.broker.finishStoreWrites()
-    h.store.items.withLock { $0.removeAll { $0.attributes["kind"] == "account" } }
-    let damaged = SetAsideStore(h.store)
-    let broker = restarted(h, damaged)
-    _ = try await broker.knownAccounts(matching: AccountFilter())
-    await broker.finishStoreWrites()
-    try await Task.sleep(nanoseconds: 50_000_000)
-    XCTAssertEqual(refreshTokens(h.store), 1, "kept while a damaged record lies set aside")
-    XCTAssertEqual(revocations(h), 0)
-  }
-
+/// Items of an account whose account record is missing are what an interrupted sign-out leaves:
+/// its sign-out is finished at load (deleted, refresh tokens revoked).
+final class InterruptedSignOutTests: XCTestCase {
   func testAnInterruptedSignOutIsFinishedAtLoad() async throws {
     let h = await Harness()
     try await h.signIn()
     await h.broker.finishStoreWrites()
     h.store.items.withLock { $0.removeAll { $0.attributes["kind"] == "account" } }
-    let broker = restarted(h, h.store)
+    let broker = Broker(
+      config: .fakeIdP,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock),
+      logger: .init(label: "t"))
     _ = try await broker.knownAccounts(matching: AccountFilter())
     await broker.finishStoreWrites()
-    for _ in 0..<100 where revocations(h) == 0 { try await Task.sleep(nanoseconds: 10_000_000) }
-    XCTAssertEqual(refreshTokens(h.store), 0, "the sign-out is finished")
-    XCTAssertEqual(revocations(h), 1, "its refresh token revoked")
+    func revocations() -> Int { h.idp.requests.withLock { $0 }.filter { $0.url.hasSuffix("/revoke") }.count }
+    for _ in 0..<100 where revocations() == 0 { try await Task.sleep(nanoseconds: 10_000_000) }
+    XCTAssertEqual(
+      h.store.items.withLock { $0 }.filter { $0.attributes["kind"] == "refresh_token" }.count, 0,
+      "the sign-out is finished")
+    XCTAssertEqual(revocations(), 1, "its refresh token revoked")
   }
-}
-
-/// A store that says it holds records set aside as damaged (as the file store does).
-final class SetAsideStore: SecretStore, Sendable {
-  let base: FakeStore
-  init(_ base: FakeStore) { self.base = base }
-  func loadAll() async throws -> [StoredItem] { try await base.loadAll() }
-  func save(_ item: StoredItem) async throws { try await base.save(item) }
-  func delete(matching attributes: [String: String]) async throws { try await base.delete(matching: attributes) }
-  func probe(withinSeconds seconds: Double) async throws { try await base.probe(withinSeconds: seconds) }
-  var storeDescription: StoreDescription { StoreDescription(kind: "file", setAside: 1) }
 }

@@ -228,8 +228,10 @@ final class StoreMoveTests: XCTestCase {
     try await s.file.base.save(extra)
     try await s.keyring.base.delete(matching: extra.attributes)
     let source = s.keyring.contents
+    let targetsOwn = s.file.contents
+    XCTAssertEqual(targetsOwn.count, 1)
     try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: "secret-service", toKind: "file")
-    XCTAssertEqual(s.file.contents, source.union(s.file.contents.filter { $0["kind"] == "refresh_token" }))
+    XCTAssertEqual(s.file.contents, source.union(targetsOwn), "the source's items, and the target's own item kept")
     XCTAssertTrue(s.file.contents.contains { $0["(secret)"] == extra.secret }, "the target's own item is kept")
 
     // Taken up again after a kill while copying: what the target holds that the source does not is

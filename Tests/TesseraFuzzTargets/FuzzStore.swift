@@ -31,7 +31,7 @@ enum FuzzStore {
       }
     case 2:
       let items = bytes.sections().map(item)
-      let (cache, skipped, _) = TokenCache.load(items)
+      let (cache, skipped) = TokenCache.load(items)
       precondition(skipped <= items.count, "more items skipped than read")
       // What a start does next with a loaded cache: list the accounts.
       _ = cache.accounts.values.map(\.id).sorted()
