@@ -255,6 +255,26 @@ public enum DirectSocket {
         )
       }
     }
+    // tesserad's own socket: a lock held for as long as the process lives decides which of two
+    // tesserads starting at once makes it (a socket file nobody answers on is then surely stale:
+    // no other tesserad can be between its bind and its listen).
+    var lock: Int32 = -1
+    if purpose == .broker {
+      lock = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+      guard lock >= 0 else { throw fail("Could not open \(path).lock: \(Errno(rawValue: errno)).") }
+      if flock(lock, LOCK_EX | LOCK_NB) != 0 {
+        let code = Errno(rawValue: errno)
+        close(lock)
+        guard code == .wouldBlock else { throw fail("Could not lock \(path).lock: \(code).") }
+        throw ListenError(
+          description:
+            "Another tesserad already serves \(path) (it holds \(path).lock). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad).",
+          alreadyServed: true)
+      }
+    }
+    // On any failure from here, the lock goes with the attempt.
+    var listening = false
+    defer { if !listening && lock >= 0 { close(lock) } }
     if lstat(path, &st) == 0 {
       guard st.st_mode & S_IFMT == S_IFSOCK else {
         throw fail("\(path) exists and is not a socket. Remove it, or \(elsewhere).")
@@ -329,6 +349,8 @@ public enum DirectSocket {
     }
     var made = stat()
     let file = lstat(path, &made) == 0 ? (dev: UInt64(made.st_dev), ino: UInt64(made.st_ino)) : nil
+    // The lock stays held (its descriptor open, close-on-exec) until the process ends.
+    listening = true
     return Listener(fd: fd, path: path, fromSystemd: false, file: file)
   }
 }

@@ -253,6 +253,34 @@ def test_a_stale_socket_is_replaced_and_a_second_tesserad_is_refused(start_daemo
         "the socket is bound aside and linked into place: nothing else is left"
 
 
+def test_a_tesserad_starting_while_another_makes_the_socket_does_not_take_it_for_stale(start_daemon):
+    """Two tesserads starting at once: the one that makes the socket holds SOCKET.lock for as long
+    as it lives, so the other never removes a socket it finds not answering yet (between the
+    first's bind and listen) and takes the place. Performed with the lock held by this test and a
+    socket file that answers nobody: the tesserad starting is refused, and leaves the file."""
+    import fcntl
+    os.makedirs(os.path.dirname(SOCKET), mode=0o700, exist_ok=True)
+    lock = open(SOCKET + ".lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    placeholder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    placeholder.bind(SOCKET)  # bound, not listening: as another tesserad between bind and listen
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "TESSERA_CONFIG"}
+        second = subprocess.run([TESSERAD, "--config", SESSION_CONFIG], capture_output=True, text=True, timeout=30,
+                                env=env)
+        assert second.returncode == 1, second.stderr
+        assert f"Another tesserad already serves {SOCKET} (it holds {SOCKET}.lock)" in second.stderr, second.stderr
+        assert os.path.exists(SOCKET), "the other's socket was taken for a stale one and removed"
+    finally:
+        placeholder.close()
+        os.unlink(SOCKET)
+        lock.close()
+    # Its lock gone (the process that held it ended), a stale socket is replaced as before.
+    daemon = start_daemon()
+    assert status()[0]["connection"] == "socket"
+    daemon.stop()
+
+
 def test_at_exit_tesserad_removes_its_own_socket_file_only(start_daemon):
     """A socket file put in the place of tesserad's while it ran (systemd's for the next start,
     say) is not tesserad's to remove when it stops."""
