@@ -159,6 +159,8 @@ public enum DirectSocket {
     public let fromSystemd: Bool
     /// The socket file made here (device, inode): removed at the end only while it is still this one.
     var file: (dev: UInt64, ino: UInt64)? = nil
+    /// The descriptor holding PATH.lock (tesserad's own socket): open for as long as the process lives.
+    var lock: Int32 = -1
 
     /// Removes the socket file made here, unless another has taken its place since (a socket
     /// systemd made for the next start, another tesserad's): never one this process did not make.
@@ -351,7 +353,7 @@ public enum DirectSocket {
     let file = lstat(path, &made) == 0 ? (dev: UInt64(made.st_dev), ino: UInt64(made.st_ino)) : nil
     // The lock stays held (its descriptor open, close-on-exec) until the process ends.
     listening = true
-    return Listener(fd: fd, path: path, fromSystemd: false, file: file)
+    return Listener(fd: fd, path: path, fromSystemd: false, file: file, lock: lock)
   }
 }
 

@@ -210,6 +210,7 @@ final class FloorServer {
     waitpid(pid, &status, 0)
     pid = 0
     unlink(socket)
+    unlink(socket + ".lock")
     unlink(directory + "/reply.json")
     rmdir(directory)
   }

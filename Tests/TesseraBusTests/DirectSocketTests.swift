@@ -115,12 +115,20 @@ extension ServerTests {
       let error = error as! DirectSocket.ListenError
       return error.alreadyServed && error.description.contains("Another tesserad already serves")
     }
-    // A socket file nobody answers on (a killed daemon's) is replaced.
+    // A socket file nobody answers on (a killed daemon's: its socket and its lock gone with it) is
+    // replaced.
     let stale = h.directory + "/stale/bus"
     let first = try DirectSocket.listen(at: stale)
+    #expect {
+      _ = try DirectSocket.listen(at: stale)
+    } throws: { error in
+      (error as! DirectSocket.ListenError).description.contains("it holds \(stale).lock")
+    }
     close(first.fd)
+    close(first.lock)
     let second = try DirectSocket.listen(at: stale)
     close(second.fd)
+    close(second.lock)
     unlink(stale)
   }
 
