@@ -34,17 +34,31 @@ let package = Package(
     .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
     // What Swift cannot call of sd-bus: the vtable macros.
     .target(name: "CTesseraBusShim", dependencies: ["CSystemd"]),
-    // What Swift cannot call, each with its reason in tessera_shim.h: libcurl's variadic
-    // setopt/getinfo, and the GNU-only pipe2, accept4, posix_spawn_file_actions_addclosefrom_np,
-    // memfd_create with its seals, and pidfd_open; and malloc_trim's header, <malloc.h>.
+    // What Swift cannot call of libcurl, with its reason in tessera_shim.h: the variadic
+    // setopt/getinfo.
     .target(name: "CTesseraShim", dependencies: ["CCurl"]),
+    // What Swift cannot call of glibc, each with its reason in tessera_system_shim.h: the GNU-only
+    // pipe2, accept4, posix_spawn_file_actions_addclosefrom_np, memfd_create with its seals,
+    // renameat2, pthread_setname_np and pidfd_open; and malloc_trim's header, <malloc.h>.
+    .target(name: "CTesseraSystemShim"),
 
-    // The bus layer, for both sides: sd-bus client and server, the value codec, system calls.
-    // Depends on libsystemd (and swift-system's Errno) only: no engine, no libsecret, no libcurl.
+    // The system layer, below everything that touches the operating system: system calls with
+    // their errno, files (made, listed, written durably, read through a checked descriptor),
+    // threads, and reading the configuration's files. No libsystemd, no bus, no engine.
+    .target(
+      name: "TesseraSystem",
+      dependencies: [
+        "TesseraInterface", "CTesseraSystemShim", .product(name: "SystemPackage", package: "swift-system"),
+      ]
+    ),
+
+    // The bus layer, for both sides: sd-bus client and server, the value codec, tesserad's own
+    // socket. Depends on libsystemd and the system layer only: no engine, no libsecret, no libcurl.
     .target(
       name: "TesseraBus",
       dependencies: [
-        "TesseraInterface", "CSystemd", "CTesseraBusShim", .product(name: "SystemPackage", package: "swift-system"),
+        "TesseraInterface", "TesseraSystem", "CSystemd", "CTesseraBusShim", "CTesseraSystemShim",
+        .product(name: "SystemPackage", package: "swift-system"),
       ]
     ),
 
@@ -63,18 +77,18 @@ let package = Package(
     .target(
       name: "TesseraPlatform",
       dependencies: [
-        "TesseraCore", "TesseraBus", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
-        .product(name: "Logging", package: "swift-log"),
+        "TesseraCore", "TesseraBus", "TesseraSystem", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
+        "CTesseraSystemShim", .product(name: "Logging", package: "swift-log"),
         .product(name: "SystemPackage", package: "swift-system"),
         .product(name: "Crypto", package: "swift-crypto"),
       ]
     ),
     // Typed client for org.tessera.Broker1, used by the CLI and by Swift apps: no engine.
-    .target(name: "TesseraClient", dependencies: ["TesseraInterface", "TesseraBus"]),
+    .target(name: "TesseraClient", dependencies: ["TesseraInterface", "TesseraSystem", "TesseraBus"]),
     .executableTarget(
       name: "tesserad",
       dependencies: [
-        "TesseraCore", "TesseraPlatform", "TesseraBus",
+        "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
         .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -86,7 +100,8 @@ let package = Package(
     .target(
       name: "TesseraCLI",
       dependencies: [
-        "TesseraClient", "TesseraBus", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        "TesseraClient", "TesseraBus", "TesseraSystem",
+        .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "SystemPackage", package: "swift-system"),
       ]),
     .executableTarget(
@@ -105,16 +120,18 @@ let package = Package(
     .executableTarget(
       name: "tessera-bench",
       dependencies: [
-        "TesseraCore", "TesseraPlatform", "TesseraBus",
+        "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
+    .testTarget(name: "TesseraSystemTests", dependencies: ["TesseraSystem", "TesseraInterface"]),
     // The CLI: its pure parts, and the built `tessera` binary run as a user runs it (stdout,
     // stderr, exit status), against a scripted broker on a private dbus-daemon.
     .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraTestSupport"]),
     .testTarget(
-      name: "TesseraCLITests", dependencies: ["TesseraCLI", "TesseraBus", "TesseraInterface", "TesseraTestSupport"]),
+      name: "TesseraCLITests",
+      dependencies: ["TesseraCLI", "TesseraBus", "TesseraSystem", "TesseraInterface", "TesseraTestSupport"]),
     // The engine's fakes (a clock, a keyring, a scripted identity provider, a broker wired to them),
     // for the engine's unit tests and the fuzz targets: pure logic only.
     .target(
@@ -130,7 +147,8 @@ let package = Package(
     .target(
       name: "TesseraFuzzTargets",
       dependencies: [
-        "TesseraInterface", "TesseraCore", "TesseraCLI", "TesseraPlatform", "TesseraBus", "TesseraEngineFakes",
+        "TesseraInterface", "TesseraCore", "TesseraCLI", "TesseraPlatform", "TesseraBus", "TesseraSystem",
+        "TesseraEngineFakes",
         "CSystemd", .product(name: "Logging", package: "swift-log"), .product(name: "JWTKit", package: "jwt-kit"),
         .product(name: "Crypto", package: "swift-crypto"),
       ],
@@ -140,16 +158,16 @@ let package = Package(
     // BusServer with BusClient against a private dbus-daemon the tests start.
     // What the tests of the bus layer and of the CLI share: a private dbus-daemon, a scripted broker.
     .target(
-      name: "TesseraTestSupport", dependencies: ["TesseraBus", "TesseraInterface", "CSystemd"],
+      name: "TesseraTestSupport", dependencies: ["TesseraBus", "TesseraSystem", "TesseraInterface", "CSystemd"],
       path: "Tests/TesseraTestSupport"),
     .testTarget(
       name: "TesseraBusTests",
       dependencies: [
-        "TesseraBus", "TesseraInterface", "TesseraTestSupport", "CSystemd",
+        "TesseraBus", "TesseraSystem", "TesseraInterface", "TesseraTestSupport", "CSystemd",
         .product(name: "PropertyBased", package: "swift-property-based"),
       ]),
     .testTarget(
-      name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus"],
+      name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus", "TesseraSystem"],
       resources: []
     ),
   ],

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE  // pthread_setname_np
 #include "tessera_bus_shim.h"
 
 #include <pthread.h>
@@ -50,10 +49,3 @@ void tessera_vtable_end(sd_bus_vtable *v) {
 uint64_t tessera_vtable_property_const(void) { return SD_BUS_VTABLE_PROPERTY_CONST; }
 
 uint64_t tessera_vtable_property_emits_change(void) { return SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE; }
-
-int tessera_name_this_thread(const char *name) {
-  char shortened[16];
-  strncpy(shortened, name, sizeof shortened - 1);
-  shortened[sizeof shortened - 1] = '\0';
-  return pthread_setname_np(pthread_self(), shortened);
-}

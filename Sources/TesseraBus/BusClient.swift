@@ -1,6 +1,7 @@
 import CSystemd
 import Glibc
 import TesseraInterface
+import TesseraSystem
 
 /// A D-Bus error reply, as received.
 public struct BusCallError: Error, Sendable, CustomStringConvertible {

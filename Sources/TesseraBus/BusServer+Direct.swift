@@ -2,6 +2,7 @@ import CSystemd
 import Glibc
 import SystemPackage
 import TesseraInterface
+import TesseraSystem
 
 /// The direct socket: peers that connect to tesserad's own socket (DirectSocket) and speak D-Bus
 /// to it with no bus daemon in between. Each accepted connection is an sd-bus server connection

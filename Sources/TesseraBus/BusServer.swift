@@ -3,6 +3,7 @@ import CTesseraBusShim
 import Glibc
 import SystemPackage
 import TesseraInterface
+import TesseraSystem
 
 /// Serves one or more interfaces (each with its well-known name and object) on the session bus.
 ///

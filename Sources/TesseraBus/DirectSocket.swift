@@ -2,6 +2,7 @@ import CSystemd
 import Glibc
 import SystemPackage
 import TesseraInterface
+import TesseraSystem
 
 /// tesserad's own socket, `$XDG_RUNTIME_DIR/tessera/bus`: peer-to-peer D-Bus with no bus daemon
 /// in between. Both sides use this: the daemon to listen (or take the socket systemd passes it),

@@ -1,6 +1,6 @@
 import ArgumentParser
-import TesseraBus
 import TesseraClient
+import TesseraSystem
 
 #if canImport(FoundationEssentials)
   import FoundationEssentials

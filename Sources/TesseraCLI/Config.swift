@@ -1,7 +1,7 @@
 import ArgumentParser
 import SystemPackage
-import TesseraBus
 import TesseraClient
+import TesseraSystem
 
 #if canImport(FoundationEssentials)
   import FoundationEssentials

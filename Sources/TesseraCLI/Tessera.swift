@@ -1,7 +1,7 @@
 import ArgumentParser
-import TesseraBus
 import TesseraClient
 import TesseraInterface
+import TesseraSystem
 
 #if canImport(FoundationEssentials)
   import FoundationEssentials

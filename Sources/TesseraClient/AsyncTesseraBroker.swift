@@ -1,5 +1,5 @@
 import Synchronization
-import TesseraBus
+import TesseraSystem
 
 /// The Tessera broker for Swift concurrency. sd-bus's client calls block, so each call runs on a
 /// thread of its own (never on the cooperative pool) with a connection of its own: an interactive

@@ -1,6 +1,7 @@
 import Glibc
 import TesseraBus
 @_exported import TesseraInterface
+import TesseraSystem
 
 /// An account the broker knows, as any app may see it.
 public typealias TesseraAccount = AccountInfo

@@ -1,8 +1,8 @@
-import CTesseraShim
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
-import TesseraBus
 import TesseraCore
+import TesseraSystem
 
 /// Opens URLs with the configured command, else `$BROWSER`, else `xdg-open`. The URL is appended as
 /// the last argument (or replaces `%s` in the command). The child runs detached and is reaped.

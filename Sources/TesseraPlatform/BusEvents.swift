@@ -2,6 +2,7 @@ import Logging
 import TesseraBus
 import TesseraCore
 import TesseraInterface
+import TesseraSystem
 
 /// The engine's events on the session bus: org.tessera.Broker1's signals and AttentionNeeded
 /// property, and the desktop notification when an account needs a sign-in.

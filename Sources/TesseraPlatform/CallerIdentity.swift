@@ -1,8 +1,9 @@
-import CTesseraShim
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
 import TesseraBus
 import TesseraCore
+import TesseraSystem
 
 /// Tells which app a bus caller is (issue 11), from its process, as xdg-desktop-portal does:
 ///

@@ -1,10 +1,11 @@
 import CCurl
 import CTesseraShim
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
-import TesseraBus
 import TesseraCore
 import TesseraInterface
+import TesseraSystem
 
 /// HTTPS through libcurl. `curl_easy_perform` blocks, so each request runs on an OS thread of its
 /// own (not Swift's cooperative pool). Easy handles are pooled so connections are reused within a

@@ -1,7 +1,7 @@
 import Glibc
 import SystemPackage
-import TesseraBus
 import TesseraCore
+import TesseraSystem
 
 /// The refresh journal as files: `DIR/<key>.json`, one per refresh in flight, holding the account,
 /// client, authority and scopes (never a token). Written without fsync: a killed process loses

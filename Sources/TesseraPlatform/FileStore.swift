@@ -4,9 +4,9 @@ import Glibc
 import Logging
 import Synchronization
 import SystemPackage
-import TesseraBus
 import TesseraCore
 import TesseraInterface
+import TesseraSystem
 
 /// The store without a desktop keyring (config.toml `store = "file"`, or `auto` with no Secret
 /// Service): every item the keyring would hold (the same attributes and secret JSON,

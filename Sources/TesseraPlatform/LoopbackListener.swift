@@ -1,9 +1,9 @@
-import CTesseraShim
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
-import TesseraBus
 import TesseraCore
 import TesseraInterface
+import TesseraSystem
 
 // About 450 lines on purpose: the redirect listener is one security boundary (who may connect,
 // what one connection may send, how long it may take), kept in one file to be read whole.

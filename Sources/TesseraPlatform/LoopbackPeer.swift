@@ -1,4 +1,5 @@
 import Glibc
+import TesseraSystem
 
 /// Which user holds the other end of a loopback TCP connection.
 ///

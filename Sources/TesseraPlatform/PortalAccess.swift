@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import TesseraBus
 import TesseraCore
+import TesseraSystem
 
 /// Asks the user through the desktop's own permission dialog: the portal access-dialog backend
 /// (`org.freedesktop.impl.portal.Access`, what xdg-desktop-portal-gnome, -kde and -gtk show for a

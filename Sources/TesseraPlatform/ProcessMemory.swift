@@ -1,4 +1,4 @@
-import CTesseraShim
+import CTesseraSystemShim
 import Glibc
 
 /// glibc's allocator, tuned for a long-running daemon whose threads come and go (one per HTTP

@@ -1,5 +1,5 @@
 import CSecret
-import CTesseraShim
+import CTesseraSystemShim
 import Dispatch
 import Glibc
 import TesseraCore

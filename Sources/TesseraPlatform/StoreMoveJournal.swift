@@ -1,7 +1,7 @@
 import Glibc
 import SystemPackage
-import TesseraBus
 import TesseraCore
+import TesseraSystem
 
 /// The note of a store move under way, as a file: `$XDG_STATE_HOME/tessera/moving` (0600 in a
 /// 0700 directory), holding `from=KIND`, `to=KIND` and `phase=copying|deleting` lines. Written atomically and durably

@@ -4,6 +4,7 @@ import Foundation
 import TesseraBus
 import TesseraCore
 import TesseraPlatform
+import TesseraSystem
 
 #if canImport(Glibc)
   import Glibc

@@ -1,9 +1,9 @@
 import Logging
 import ServiceLifecycle
-import TesseraBus
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
+import TesseraSystem
 import UnixSignals
 
 /// Reads the configuration again and puts it in force without a restart (issue 26): on SIGHUP,

@@ -4,6 +4,7 @@ import TesseraBus
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
+import TesseraSystem
 
 /// The fronts: hands each bus call to its front's handler (org.tessera.Broker1's TesseraFront or
 /// com.microsoft.identity.broker1's MicrosoftFront, both over the one engine) as its own task, and

@@ -4,6 +4,7 @@ import TesseraBus
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
+import TesseraSystem
 
 #if canImport(Glibc)
   import Glibc

@@ -5,6 +5,7 @@ import TesseraBus
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
+import TesseraSystem
 import UnixSignals
 
 #if canImport(Glibc)

@@ -5,6 +5,7 @@ import TesseraBus
 import TesseraCore
 import TesseraEngineFakes
 import TesseraInterface
+import TesseraSystem
 
 /// A D-Bus method call as bytes on a socket, read as tesserad reads a direct connection's: sd-bus
 /// (in server mode, after EXTERNAL authentication on a socketpair) reads the message; the bus

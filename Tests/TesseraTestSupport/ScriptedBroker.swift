@@ -1,5 +1,6 @@
 import TesseraBus
 import TesseraInterface
+import TesseraSystem
 
 /// org.tessera.Broker1 on the private bus, answering as each test scripts it, so the `tessera`
 /// binary is tested against real D-Bus calls without the engine. One for the whole test run (the

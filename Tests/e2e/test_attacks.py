@@ -260,9 +260,13 @@ def test_an_app_signing_in_with_other_scopes_does_not_break_another_apps_refresh
 # Identity and trust details (issue 8 §7)
 
 
-@pytest.mark.parametrize("how", ["group-writable", "world-writable", "another user's", "in a shared directory"])
+@pytest.mark.parametrize("how", ["group-writable", "world-writable", "another user's", "in a shared directory",
+                                 "linked into a shared directory"])
 def test_a_config_others_can_write_is_refused(tmp_path, daemon, how):
-    """config.toml's `browser` key runs a program: a file another user can change is not read."""
+    """config.toml's `browser` key runs a program: a file another user can change is not read. A
+    symbolic link is judged by the file it leads to: a link kept in a private directory that leads
+    into one others can write is refused (issue 37: the check used to look at the link's own
+    directory, after the read)."""
     from conftest import SESSION_CONFIG, TESSERAD
     if how == "another user's" and os.geteuid() != 0:
         pytest.skip("giving a file to another user needs root")
@@ -278,9 +282,16 @@ def test_a_config_others_can_write_is_refused(tmp_path, daemon, how):
         os.chmod(path, 0o602)
     elif how == "another user's":
         os.chown(path, 65534, -1)  # nobody
-    else:
+    elif how == "in a shared directory":
         os.chmod(directory, 0o777)
-    proc = subprocess.run([TESSERAD, "--config", str(path)], capture_output=True, text=True, timeout=20,
+    named = path
+    if how == "linked into a shared directory":
+        os.chmod(directory, 0o777)
+        private = tmp_path / "private"
+        private.mkdir(mode=0o700)
+        named = private / "config.toml"
+        named.symlink_to(path)
+    proc = subprocess.run([TESSERAD, "--config", str(named)], capture_output=True, text=True, timeout=20,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 78, proc.stderr
     assert "chmod go-w" in proc.stderr and ("writable by other users" in proc.stderr
@@ -290,8 +301,24 @@ def test_a_config_others_can_write_is_refused(tmp_path, daemon, how):
     os.chmod(directory, 0o700)
     os.chown(path, os.geteuid(), -1)
     os.chmod(path, 0o600)
-    daemon.config = str(path)
+    daemon.config = str(named)
     daemon.start()
+
+
+def test_a_config_that_is_a_fifo_is_refused_at_once(tmp_path, daemon):
+    """A FIFO put where config.toml belongs is refused without waiting for a writer (issue 37: the
+    file was opened for reading first, which blocks on a FIFO until someone writes to it)."""
+    from conftest import TESSERAD
+    daemon.stop()
+    directory = tmp_path / "cfg"
+    directory.mkdir(mode=0o700)
+    path = directory / "config.toml"
+    os.mkfifo(path, 0o600)
+    for command in ([TESSERAD, "--config", str(path)], [TESSERA, "config", "check", "--config", str(path)]):
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0, proc.stderr
+        assert f"{path} is a FIFO, not a regular file" in proc.stderr + proc.stdout, proc.stderr
+    assert not daemon.has_owner()
 
 
 def test_caller_input_cannot_forge_a_log_line(broker, daemon):

@@ -28,10 +28,4 @@ uint64_t tessera_vtable_property_const(void);
 /// SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE: a macro (an enum bit shifted), so not visible to Swift.
 uint64_t tessera_vtable_property_emits_change(void);
 
-// Reason: pthread_setname_np is a GNU extension, declared only under _GNU_SOURCE, which Swift's
-// Glibc module does not define.
-
-/// Names the calling thread (at most 15 bytes; longer names are cut), for ps, gdb and crash reports.
-int tessera_name_this_thread(const char *name);
-
 #endif

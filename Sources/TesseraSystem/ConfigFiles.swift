@@ -100,27 +100,38 @@ public enum ConfigFiles {
     func problem(_ reason: String) -> Result<ConfigLayer?, ConfigProblems> {
       .failure(ConfigProblems([ConfigProblem(path: path, line: nil, reason: reason)]))
     }
+    // Read through the descriptor that was checked: the `browser` key runs a program, and the
+    // trust settings decide where refresh tokens go, so another user who could write the file
+    // (or swap it, or link it into a directory of theirs) could make the daemon do either.
     let bytes: [UInt8]
     do {
-      bytes = try Syscall.readFile(path, limit: BrokerConfig.maxFileBytes)
+      bytes = try CheckedFile.read(path, limit: BrokerConfig.maxFileBytes, rules: .configuration)
     } catch {
-      if error.errno == .noSuchFileOrDirectory && !mustExist { return .success(nil) }
+      let owner = isSystem ? "root" : "yourself"
+      switch error {
+      case .system(.noSuchFileOrDirectory) where !mustExist:
+        return .success(nil)
       // Over the limit is a mistake to say, not a file to ignore (files are refused, never cut).
-      if error.errno == .fileTooLarge {
+      case .system(.fileTooLarge):
         return problem(
           "is larger than \(BrokerConfig.maxFileBytes >> 20) MiB, and is refused"
             + (isSystem ? "; an administrator can fix it" : "; point --config at the right file"))
+      case .system(let code):
+        return problem(
+          "cannot be read: \(String(cString: strerror(code.rawValue)))"
+            + (mustExist && !isSystem ? "; check the path" : ""))
+      case .notRegular:
+        return problem("\(error), and is refused; make it a regular file" + (isSystem ? " (as root)" : ""))
+      case .owner, .mode:
+        return problem(
+          "\(error), and its 'browser' key runs a program as you. Run `chmod go-w` on it"
+            + (isSystem ? " as root" : " (and `chown` it to yourself)"))
+      case .directoryOwner(let directory, _), .directoryMode(let directory, _):
+        return problem(
+          "\(error), who could replace it, and its 'browser' key runs a program as you. "
+            + "Keep it in a directory only you or root can write (`chmod go-w \(directory)`, `chown` it to \(owner)), or move it"
+        )
       }
-      return problem(
-        "cannot be read: \(String(cString: strerror(error.errno.rawValue)))"
-          + (mustExist && !isSystem ? "; check the path" : ""))
-    }
-    // The `browser` key runs a program, and the trust settings decide where refresh tokens go:
-    // another user who can write a file could make the daemon do either.
-    if let why = othersCanWrite(path) {
-      return problem(
-        "\(why), and its 'browser' key runs a program as you. Run `chmod go-w` on it"
-          + (isSystem ? " as root" : " (and `chown` it to yourself)"))
     }
     do {
       return .success(try ConfigLayer.parse(bytes: bytes, path: path, isSystem: isSystem))
@@ -128,24 +139,4 @@ public enum ConfigFiles {
       return .failure(error)
     }
   }
-}
-
-/// Why another user could change the file at `path`, or nil when only its owner (this user, or
-/// root) can: the file, and the directory holding it, must belong to this user or root and be
-/// writable by no one else (a directory's sticky bit keeps others from replacing the file).
-public func othersCanWrite(_ path: String) -> String? {
-  let me = geteuid()
-  func check(_ target: String, isDirectory: Bool) -> String? {
-    var info = stat()
-    guard stat(target, &info) == 0 else { return nil }  // unreadable: reading it fails elsewhere
-    let what = isDirectory ? "the directory \(target)" : target
-    if info.st_uid != me && info.st_uid != 0 { return "\(what) belongs to another user (uid \(info.st_uid))" }
-    let sticky = isDirectory && info.st_mode & S_ISVTX != 0
-    if info.st_mode & (S_IWGRP | S_IWOTH) != 0 && !sticky {
-      return "\(what) is writable by other users (mode \(String(info.st_mode & 0o7777, radix: 8)))"
-    }
-    return nil
-  }
-  let directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
-  return check(path, isDirectory: false) ?? check(directory.isEmpty ? "/" : directory, isDirectory: true)
 }

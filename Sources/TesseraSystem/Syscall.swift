@@ -85,3 +85,12 @@ extension Syscall {
     return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
   }
 }
+/// Reads a whole file (at most `limit` bytes); nil when it cannot be opened or read, or is larger.
+public func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
+  try? Syscall.readFile(path, limit: limit)
+}
+
+/// Reads a UTF-8 text file; nil when it cannot be opened.
+public func readTextFile(_ path: String) -> String? {
+  readFile(path).map { String(decoding: $0, as: UTF8.self) }
+}

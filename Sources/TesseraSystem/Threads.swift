@@ -1,4 +1,4 @@
-import CTesseraBusShim
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
 

@@ -1,0 +1,146 @@
+import Glibc
+import TesseraInterface
+import Testing
+
+@testable import TesseraSystem
+
+/// CheckedFile reads a file only after checking the descriptor actually opened, and the directory
+/// of the file it leads to (issue 37 §1).
+@Suite struct CheckedFileTests {
+  /// A private directory of its own, removed at the end.
+  final class Scratch {
+    let path: String
+    init() throws {
+      var template = Array("/tmp/tessera-checked-XXXXXX".utf8CString)
+      guard let made = mkdtemp(&template) else { throw SystemCallError("mkdtemp", .init(rawValue: errno)) }
+      path = String(cString: made)
+      chmod(path, 0o700)
+    }
+    func write(_ name: String, _ text: String, mode: mode_t = 0o600) -> String {
+      let file = path + "/" + name
+      let fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, mode)
+      _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
+      close(fd)
+      chmod(file, mode)
+      return file
+    }
+    func directory(_ name: String, mode: mode_t) -> String {
+      let dir = path + "/" + name
+      mkdir(dir, 0o700)
+      chmod(dir, mode)
+      return dir
+    }
+    deinit { _ = system("rm -rf '\(path)'") }
+  }
+
+  @Test func aPrivateFileIsRead() throws {
+    let scratch = try Scratch()
+    let file = scratch.write("config.toml", "log_level = \"debug\"\n")
+    #expect(try CheckedFile.read(file, limit: 1024, rules: .configuration) == Array("log_level = \"debug\"\n".utf8))
+  }
+
+  @Test func aLinkFromAPrivateDirectoryToASafeFileIsRead() throws {
+    // A dotfiles manager's link: the link and its target both in directories only the user writes.
+    let scratch = try Scratch()
+    let dotfiles = scratch.directory("dotfiles", mode: 0o755)
+    let target = dotfiles + "/config.toml"
+    let fd = open(target, O_WRONLY | O_CREAT, 0o644)
+    close(fd)
+    let config = scratch.directory("config", mode: 0o700)
+    #expect(symlink(target, config + "/config.toml") == 0)
+    #expect(try CheckedFile.read(config + "/config.toml", limit: 1024, rules: .configuration) == [])
+  }
+
+  @Test func aLinkIntoADirectoryOthersCanWriteIsRefused() throws {
+    // The link sits in a private directory, so a check of the path's own directory passed; the
+    // file it leads to can be replaced by anyone.
+    let scratch = try Scratch()
+    let shared = scratch.directory("shared", mode: 0o777)
+    let target = shared + "/config.toml"
+    close(open(target, O_WRONLY | O_CREAT, 0o600))
+    chmod(target, 0o600)
+    let config = scratch.directory("config", mode: 0o700)
+    #expect(symlink(target, config + "/config.toml") == 0)
+    #expect {
+      try CheckedFile.read(config + "/config.toml", limit: 1024, rules: .configuration)
+    } throws: { error in
+      guard case .directoryMode(let path, _) = error as? CheckedFile.Problem else { return false }
+      return path == shared
+    }
+  }
+
+  @Test func aFIFOIsRefusedAtOnceWithoutWaitingForAWriter() throws {
+    let scratch = try Scratch()
+    let fifo = scratch.path + "/config.toml"
+    #expect(mkfifo(fifo, 0o600) == 0)
+    #expect {
+      try CheckedFile.read(fifo, limit: 1024, rules: .configuration)
+    } throws: { error in
+      guard case .notRegular(let kind) = error as? CheckedFile.Problem else { return false }
+      return kind == "a FIFO"
+    }
+  }
+
+  @Test(arguments: [0o620, 0o602] as [mode_t])
+  func aFileOthersCanWriteIsRefused(mode: mode_t) throws {
+    let scratch = try Scratch()
+    let file = scratch.write("config.toml", "", mode: mode)
+    #expect {
+      try CheckedFile.read(file, limit: 1024, rules: .configuration)
+    } throws: { error in
+      guard case .mode = error as? CheckedFile.Problem else { return false }
+      return "\(error)".contains("writable by other users (mode \(String(mode, radix: 8)))")
+    }
+  }
+
+  @Test func aSecretOthersCanReadIsRefusedAndAPrivateOneRead() throws {
+    let scratch = try Scratch()
+    let open = scratch.write("store.key", "k", mode: 0o640)
+    #expect(throws: CheckedFile.Problem.self) { try CheckedFile.read(open, limit: 64, rules: .secret) }
+    chmod(open, 0o600)
+    #expect(try CheckedFile.read(open, limit: 64, rules: .secret) == Array("k".utf8))
+  }
+
+  @Test(.enabled(if: geteuid() == 0, "giving a file to another user needs root"))
+  func aFileOfAnotherUserIsRefused() throws {
+    let scratch = try Scratch()
+    let file = scratch.write("config.toml", "")
+    #expect(chown(file, 65534, UInt32.max) == 0)
+    #expect {
+      try CheckedFile.read(file, limit: 1024, rules: .configuration)
+    } throws: { error in
+      guard case .owner(let uid) = error as? CheckedFile.Problem else { return false }
+      return uid == 65534
+    }
+  }
+
+  @Test func overTheLimitIsAnErrorNotACut() throws {
+    let scratch = try Scratch()
+    let file = scratch.write("big", String(repeating: "x", count: 100))
+    #expect(try CheckedFile.read(file, limit: 100, rules: .configuration).count == 100)
+    #expect {
+      try CheckedFile.read(file, limit: 99, rules: .configuration)
+    } throws: { error in
+      (error as? CheckedFile.Problem)?.errno == .fileTooLarge
+    }
+  }
+
+  @Test func theConfigurationNamesALinkedFileInASharedDirectoryAndSaysWhatToDo() throws {
+    let scratch = try Scratch()
+    let shared = scratch.directory("shared", mode: 0o777)
+    let target = shared + "/config.toml"
+    close(open(target, O_WRONLY | O_CREAT, 0o600))
+    chmod(target, 0o600)
+    let config = scratch.directory("config", mode: 0o700)
+    symlink(target, config + "/config.toml")
+    let reading = ConfigFiles.load(
+      option: config + "/config.toml", environment: ["TESSERA_SYSTEM_CONFIG_DIR": scratch.path + "/none"])
+    guard case .problems(let problems) = reading else {
+      Issue.record("a config linked into a shared directory was read: \(reading)")
+      return
+    }
+    let text = problems.map(\.description).joined(separator: "\n")
+    #expect(text.contains("which is writable by other users"))
+    #expect(text.contains("chmod go-w \(shared)"))
+  }
+}
