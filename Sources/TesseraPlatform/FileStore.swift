@@ -1,3 +1,4 @@
+import CTesseraSystemShim
 import Crypto
 import Dispatch
 import Glibc
@@ -88,10 +89,19 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   /// The credential's name under $CREDENTIALS_DIRECTORY.
   public static let credentialName = "tessera-store-key"
 
-  public init(directory: String, key: KeySource, logger: Logger = Logger(label: "tesserad")) {
+  /// Whether a new key is put in place with a hard link (false: as on a file system without
+  /// them, for the tests of the other way).
+  package let linksKey: Bool
+
+  public convenience init(directory: String, key: KeySource, logger: Logger = Logger(label: "tesserad")) {
+    self.init(directory: directory, key: key, logger: logger, linksKey: true)
+  }
+
+  package init(directory: String, key: KeySource, logger: Logger = Logger(label: "tesserad"), linksKey: Bool) {
     self.directory = directory
     self.keySource = key
     self.logger = logger
+    self.linksKey = linksKey
   }
 
   /// `$XDG_STATE_HOME/tessera/store` (else `~/.local/state/tessera/store`), and the key: the
@@ -463,31 +473,28 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     .storeUnavailable("The file store's key (\(keySource)) \(what). \(fix); nothing was deleted or overwritten.")
   }
 
-  /// The key's 32 bytes, created first when it is a key file that is not there.
+  /// The rules the key's file is read under: the user's own key file is theirs alone, in a
+  /// directory no one else can write; a systemd credential is the service manager's (root's or
+  /// the user's), writable by no one else.
+  private var keyRules: CheckedFile.Rules {
+    switch keySource {
+    case .file: .secret
+    case .credential: .configuration
+    }
+  }
+
+  /// The key's 32 bytes, created first when it is a key file that is not there. Read through the
+  /// descriptor that was checked (a FIFO put in its place is refused, never waited on).
   private func readKey() throws -> Keys {
     let path = keySource.path
     var bytes: [UInt8]
     do {
-      bytes = try Syscall.readFile(path, limit: 4096)
+      bytes = try CheckedFile.read(path, limit: 4096, rules: keyRules)
     } catch {
-      guard error.errno == .noSuchFileOrDirectory, case .file = keySource else {
-        throw keyProblem("cannot be read (\(error.errno))", fix: keyFix)
-      }
+      guard error.errno == .noSuchFileOrDirectory, case .file = keySource else { throw keyProblem(error) }
       bytes = try createKey(path)
     }
     defer { for i in bytes.indices { bytes[i] = 0 } }
-    if case .file = keySource {
-      var info = stat()
-      if stat(path, &info) == 0 {
-        if info.st_uid != geteuid() {
-          throw keyProblem("belongs to another user (uid \(info.st_uid))", fix: keyFix)
-        }
-        if info.st_mode & 0o077 != 0 {
-          throw keyProblem(
-            "can be read or changed by other users (mode \(String(info.st_mode & 0o7777, radix: 8)))", fix: keyFix)
-        }
-      }
-    }
     guard bytes.count == Self.keyBytes else {
       throw keyProblem(
         "holds \(bytes.count) bytes, not \(Self.keyBytes)",
@@ -496,19 +503,36 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     return Self.derive(SymmetricKey(data: bytes))
   }
 
-  /// A new key file: its directory made 0700; 32 random bytes written 0600 (O_EXCL) to a
-  /// temporary file and fsynced, then linked into place, which is atomic and never replaces a
-  /// key: the key file is whole or absent, even if tesserad is killed meanwhile, and a key made
-  /// meanwhile by another process wins (it is read instead). Then the directories are fsynced.
-  private func createKey(_ path: String) throws -> [UInt8] {
-    let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-    var partial = ""
-    var made: [String] = []
-    for part in parent.split(separator: "/") {
-      partial += "/" + part
-      if mkdir(partial, 0o700) == 0 { made.append(partial) }
+  private func keyProblem(_ problem: CheckedFile.Problem) -> TesseraError {
+    switch problem {
+    case .system(let code): keyProblem("cannot be read (\(code))", fix: keyFix)
+    case .mode(let mode) where mode & 0o077 != 0 && keyRules.forbiddenModeBits == 0o077:
+      keyProblem(
+        "can be read or changed by other users (mode \(String(mode & 0o7777, radix: 8)))", fix: keyFix)
+    case .directoryOwner(let directory, _), .directoryMode(let directory, _):
+      keyProblem("\(problem)", fix: "Keep it in a directory only you can write (`chmod 700 \(directory)`)")
+    default: keyProblem("\(problem)", fix: keyFix)
     }
-    let key = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
+  }
+
+  /// The key another process made first, read as any key is.
+  private func existingKey(_ path: String) throws -> [UInt8] {
+    do { return try CheckedFile.read(path, limit: 4096, rules: keyRules) } catch { throw keyProblem(error) }
+  }
+
+  /// A new key file: its directory made 0700; 32 random bytes written 0600 (O_EXCL) to a
+  /// temporary file and fsynced, then put in place in a way that never replaces a key: a hard
+  /// link, or where the file system has none, renameat2's RENAME_NOREPLACE. The key file is whole
+  /// or absent, even if tesserad is killed meanwhile, and a key made meanwhile by another process
+  /// wins (it is read instead), so two tesserads starting at once use one key. Then the
+  /// directories are fsynced.
+  private func createKey(_ path: String) throws -> [UInt8] {
+    let parent = Files.directory(of: path)
+    let made: [String]
+    do { made = try Files.makeDirectories(parent) } catch {
+      throw keyProblem("could not be created (\(error.errno))", fix: "Make \(parent) yours and writable")
+    }
+    var key = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
     let temporary = path + ".\(UInt64.random(in: 0...UInt64.max))" + Self.temporarySuffix
     let fd: FileDescriptor
     do {
@@ -527,29 +551,39 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     } catch {
       throw keyProblem("could not be written (\(error))", fix: "Free some space, or make \(parent) writable")
     }
-    if link(temporary, path) != 0 {
-      let code = Errno(rawValue: Glibc.errno)
-      if code == .fileExists, let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
-      // A file system with no hard links (a CIFS home): renamed into place instead, unless a key
-      // is there by now (a rename would replace it; the other process's key is read instead).
-      guard code == .notPermitted || code == .notSupported || code == .notSupportedOnSocket || code == .noFunction
-      else { throw keyProblem("could not be created (\(code))", fix: "Make \(parent) yours and writable") }
-      if let existing = try? Syscall.readFile(path, limit: 4096) { return existing }
-      guard rename(temporary, path) == 0 else {
+    var code: Errno?
+    if !linksKey {
+      code = .notPermitted
+    } else if link(temporary, path) != 0 {
+      code = Errno(rawValue: Glibc.errno)
+    }
+    // A file system with no hard links (a CIFS home): renamed into place, but only where no key
+    // is (RENAME_NOREPLACE is atomic: of two tesserads, one puts its key there, the other finds it).
+    if let linkError = code, Self.lacksHardLinks(linkError) {
+      code = tessera_rename_noreplace(temporary, path) == 0 ? nil : Errno(rawValue: Glibc.errno)
+      if code == .invalidArgument || code == .notSupported {
+        for i in key.indices { key[i] = 0 }
         throw keyProblem(
-          "could not be created (\(Errno(rawValue: Glibc.errno)))", fix: "Make \(parent) yours and writable")
+          "could not be created: the file system of \(parent) has neither hard links nor a rename that keeps an existing file",
+          fix:
+            "Point XDG_CONFIG_HOME at a local file system, or give the key as a systemd credential (tessera-store-key)")
       }
     }
+    if let code {
+      for i in key.indices { key[i] = 0 }
+      if code == .fileExists { return try existingKey(path) }
+      throw keyProblem("could not be created (\(code))", fix: "Make \(parent) yours and writable")
+    }
     // The new key's directory, and each directory made for it (in the one above it).
-    for directory in [parent] + made.reversed().map({ String($0[..<($0.lastIndex(of: "/") ?? $0.startIndex)]) }) {
-      let dirfd = Glibc.open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-      if dirfd >= 0 {
-        _ = fsync(dirfd)
-        Glibc.close(dirfd)
-      }
+    for directory in [parent] + made.reversed().map(Files.directory(of:)) {
+      try? Files.syncDirectory(directory)
     }
     logger.notice("Created the file store's key", metadata: ["path": "\(path)"])
     return key
+  }
+
+  static func lacksHardLinks(_ code: Errno) -> Bool {
+    code == .notPermitted || code == .notSupported || code == .notSupportedOnSocket || code == .noFunction
   }
 
   package static func derive(_ key: SymmetricKey) -> Keys {

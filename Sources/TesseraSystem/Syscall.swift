@@ -39,17 +39,27 @@ public enum Syscall {
 /// whole file or writes one, in the daemon and in the CLI alike.
 extension Syscall {
   /// What is left to read of `fd`; more than `limit` bytes is an error (EFBIG), never a silent cut.
+  /// Read straight into the array returned, with no buffer in between: a caller that wipes a
+  /// secret it read wipes the only copy (with `limit` at most 64 KiB the array is never moved).
   public static func readAll(_ fd: FileDescriptor, limit: Int) throws(SystemCallError) -> [UInt8] {
-    var data: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+    var data = [UInt8](repeating: 0, count: min(limit, 64 * 1024) + 1)
+    var count = 0
     while true {
+      if count == data.count { data += repeatElement(0, count: min(data.count, limit + 1 - count)) }
       let n: Int
-      do { n = try chunk.withUnsafeMutableBytes { try fd.read(into: $0) } } catch {
+      do {
+        n = try data.withUnsafeMutableBytes { raw in
+          try fd.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[count...]))
+        }
+      } catch {
         throw SystemCallError("read", error as? Errno ?? .ioError)
       }
-      if n == 0 { return data }
-      data += chunk[0..<n]
-      if data.count > limit { throw SystemCallError("read", .fileTooLarge) }
+      if n == 0 {
+        data.removeSubrange(count...)
+        return data
+      }
+      count += n
+      if count > limit { throw SystemCallError("read", .fileTooLarge) }
     }
   }
 

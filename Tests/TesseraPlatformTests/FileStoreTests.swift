@@ -283,6 +283,61 @@ final class FileStoreTests: XCTestCase {
     await expectStoreError({ _ = try await self.store().loadAll() }, contains: [keyPath, "chmod 600"])
   }
 
+  /// Issue 37 §5: where the file system has no hard links, the key is renamed into place with
+  /// RENAME_NOREPLACE. A plain rename after a look let two starting tesserads each install a key,
+  /// and one of them then sealed records the other's key could not open.
+  func testWithoutHardLinksEightStoresMakingTheKeyAtOnceGetOneKey() async throws {
+    let root = self.root
+    let keyPath = self.keyPath
+    for round in 0..<20 {
+      let made = try await withThrowingTaskGroup(of: [UInt8].self) { group in
+        for index in 0..<8 {
+          group.addTask {
+            let store = FileStore(
+              directory: root + "/state-\(round)-\(index)", key: .file(keyPath), linksKey: false)
+            try await store.save(Self.item("alice", secret: "rt-\(index)"))
+            return try Array(Data(contentsOf: URL(fileURLWithPath: keyPath)))
+          }
+        }
+        return try await group.reduce(into: Set<[UInt8]>()) { $0.insert($1) }
+      }
+      XCTAssertEqual(made.count, 1, "round \(round): one key for every store")
+      // Every store's records open with the one key there is.
+      for index in 0..<8 {
+        let reread = FileStore(directory: root + "/state-\(round)-\(index)", key: .file(keyPath))
+        let items = try await reread.loadAll()
+        XCTAssertEqual(
+          items.map(\.secret), [Self.item("alice", secret: "rt-\(index)").secret], "round \(round), store \(index)")
+      }
+      let keyDirectory = (keyPath as NSString).deletingLastPathComponent
+      XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: keyDirectory), ["store.key"])
+      try FileManager.default.removeItem(atPath: keyPath)
+    }
+  }
+
+  /// Issue 37 §5: the key is checked on the descriptor read, so a FIFO in its place is refused at
+  /// once (it hung the store's queue), and a key linked into a directory others can write is
+  /// refused though the link itself is private.
+  func testAKeyThatIsAFIFOOrLinkedIntoASharedDirectoryIsRefused() async throws {
+    try FileManager.default.createDirectory(
+      atPath: (keyPath as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+    XCTAssertEqual(mkfifo(keyPath, 0o600), 0)
+    await expectStoreError(
+      { _ = try await self.store().loadAll() }, contains: [keyPath, "is a FIFO, not a regular file"])
+    try FileManager.default.removeItem(atPath: keyPath)
+
+    let shared = root + "/shared"
+    try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+    _ = chmod(shared, 0o777)
+    try write(shared + "/store.key", [UInt8](repeating: 7, count: 32))
+    _ = chmod(shared + "/store.key", 0o600)
+    try FileManager.default.createSymbolicLink(atPath: keyPath, withDestinationPath: shared + "/store.key")
+    await expectStoreError(
+      { _ = try await self.store().loadAll() }, contains: [keyPath, "writable by other users", "chmod 700 \(shared)"])
+    _ = chmod(shared, 0o700)
+    _ = try await store().loadAll()
+  }
+
   func testASystemdCredentialIsUsedWhenThereAndNeverCreated() async throws {
     let credentials = root + "/credentials"
     try FileManager.default.createDirectory(atPath: credentials, withIntermediateDirectories: true)
