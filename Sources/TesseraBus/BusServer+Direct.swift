@@ -1,4 +1,5 @@
 import CSystemd
+import CTesseraSystemShim
 import Glibc
 import SystemPackage
 import TesseraInterface
@@ -31,8 +32,13 @@ extension BusServer {
   /// The direct connections of this machine's own callers (not those that came through a forward).
   var localPeers: [OpaquePointer] { peers.compactMap { $0.value.forward == nil ? $0.key : nil } }
 
-  /// At most this many direct connections at once: each holds a socket and a pidfd.
+  /// At most this many direct connections of this machine's own callers at once: each holds a
+  /// socket and a pidfd. Connections through forwards do not count here: they have a bound of
+  /// their own, so a remote host can never take the local callers' slots.
   var directPeerLimit: Int { max(16, min(1024, pinLimit / 2)) }
+  /// At most this many connections through one forward at once: well below the local bound (a
+  /// remote user, or root on the remote host, chooses how many to open).
+  var forwardPeerLimit: Int { max(4, directPeerLimit / 16) }
   /// At most this many calls of one direct connection wait for the engine at once (answers given
   /// on the bus thread do not count); more are answered Busy. The session bus bounds the same
   /// with its own per-connection limit.
@@ -64,16 +70,16 @@ extension BusServer {
   /// Accepts every connection waiting on a listening socket: tesserad's own, or a forward's.
   func acceptPeers(from listenFD: Int32, forward: ForwardListener? = nil) {
     while true {
-      let fd = accept(listenFD, nil, nil)
+      // Close-on-exec from the start: a program started by another thread between accept and a
+      // later fcntl would inherit the connection. (Every program tesserad starts also closes
+      // all inherited descriptors.)
+      let fd = tessera_accept4(listenFD, nil, nil, Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue))
       if fd < 0 {
         let code = Errno(rawValue: errno)
         if code == .interrupted { continue }
         if code != .resourceTemporarilyUnavailable { noteRefusal("Could not accept a direct connection: \(code)") }
         return
       }
-      // Close-on-exec at once; every program tesserad starts closes all inherited descriptors too.
-      _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-      _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
       admitPeer(fd, forward: forward)
     }
   }
@@ -92,16 +98,30 @@ extension BusServer {
       )
       return
     }
-    guard peers.count < directPeerLimit else {
-      close(fd)
-      noteRefusal(
-        "Closed a direct connection from pid \(credentials.pid): \(directPeerLimit) are open already (the limit)")
-      return
+    if let forward {
+      guard forward.info.connections < UInt32(forwardPeerLimit) else {
+        close(fd)
+        noteRefusal(
+          "Closed a connection through forward \(forward.info.name): \(forwardPeerLimit) are open through it already (a forward's limit)"
+        )
+        return
+      }
+    } else {
+      guard peers.values.lazy.filter({ $0.forward == nil }).count < directPeerLimit else {
+        close(fd)
+        noteRefusal(
+          "Closed a direct connection from pid \(credentials.pid): \(directPeerLimit) are open already (the limit)")
+        return
+      }
     }
     // Pinned now, at connect time: the process that connected, not whatever has its pid later.
-    // A forward's caller is known by the listener it came through instead (its process is ssh,
-    // or one in a container).
-    let pidfd = forward == nil ? DirectSocket.peerPidfd(fd) : nil
+    // Where the kernel has no SO_PEERPIDFD, pidfd_open at accept comes nearest: the peer is still
+    // connected, so its pid is not free for reuse yet unless it has already exited. A forward's
+    // caller is known by the listener it came through instead (its process is ssh, or one in a
+    // container).
+    let pidfd: Int32? =
+      forward == nil
+      ? (kernelPeerPidfd ? DirectSocket.peerPidfd(fd) : nil) ?? Self.openPidfd(credentials.pid) : nil
     let label = forward == nil ? DirectSocket.peerLabel(fd) : nil
     nextPeerNumber &+= 1
     let name = ":direct.\(nextPeerNumber)"
@@ -170,6 +190,13 @@ extension BusServer {
       close(pidfd)
     }
     callerCache[name] = (info, process)
+  }
+
+  /// pidfd_open(2) of `pid`; nil when the process is gone or the kernel has none.
+  static func openPidfd(_ pid: UInt32) -> Int32? {
+    guard pid > 0 else { return nil }
+    let fd = tessera_pidfd_open(Int32(bitPattern: pid))
+    return fd >= 0 ? fd : nil  // close-on-exec, as every pidfd is
   }
 
   /// The peer a message came from, when it came over the direct socket.

@@ -75,6 +75,10 @@ public final class BusServer: @unchecked Sendable {
   /// Connections that ended, closed after the loop iteration that saw them end.
   var closingPeers: [OpaquePointer] = []
   var nextPeerNumber: UInt64 = 0
+  /// Whether the pidfd of a direct connection's process comes from the kernel (SO_PEERPIDFD,
+  /// Linux 6.5) where it has it; false plays an older kernel, where pidfd_open at accept pins the
+  /// process instead. Set before `start` (the tests of that path).
+  package var kernelPeerPidfd = true
   var serverID = sd_id128_t()
   var postSource: OpaquePointer?
   /// Makes the loop iterate again while a fresh connection has more to read (processFreshPeers).

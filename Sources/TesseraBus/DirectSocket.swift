@@ -152,6 +152,23 @@ public enum DirectSocket {
     return fd
   }
 
+  /// Whether a process listens on the socket at `path`, asked without blocking (the bus thread
+  /// asks when it opens a forward): a listener whose backlog is full is busy, not gone, and is
+  /// answered at once with EAGAIN; only ECONNREFUSED (nobody listens) makes the file stale.
+  static func isAnswered(_ path: String) -> Bool {
+    guard var address = address(path) else { return false }
+    let fd = socket(
+      AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+    guard fd >= 0 else { return false }
+    defer { close(fd) }
+    let r = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+      }
+    }
+    return r == 0 || errno == EAGAIN || errno == EINPROGRESS
+  }
+
   /// A socket to listen on, and how it came.
   public struct Listener: Sendable {
     public let fd: Int32
@@ -213,10 +230,11 @@ public enum DirectSocket {
     case forward(makeDirectory: Bool)
   }
 
-  /// Creates the directory (0700) and the socket (0600) at `path` and listens on it. A socket file
-  /// nobody answers on (left by a killed tesserad) is replaced; one a live process answers on
-  /// is not: another tesserad serves it. For a forward in a directory the user chose, that
-  /// directory must exist, be the user's and not be writable by others (it is left as it is).
+  /// Creates the directory (0700, unless it is a forward's in a directory the user chose, which
+  /// must exist) and the socket (0600) at `path` and listens on it. The directory must be the
+  /// user's and not writable by others; one that was there already is refused otherwise, never
+  /// changed. A socket file nobody answers on (left by a killed tesserad) is replaced; one a live
+  /// process answers on is not: another tesserad serves it.
   public static func listen(at path: String, purpose: Purpose = .broker) throws(ListenError) -> Listener {
     func fail(_ text: String) -> ListenError { ListenError(description: text, alreadyServed: false) }
     let elsewhere = purpose == .broker ? "set TESSERA_SOCKET to another path" : "choose another path"
@@ -227,8 +245,11 @@ public enum DirectSocket {
     }
     let dir = directory(of: path)
     var st = stat()
-    switch purpose {
-    case .broker, .forward(makeDirectory: true):
+    if case .forward(makeDirectory: false) = purpose {
+      guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
+        throw fail("\(dir) is not a directory. Make it first (`mkdir -m 700 \(dir)`), or \(elsewhere).")
+      }
+    } else {
       // A forward's directory is inside tesserad's own (`…/tessera/forward`): both are made.
       if case .forward = purpose, mkdir(directory(of: dir), 0o700) != 0 && errno != EEXIST {
         throw fail("Could not create \(directory(of: dir)): \(Errno(rawValue: errno)).")
@@ -239,24 +260,18 @@ public enum DirectSocket {
       guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
         throw fail("\(dir) is not a directory. Remove it, or \(elsewhere).")
       }
-      guard st.st_uid == getuid() else {
-        throw fail(
-          "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or \(elsewhere)."
-        )
-      }
-      if st.st_mode & 0o077 != 0 { _ = chmod(dir, 0o700) }
-    case .forward(makeDirectory: false):
-      guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
-        throw fail("\(dir) is not a directory. Make it first (`mkdir -m 700 \(dir)`), or \(elsewhere).")
-      }
-      guard st.st_uid == getuid() else {
-        throw fail("\(dir) belongs to user \(st.st_uid), not to you; \(elsewhere) (a directory of yours).")
-      }
-      if st.st_mode & 0o022 != 0 {
-        throw fail(
-          "Others may write to \(dir) (mode \(String(st.st_mode & 0o777, radix: 8))) and could replace the socket; run `chmod go-w \(dir)` or \(elsewhere)."
-        )
-      }
+    }
+    guard st.st_uid == getuid() else {
+      throw fail(
+        "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or \(elsewhere) (a directory of yours)."
+      )
+    }
+    // A directory that was there already is left as it is (it may be $HOME, named through
+    // TESSERA_SOCKET): one others may write to is refused, with what to do.
+    if st.st_mode & 0o022 != 0 {
+      throw fail(
+        "Others may write to \(dir) (mode \(String(st.st_mode & 0o777, radix: 8))) and could replace the socket; run `chmod go-w \(dir)` or \(elsewhere)."
+      )
     }
     // tesserad's own socket: a lock held for as long as the process lives decides which of two
     // tesserads starting at once makes it (a socket file nobody answers on is then surely stale:
@@ -282,8 +297,7 @@ public enum DirectSocket {
       guard st.st_mode & S_IFMT == S_IFSOCK else {
         throw fail("\(path) exists and is not a socket. Remove it, or \(elsewhere).")
       }
-      if let probe = try? connect(path) {
-        close(probe)
+      if isAnswered(path) {
         throw ListenError(
           description: purpose == .broker
             ? "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad)."
@@ -305,15 +319,17 @@ public enum DirectSocket {
     var bindAddress = asideAddress ?? address
     let bindPath = asideAddress == nil ? path : aside
     // Bound with no permission for others from the start (the chosen directory of a forward may
-    // be searchable by others), then made 0600.
-    let oldMask = umask(0o177)
-    let bound = withUnsafePointer(to: &bindAddress) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
-    let bindErrno = errno
-    umask(oldMask)
+    // be searchable by others): the kernel gives the file the mode of the socket's inode, which
+    // fchmod sets here, less the umask. Never through umask(2), which is the whole process's: a
+    // directory another thread made in that instant got mode 0600 (issue 37). Then made 0600
+    // exactly, under the name of its own, before it is linked into place.
+    let bound =
+      fchmod(fd, 0o600) == 0
+      ? withUnsafePointer(to: &bindAddress) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+      } : -1
     if bound != 0 {
-      let code = Errno(rawValue: bindErrno)
+      let code = Errno(rawValue: errno)
       close(fd)
       if code == .addressInUse {
         throw ListenError(

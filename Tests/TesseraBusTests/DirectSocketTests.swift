@@ -1,5 +1,6 @@
 import Glibc
 import TesseraInterface
+import TesseraSystem
 import TesseraTestSupport
 import Testing
 
@@ -21,9 +22,11 @@ extension ServerTests {
     let calls = Locked<[BusServer.Call]>([])
     let gone = Locked<[String]>([])
 
-    init(reply: @escaping @Sendable (BusServer.Call) -> Result<[BusValue], TesseraError>? = { _ in .success([]) })
-      async throws
-    {
+    init(
+      reply: @escaping @Sendable (BusServer.Call) -> Result<[BusValue], TesseraError>? = { _ in .success([]) },
+      identifyPinned: (@Sendable (Int32, UInt32, String?) -> (any CallerProcess)?)? = nil,
+      kernelPeerPidfd: Bool = true
+    ) async throws {
       _ = try PrivateBus.ensure()
       var template = Array("/tmp/tessera-direct-XXXXXX".utf8CString)
       directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
@@ -43,7 +46,9 @@ extension ServerTests {
           calls.withLock { $0.append(call) }
           if let result = reply(call) { box.withLock { $0 }?.reply(token, result) }
         },
-        onCallerGone: { name in gone.withLock { $0.append(name) } }, listener: listener)
+        onCallerGone: { name in gone.withLock { $0.append(name) } }, identifyPinned: identifyPinned,
+        listener: listener)
+      server.kernelPeerPidfd = kernelPeerPidfd
       box.withLock { $0 = server }
       try await server.start(onExit: { _ in })
     }
@@ -147,6 +152,182 @@ extension ServerTests {
       _ = try BusClient(directSocket: h.directory + "/none/bus")
     } throws: { error in
       (error as! BusCallError).name == BusClient.noSocketError
+    }
+  }
+
+  // MARK: Issue 37: the socket's own surfaces
+
+  /// A caller pinned once, recording the pidfd it was pinned by.
+  final class PinnedProcess: CallerProcess {
+    let app: AppIdentity? = nil
+    func recheck() -> Bool { false }
+  }
+
+  @Test func whereTheKernelGivesNoPeerPidfdTheCallerIsPinnedByPidfdOpenAtAccept() async throws {
+    let pinned = Locked<[(pidfd: Int32, pid: UInt32, samePid: Bool)]>([])
+    let h = try await DirectHarness(
+      identifyPinned: { pidfd, pid, _ in
+        // The pidfd names the process that connected: its fdinfo says which pid it is bound to.
+        let info = (try? Syscall.readFile("/proc/self/fdinfo/\(pidfd)", limit: 4096)).map {
+          String(decoding: $0, as: UTF8.self)
+        }
+        pinned.withLock { $0.append((pidfd, pid, info?.contains("Pid:\t\(pid)\n") == true)) }
+        close(pidfd)
+        return PinnedProcess()
+      }, kernelPeerPidfd: false)
+    let client = try BusClient(directSocket: h.path)
+    _ = try h.call(client, "Cancel", [.string("none")])
+    let got = try #require(pinned.withLock { $0.first })
+    #expect(got.pid == UInt32(getpid()))
+    #expect(got.samePid, "pidfd_open at accept pins the very process that connected")
+  }
+
+  @Test func theProcessUmaskIsNeverChangedWhileASocketIsMade() throws {
+    // umask(2) is the whole process's: while it was 0177 for a bind, a directory another thread
+    // made got mode 0600. A watcher reads the umask as the kernel reports it, while sockets are
+    // made again and again.
+    var template = Array("/tmp/tessera-umask-XXXXXX".utf8CString)
+    let directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    defer { _ = system("rm -rf '\(directory)'") }
+    let ownMask = umask(0o022)
+    defer { umask(ownMask) }
+    let done = Locked(false)
+    let seen = Locked<Set<String>>([])
+    let finished = Locked(false)
+    try startThread(name: "umask-watch") {
+      while !done.withLock({ $0 }) {
+        guard let status = try? Syscall.readFile("/proc/self/status", limit: 1 << 16) else { continue }
+        let text = String(decoding: status, as: UTF8.self)
+        if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Umask:") }) {
+          seen.withLock { _ = $0.insert(String(line.dropFirst(6)).trimmingCharacters(in: .whitespaces)) }
+        }
+      }
+      finished.withLock { $0 = true }
+    }
+    for round in 0..<400 {
+      let listener = try DirectSocket.listen(at: directory + "/s\(round)/bus")
+      var st = stat()
+      #expect(lstat(listener.path, &st) == 0 && st.st_mode & 0o777 == 0o600, "the socket is 0600")
+      close(listener.fd)
+      close(listener.lock)
+    }
+    done.withLock { $0 = true }
+    while !finished.withLock({ $0 }) { usleep(1000) }
+    #expect(seen.withLock { $0 } == ["0022"], "the umask seen while sockets were made")
+  }
+
+  @Test func anExistingSocketDirectoryOthersMayWriteIsRefusedAndLeftAsItIs() throws {
+    // TESSERA_SOCKET=$HOME/t.sock names $HOME: it was chmod'ed 0700 without a word.
+    var template = Array("/tmp/tessera-sockdir-XXXXXX".utf8CString)
+    let directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    defer { _ = system("rm -rf '\(directory)'") }
+    chmod(directory, 0o775)
+    #expect {
+      _ = try DirectSocket.listen(at: directory + "/t.sock")
+    } throws: { error in
+      let text = (error as! DirectSocket.ListenError).description
+      return text.contains("Others may write to \(directory) (mode 775)") && text.contains("chmod go-w \(directory)")
+    }
+    var st = stat()
+    #expect(stat(directory, &st) == 0 && st.st_mode & 0o777 == 0o775, "left as it was")
+    // A home directory others may read is fine, and stays as it is too.
+    chmod(directory, 0o755)
+    let listener = try DirectSocket.listen(at: directory + "/t.sock")
+    #expect(stat(directory, &st) == 0 && st.st_mode & 0o777 == 0o755)
+    close(listener.fd)
+    close(listener.lock)
+  }
+
+  @Test func aListenerWithAFullBacklogIsAskedWithoutBlocking() async throws {
+    // AddForward asks, on the bus thread, whether something listens at the path: a blocking
+    // connect to a listener whose backlog is full held every caller.
+    var template = Array("/tmp/tessera-backlog-XXXXXX".utf8CString)
+    let directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    defer { _ = system("rm -rf '\(directory)'") }
+    chmod(directory, 0o700)
+    let path = directory + "/busy"
+    let busy = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    var address = try #require(DirectSocket.address(path))
+    #expect(
+      withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+          bind(busy, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+        }
+      } == 0)
+    #expect(Glibc.listen(busy, 0) == 0)
+    // Fill the backlog: connect without blocking until the kernel says it would block.
+    var filling: [Int32] = []
+    while filling.count < 64 {
+      let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+      let r = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+          Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+        }
+      }
+      filling.append(fd)
+      if r != 0 && errno == EAGAIN { break }
+    }
+    defer { for fd in filling + [busy] { close(fd) } }
+    // Asked on a thread of its own, so that a blocking probe fails this test instead of hanging
+    // the run: the answer is waited for (30 s only bounds a hang; it comes at once).
+    let outcome = Locked<String?>(nil)
+    try startThread(name: "listen-probe") {
+      do {
+        let listener = try DirectSocket.listen(at: path, purpose: .forward(makeDirectory: false))
+        close(listener.fd)
+        outcome.withLock { $0 = "listened" }
+      } catch let error as DirectSocket.ListenError {
+        outcome.withLock { $0 = error.alreadyServed ? "served" : error.description }
+      } catch {
+        outcome.withLock { $0 = "\(error)" }
+      }
+    }
+    let deadline = ContinuousClock.now + .seconds(30)
+    while outcome.withLock({ $0 }) == nil && ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(5))
+    }
+    #expect(outcome.withLock { $0 } == "served", "a busy listener is a live one, found without waiting for it")
+  }
+
+  @Test func aForwardHasABoundOfItsOwnAndLocalCallersKeepTheirs() async throws {
+    let h = try await forwardHarness()
+    let owner = try BusClient(directSocket: h.path)
+    let path = h.directory + "/tessera/forward/crowd"
+    _ = try await h.server.openForward(
+      BusServer.ForwardRequest(
+        name: "crowd", host: "crowd.example", path: path, makeDirectory: true, lasting: false,
+        owner: try callerOf(owner, h)),
+      now: 1_800_000_000)
+    let limit = h.server.forwardPeerLimit
+    #expect(limit < h.server.directPeerLimit / 4, "well below the local bound")
+    // As a remote user would: open connections through the forward and never speak.
+    var address = try #require(DirectSocket.address(path))
+    var through: [Int32] = []
+    defer { for fd in through { close(fd) } }
+    for _ in 0..<(limit + 8) {
+      let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+      let r = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+          Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+        }
+      }
+      #expect(r == 0)
+      through.append(fd)
+    }
+    // Those past the bound are closed unread: each reads the end of the stream (the event,
+    // bounded only against a hang).
+    var timeout = timeval(tv_sec: 30, tv_usec: 0)
+    for fd in through[limit...] {
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+      var byte: UInt8 = 0
+      #expect(recv(fd, &byte, 1, 0) == 0, "a connection past the forward's bound is closed")
+    }
+    #expect(await h.server.forwardList().first?.connections == UInt32(limit))
+    // Local callers are served meanwhile, on connections of their own.
+    for _ in 0..<4 {
+      let local = try BusClient(directSocket: h.path)
+      #expect(
+        try h.call(local, "AcquireTokenSilent", [.string("c"), .strings([]), .string(""), .dict([:])]) == [.dict([:])])
     }
   }
 }

@@ -317,7 +317,7 @@ def test_a_config_that_is_a_fifo_is_refused_at_once(tmp_path, daemon):
     for command in ([TESSERAD, "--config", str(path)], [TESSERA, "config", "check", "--config", str(path)]):
         proc = subprocess.run(command, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
         assert proc.returncode != 0, proc.stderr
-        assert f"{path} is a FIFO, not a regular file" in proc.stderr + proc.stdout, proc.stderr
+        assert f"{path}: is a FIFO, not a regular file" in proc.stderr + proc.stdout, proc.stderr
     assert not daemon.has_owner()
 
 

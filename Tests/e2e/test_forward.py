@@ -619,3 +619,68 @@ def test_a_container_forward_serves_another_mount_namespace(start_daemon, write_
     gone = in_container(str(directory), "/opt/tessera", "token")
     assert gone.returncode == 14, gone.stderr
     b.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# A crowd through a forward (issue 37 §2)
+
+
+def test_a_crowd_through_a_forward_leaves_local_callers_their_slots(daemon, tmp_path):
+    """A remote user (or root on the remote host) opens as many connections through a forward as
+    it likes and never speaks. A forward has a bound of its own, well below the local one: local
+    `tessera` commands over tesserad's socket are still served. (Forward connections counted
+    against the local bound: the crowd took every slot, and local commands were refused.)"""
+    import resource
+    import socket
+    b = Broker()
+    token = b.sign_in()["access_token"]
+    directory = tmp_path / "crowd"
+    directory.mkdir(mode=0o700)
+    path = str(directory / "tessera.sock")
+    run_cli("forward", "--socket", path, "--name", "crowd", timeout=30, check_rc=0)
+    crowd = 1100  # past the local bound at any descriptor limit (1024 at most)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < crowd + 256:
+        pytest.skip(f"the descriptor limit ({hard}) is too low to open {crowd} connections")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, crowd + 256), hard))
+    sockets = []
+    try:
+        for _ in range(crowd):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            sockets.append(s)
+
+        def closed(s):
+            try:
+                return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False  # held: nothing to read yet
+
+        def held():
+            # Asked over the session bus: the socket is what is under test.
+            listing = subprocess.run([TESSERA, "--bus", "forward", "--list", "--json"], capture_output=True,
+                                     text=True, timeout=30, stdin=subprocess.DEVNULL)
+            assert listing.returncode == 0, listing.stderr
+            return {f["name"]: f for f in json.loads(listing.stdout)}["crowd"]["connections"]
+
+        # Every connection of the crowd is either held by tesserad or closed by it, unread.
+        state = {}
+
+        def settled():
+            state["held"], state["closed"] = held(), sum(1 for s in sockets if closed(s))
+            return state["held"] + state["closed"] == crowd
+
+        wait_until(settled, timeout=60, what="tesserad to hold or close every connection of the crowd")
+        assert 4 <= state["held"] <= 64, state
+        # Local commands over tesserad's own socket are served.
+        for _ in range(3):
+            got = run_cli("token", timeout=30)
+            assert got.returncode == 0, got.stderr
+            assert got.stdout.strip() == token
+        assert "Closed a connection through forward crowd" in daemon.log()
+    finally:
+        for s in sockets:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        run_cli("forward", "--stop", "crowd")
+        b.close()
