@@ -15,14 +15,14 @@ extension Tessera {
       abstract: "Show whether the broker runs, its accounts, their tokens and what needs attention.",
       discussion: """
         Always answers, within about a second: also when the broker is not running (it says \
-        why) or the keyring does not answer. Per account: its state, the current account \
+        why) or its store (the keyring, or the file store) does not answer. Per account: its state, the current account \
         (marked *), the cached tokens' expiry, the next refresh the broker makes by itself and \
         the last error.
 
         EXIT STATUS
           0   the broker runs and nothing needs attention
           4   an account needs a sign-in (run the `tessera login` command it shows)
-          11  the keyring is locked or does not answer
+          11  the store (the keyring, or the file store) is locked or does not answer
           14  the broker is not running and cannot be started
           15  the broker cannot start: config.toml has a mistake (shown)
         Other statuses are those of `tessera --help`. Scripts: `tessera status --json` has \
@@ -248,7 +248,9 @@ extension Tessera {
         return
       }
       if let problem = report.storeMessage {
-        let what = report.storeKind == StatusReport.StoreKind.file ? "its file store" : "the keyring"
+        let what =
+          report.storeKind == StatusReport.StoreKind.file
+          ? StatusReport.StoreKind.name(report.storeKind, path: report.storePath) : "the keyring"
         print(
           "tesserad \(report.version) is running, but cannot read \(what): \(SafeText.clip(problem, limit: 1000))")
       } else {
@@ -265,7 +267,11 @@ extension Tessera {
         }
         switch h.state {
         case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
-        case "store_locked": line += ": the keyring is locked: unlock it"
+        case "store_locked":
+          line +=
+            report.storeKind == StatusReport.StoreKind.file
+            ? ": \(StatusReport.StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
+            : ": the keyring is locked: unlock it"
         case "idp_unreachable": line += ": the identity provider cannot be reached"
         default: line += ": ok"
         }

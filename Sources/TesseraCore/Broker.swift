@@ -117,7 +117,7 @@ public actor Broker {
       store: dependencies.store,
       onDrop: { [logger] operation, error in
         logger.error(
-          "The keyring refused a write three times while it was unlocked; dropped it so later writes can land",
+          "\(slot.storeDescription.capitalizedName) refused a write three times while it answered; dropped it so later writes can land",
           metadata: StoreWriter.describe(operation).merging(["error": "\(error)"]) { $1 })
       },
       onPending: { failed.yield() }, time: { [clock = dependencies.clock] in clock.awake() })
@@ -148,7 +148,8 @@ public actor Broker {
       // Earlier writes that failed are retried; a still-unavailable store must not fail a cache hit.
       do { try await flushPending() } catch {
         logger.warning(
-          "The Secret Service is still unavailable; keeping changes in memory", metadata: ["error": "\(error)"])
+          "\(storeSlot.storeDescription.capitalizedName) is still unavailable; keeping changes in memory",
+          metadata: ["error": "\(error)"])
       }
       return
     }
@@ -196,7 +197,7 @@ public actor Broker {
     loading = nil
     if !leftovers.accountIDs.isEmpty {
       logger.notice(
-        "Removing what an interrupted sign-out or sign-in left in the keyring (items of accounts that are not there)",
+        "Removing what an interrupted sign-out or sign-in left in \(storeSlot.storeDescription.name) (items of accounts that are not there)",
         metadata: [
           "accounts": "\(leftovers.accountIDs.count)", "refresh_tokens": "\(leftovers.refreshTokens.count)",
         ])
@@ -231,7 +232,8 @@ public actor Broker {
         do {
           try await flushPending()
           if !storeWriter.hasPending {
-            logger.notice("The keyring is back: the changes kept in memory are stored now")
+            logger.notice(
+              "\(storeSlot.storeDescription.capitalizedName) answers again: the changes kept in memory are stored now")
           }
         } catch {
           delay = min(delay * 2, Self.longestStoreRetryDelay)

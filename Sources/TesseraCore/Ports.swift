@@ -141,6 +141,12 @@ public struct StoreDescription: Sendable, Equatable {
   /// What the store had to set aside (damaged records moved to NAME.corrupt), each said once.
   public var notes: [String]
 
+  /// The store as a sentence names it (StatusReport.StoreKind.name): every message a user reads
+  /// names the store in use, never the Secret Service when it is the file store.
+  public var name: String { StatusReport.StoreKind.name(kind, path: path) }
+  /// `name` at the start of a sentence.
+  public var capitalizedName: String { name.prefix(1).uppercased() + name.dropFirst() }
+
   public init(kind: String, path: String? = nil, key: String? = nil, notes: [String] = []) {
     self.kind = kind
     self.path = path

@@ -69,7 +69,7 @@ extension Broker {
     guard !entries.isEmpty else { return }
     do { try await ensureLoaded() } catch {
       logger.notice(
-        "Refreshes were in flight when tesserad last stopped; they are checked once the keyring answers",
+        "Refreshes were in flight when tesserad last stopped; they are checked once \(storeSlot.storeDescription.name) answers",
         metadata: ["refreshes": "\(entries.count)", "error": "\(TesseraError.wrap(error))"])
       return
     }

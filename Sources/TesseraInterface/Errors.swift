@@ -120,7 +120,9 @@ public enum ErrorCode: String, CaseIterable, Sendable {
     case .provider:
       Entry(exitStatus: 10, summary: "the identity provider answered with an error", microsoftStatus: .unexpected)
     case .storeUnavailable:
-      Entry(exitStatus: 11, summary: "keyring unavailable or locked", microsoftStatus: .transientError)
+      Entry(
+        exitStatus: 11, summary: "token store (keyring or file store) unavailable or locked",
+        microsoftStatus: .transientError)
     case .accessDenied: Entry(exitStatus: 12, summary: "access denied", microsoftStatus: .unexpected)
     case .internal: Entry(exitStatus: 13, summary: "a bug in the broker: report it", microsoftStatus: .unexpected)
     case .configuration:

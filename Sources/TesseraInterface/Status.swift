@@ -107,6 +107,18 @@ public enum StatusReport {
     public static let secretService = "secret-service"
     public static let file = "file"
     public static let memory = "memory"
+
+    /// The store of this kind as a sentence names it, for every message a user reads: "the
+    /// Secret Service", "the file store /path" (or "the file store" without a path), "the memory
+    /// store"; an unknown kind (a newer broker's) by its name.
+    public static func name(_ kind: String?, path: String? = nil) -> String {
+      switch kind ?? secretService {
+      case secretService: "the Secret Service"
+      case file: path.map { "the file store \($0)" } ?? "the file store"
+      case memory: "the memory store"
+      case let other: "the store \(other)"
+      }
+    }
   }
 
   public enum Account {
