@@ -19,11 +19,12 @@ extension Tessera {
         session ends). Refresh tokens never leave this machine: only access tokens and id \
         tokens cross.
 
-        Everything that comes through the forward is one app to tesserad, `forward:NAME` \
-        (NAME is --name, else HOST), whatever program on HOST asks. access_mode applies to it \
+        Everything that comes through the forward is one app to tesserad, `forward:NAME@HOST` \
+        (NAME is --name, else HOST), whatever program on HOST asks; the same name forwarded \
+        to another host is another app, with grants of its own. access_mode applies to it \
         like to any app: in confirm mode you are asked here the first time ("build01 \
         (forwarded over ssh to build01.example.com) wants …"), in strict mode it is refused \
-        until `tessera access grant --app forward:NAME …`. Whatever the mode, it may only get \
+        until `tessera access grant --app forward:NAME@HOST …`. Whatever the mode, it may only get \
         tokens: it cannot sign in (do that here), sign out, list accounts it has no grant \
         for, change grants or read the access log.
 

@@ -37,8 +37,13 @@ extension Broker {
     case .refuse:
       break
     }
-    audit(.refused, request, reason: accessMode.rawValue)
-    throw access.refusal(request, heldByOther: cache.isHeld(clientID, byOtherThan: caller.app?.key ?? ""))
+    let otherHosts = caller.app.map { cache.otherForwardHosts(of: $0) } ?? []
+    audit(
+      .refused, request,
+      reason: otherHosts.isEmpty ? accessMode.rawValue : "\(accessMode.rawValue), forward name granted for another host"
+    )
+    throw access.refusal(
+      request, heldByOther: cache.isHeld(clientID, byOtherThan: caller.app?.key ?? ""), otherForwardHosts: otherHosts)
   }
 
   /// Asks the user, once per app at a time: another question from the same app while one waits is
@@ -212,7 +217,13 @@ extension Broker {
     guard AppIdentity(key: app) != nil else { throw Self.notAnAppKey(app) }
     try await ensureLoaded()
     let before = cache.grants.count
-    try await apply(cache.removeGrants { $0.app == app && (clientID == nil || $0.clientID == clientID) })
+    // `forward:NAME` without a host revokes the name's grants for every host it was forwarded to.
+    let everyHost = AppIdentity(key: app).map { $0.kind == .forward && $0.forwardHost == nil } ?? false
+    try await apply(
+      cache.removeGrants { grant in
+        (grant.app == app || (everyHost && grant.app.hasPrefix(app + "@")))
+          && (clientID == nil || grant.clientID == clientID)
+      })
     fastPath.forgetAllowed()
     let removed = before - cache.grants.count
     logger.notice(

@@ -102,7 +102,7 @@ struct AccessPolicy {
 
   /// The refusal when the grants do not cover a request and nobody said yes: who, what, and the
   /// command that grants it.
-  func refusal(_ request: AccessRequest, heldByOther: Bool) -> TesseraError {
+  func refusal(_ request: AccessRequest, heldByOther: Bool, otherForwardHosts: [String] = []) -> TesseraError {
     let app = request.caller.app
     if let app, app.kind == .forward, request.operation != .token {
       return Self.forwardRefusal(
@@ -112,6 +112,10 @@ struct AccessPolicy {
     var message =
       "\(who) has no grant to use \(request.username)'s sign-in for client \(request.clientID)"
       + (heldByOther ? ", which another app uses." : ".")
+    if let app, !otherForwardHosts.isEmpty {
+      message +=
+        " The forward name \(app.id) was granted for \(otherForwardHosts.joined(separator: ", ")), not for \(app.forwardHost ?? "a container's socket"): a name used again for another host is not trusted on the first host's grants."
+    }
     if let app { message += " To allow it, run: \(Self.grantCommand(app, request))" }
     if mode == .confirm { message += " (No desktop prompt could ask you, or it got no answer.)" }
     return .accessDenied(message)
@@ -231,6 +235,19 @@ extension TokenCache {
         operation: request.operation)
         && (g.scopes.map { ScopeSet.covers(granted: $0, requested: request.scopes) } ?? true)
     }
+  }
+
+  /// For a forward: the hosts that grants of the same forward name were made for, other than its
+  /// own ("no host recorded" for a container's socket, or a grant made before hosts were part of
+  /// a forward's key). A name used again for another host is asked about again, and these say why.
+  func otherForwardHosts(of app: AppIdentity) -> [String] {
+    guard app.kind == .forward else { return [] }
+    let hosts = grants.compactMap { grant -> String? in
+      guard let other = AppIdentity(key: grant.app), other.kind == .forward, other.id == app.id, other.key != app.key
+      else { return nil }
+      return other.forwardHost ?? "no host recorded"
+    }
+    return Set(hosts).sorted()
   }
 
   /// Whether another app holds `clientID`: a grant for it or for a member of its Microsoft family

@@ -211,6 +211,11 @@ public struct TesseraFront: Sendable {
         )
       }
       try RequestOptions.checkText(host, name: "host", max: 255)
+      guard host.isEmpty || AppIdentity.isForwardHost(host) else {
+        throw TesseraError.invalidArgument(
+          "'\(RequestOptions.clip(host))' cannot be a forward's host: give the ssh destination as `host` or `user@host` (letters, digits and . _ - @ : [ ] %)."
+        )
+      }
       try RequestOptions.checkText(path, name: "path", max: 107)
       guard path.isEmpty || path.hasPrefix("/") else {
         throw TesseraError.invalidArgument(

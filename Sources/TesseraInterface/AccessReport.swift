@@ -18,6 +18,9 @@ public struct GrantInfo: Sendable, Equatable, Encodable {
   public var authority: String?
   public var scopes: [String]?
   public var operations: [String]?
+  /// For a forward's grant: the host it was made for (the forward's ssh destination), from the
+  /// app key; nil for any other app, and for a container's socket.
+  public var host: String? { AppIdentity(key: app)?.forwardHost }
 
   public init(
     app: String, appDisplay: String, clientID: String, accountID: String, account: String, grantedAt: Int64,
@@ -36,11 +39,26 @@ public struct GrantInfo: Sendable, Equatable, Encodable {
   }
 
   enum CodingKeys: String, CodingKey {
-    case app, account, via, authority, scopes, operations
+    case app, account, via, authority, scopes, operations, host
     case appDisplay = "app_display"
     case clientID = "client_id"
     case accountID = "account_id"
     case grantedAt = "granted_at"
+  }
+
+  public func encode(to encoder: any Encoder) throws {
+    var c = encoder.container(keyedBy: CodingKeys.self)
+    try c.encode(app, forKey: .app)
+    try c.encode(appDisplay, forKey: .appDisplay)
+    try c.encodeIfPresent(host, forKey: .host)
+    try c.encode(clientID, forKey: .clientID)
+    try c.encode(accountID, forKey: .accountID)
+    try c.encode(account, forKey: .account)
+    try c.encode(grantedAt, forKey: .grantedAt)
+    try c.encode(via, forKey: .via)
+    try c.encodeIfPresent(authority, forKey: .authority)
+    try c.encodeIfPresent(scopes, forKey: .scopes)
+    try c.encodeIfPresent(operations, forKey: .operations)
   }
 
   public var busValue: [String: BusValue] {

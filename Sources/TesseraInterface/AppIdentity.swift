@@ -9,7 +9,8 @@
 ///   owned by root (a user-writable program replaced by another is another app).
 /// - `forward`: every caller that reaches tesserad through one forward's listener (`tessera
 ///   forward`, issue 24): a remote host over ssh, or a container. Known by the listener it came
-///   through, not by a process; it may only get tokens (BrokerInterface.forwardedMethods).
+///   through and the host it leads to, not by a process; it may only get tokens
+///   (BrokerInterface.forwardedMethods).
 public struct AppIdentity: Sendable, Hashable, Codable {
   public enum Kind: String, Sendable, Codable, CaseIterable {
     case flatpak, snap, desktop, executable, forward
@@ -20,20 +21,36 @@ public struct AppIdentity: Sendable, Hashable, Codable {
   public var id: String
   /// For executables not owned by root: "DEV:INODE" of the file, part of the identity.
   public var fileID: String?
-  /// For a forward: where it leads, as shown ("over ssh to build01", "socket /path"); not part of
-  /// the key, so a forward's grants hold whatever host it is started for next.
+  /// For a forward over ssh: the host it leads to, as `tessera forward` was given it (its ssh
+  /// destination); part of the key, so a grant made for a forward to one host never serves the
+  /// same name forwarded to another (issue 37). nil for a container's socket.
+  public var forwardHost: String?
+  /// For a forward: where it leads, as shown ("over ssh to build01", "socket /path").
   public var forwardedTo: String?
 
-  public init(kind: Kind, id: String, fileID: String? = nil, forwardedTo: String? = nil) {
+  public init(kind: Kind, id: String, fileID: String? = nil, forwardHost: String? = nil, forwardedTo: String? = nil) {
     self.kind = kind
     self.id = id
     self.fileID = fileID
+    self.forwardHost = forwardHost
     self.forwardedTo = forwardedTo
   }
 
-  /// The caller of forward `name`, leading to `place` ("over ssh to HOST", "socket PATH").
-  public static func forward(_ name: String, to place: String) -> AppIdentity {
-    AppIdentity(kind: .forward, id: name, forwardedTo: place)
+  /// The caller of forward `name`: over ssh to `host`, or (host nil) through the socket at `path`.
+  public static func forward(_ name: String, host: String?, path: String) -> AppIdentity {
+    AppIdentity(
+      kind: .forward, id: name, forwardHost: host, forwardedTo: host.map { "over ssh to \($0)" } ?? "socket \(path)")
+  }
+
+  /// Whether `host` may be a forward's host (an ssh destination: `host`, `user@host`,
+  /// `[::1]:22`): 1 to 255 of A-Z a-z 0-9 . _ - @ : [ ] %, not starting with '-' (ssh would read
+  /// an option).
+  public static func isForwardHost(_ host: String) -> Bool {
+    !host.isEmpty && host.utf8.count <= 255 && !host.hasPrefix("-")
+      && host.utf8.allSatisfy { c in
+        (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+          || [0x2E, 0x5F, 0x2D, 0x40, 0x3A, 0x5B, 0x5D, 0x25].contains(c)
+      }
   }
 
   /// Whether `name` may name a forward: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot
@@ -50,7 +67,8 @@ public struct AppIdentity: Sendable, Hashable, Codable {
   public var isVerified: Bool { kind == .flatpak || kind == .snap }
 
   /// The key grants are stored under: `flatpak:org.example.App`, `exe:/usr/bin/git`,
-  /// `exe:/home/a/bin/tool@2049:131` …
+  /// `exe:/home/a/bin/tool@2049:131`, `forward:build01@ann@build01.example` (a forward's name
+  /// holds no '@', so the first one ends it) …
   public var key: String {
     let prefix =
       switch kind {
@@ -60,7 +78,7 @@ public struct AppIdentity: Sendable, Hashable, Codable {
       case .executable: "exe"
       case .forward: "forward"
       }
-    return "\(prefix):\(id)" + (fileID.map { "@\($0)" } ?? "")
+    return "\(prefix):\(id)" + ((fileID ?? forwardHost).map { "@\($0)" } ?? "")
   }
 
   /// Parses a key back (for `tessera access grant --app KEY`); nil when it is not one.
@@ -74,8 +92,15 @@ public struct AppIdentity: Sendable, Hashable, Codable {
     case "snap": kind = .snap
     case "desktop": kind = .desktop
     case "forward":
-      guard Self.isForwardName(rest) else { return nil }
       kind = .forward
+      if let at = rest.firstIndex(of: "@") {
+        let host = String(rest[rest.index(after: at)...])
+        guard Self.isForwardHost(host) else { return nil }
+        forwardHost = host
+        forwardedTo = "over ssh to \(host)"
+        rest = String(rest[..<at])
+      }
+      guard Self.isForwardName(rest) else { return nil }
     case "exe":
       kind = .executable
       guard rest.hasPrefix("/") else { return nil }
@@ -86,7 +111,6 @@ public struct AppIdentity: Sendable, Hashable, Codable {
     default: return nil
     }
     id = rest
-    forwardedTo = nil
   }
 
   /// How it is shown to the user: "org.example.App (Flatpak)", "/usr/bin/git (unverified)".

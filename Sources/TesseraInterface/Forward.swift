@@ -33,10 +33,8 @@ public struct ForwardInfo: Sendable, Equatable, Codable {
     case ownerPID = "owner_pid"
   }
 
-  /// The caller every connection on it is.
-  public var identity: AppIdentity {
-    .forward(name, to: host.isEmpty ? "socket \(path)" : "over ssh to \(host)")
-  }
+  /// The caller every connection on it is: its name and the host it leads to.
+  public var identity: AppIdentity { .forward(name, host: host.isEmpty ? nil : host, path: path) }
 
   public init(busValue d: [String: BusValue]) {
     var lasting = false

@@ -40,7 +40,7 @@ extension ServerTests {
     // A token request reaches the handler as the forward's app, whatever process connected.
     _ = try h.call(remote, "AcquireTokenSilent", [.string("c"), .strings([]), .string(""), .dict([:])])
     let caller = try #require(h.calls.withLock { $0.last }?.caller)
-    #expect(caller.app?.key == "forward:build01")
+    #expect(caller.app?.key == "forward:build01@build01.example", "the forward and the host it leads to")
     #expect(caller.app?.display == "build01 (forwarded over ssh to build01.example)")
     // The version may be read; the accounts that need a sign-in may not.
     let version = try remote.call(

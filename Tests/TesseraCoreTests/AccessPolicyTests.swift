@@ -152,7 +152,7 @@ final class AccessPolicyTests: XCTestCase {
 /// A forward's callers (`tessera forward`, issue 24): tokens by the mode's rules, nothing else
 /// whatever the mode or the grants say.
 final class ForwardAccessPolicyTests: XCTestCase {
-  let forward = AppIdentity.forward("build01", to: "over ssh to build01.example")
+  let forward = AppIdentity.forward("build01", host: "build01.example", path: "/run/user/0/tessera/forward/build01")
 
   func request(_ operation: AccessGrant.Operation) -> AccessRequest {
     AccessRequest(
@@ -182,6 +182,33 @@ final class ForwardAccessPolicyTests: XCTestCase {
     let refusal = AccessPolicy(mode: .open).refusal(request(.signIn), heldByOther: false)
     XCTAssertTrue(refusal.message.contains("may only get tokens"), refusal.message)
     XCTAssertTrue(refusal.message.contains("tessera login"), refusal.message)
+  }
+
+  /// Issue 37 §8: `tessera forward other-host --name build01` does not inherit build01's grants:
+  /// confirm mode asks again, strict mode refuses and says the name was granted for another host.
+  func testANameForwardedToAnotherHostIsAskedAboutAgainAndRefusedInStrictMode() {
+    var granted = TokenCache()
+    _ = granted.upsert(
+      grant: AccessGrant(app: forward.key, clientID: "app1", accountID: "*", grantedAt: 0, via: "user"))
+    let elsewhere = AppIdentity.forward("build01", host: "other-host", path: "/run/user/0/tessera/forward/build01")
+    var request = request(.token)
+    request.caller.app = elsewhere
+    XCTAssertEqual(AccessPolicy(mode: .confirm).decide(request, grants: granted, canAsk: true), .ask)
+    XCTAssertEqual(AccessPolicy(mode: .strict).decide(request, grants: granted, canAsk: true), .refuse)
+    XCTAssertEqual(granted.otherForwardHosts(of: elsewhere), ["build01.example"])
+    XCTAssertEqual(granted.otherForwardHosts(of: forward), [])
+    let refusal = AccessPolicy(mode: .strict).refusal(
+      request, heldByOther: false, otherForwardHosts: granted.otherForwardHosts(of: elsewhere))
+    XCTAssertTrue(
+      refusal.message.contains("The forward name build01 was granted for build01.example, not for other-host"),
+      refusal.message)
+    XCTAssertTrue(refusal.message.contains("--app 'forward:build01@other-host'"), refusal.message)
+    // A grant made before hosts were recorded (`forward:build01`) serves no ssh forward either.
+    var old = TokenCache()
+    _ = old.upsert(
+      grant: AccessGrant(app: "forward:build01", clientID: "app1", accountID: "*", grantedAt: 0, via: "user"))
+    XCTAssertEqual(AccessPolicy(mode: .strict).decide(self.request(.token), grants: old, canAsk: true), .refuse)
+    XCTAssertEqual(old.otherForwardHosts(of: forward), ["no host recorded"])
   }
 
   func testAForwardSeesOnlyGrantedAccountsInOpenModeToo() throws {

@@ -204,13 +204,21 @@ final class AccessTests: XCTestCase {
     XCTAssertNil(AppIdentity(key: "exe:relative"))
     XCTAssertNil(AppIdentity(key: "other:x"))
     XCTAssertNil(AppIdentity(key: "flatpak:a\nb"))
-    // A forward is its name: where it leads is shown, never part of the key its grants hold.
-    let forward = AppIdentity.forward("build01", to: "over ssh to build01.example")
-    XCTAssertEqual(forward.key, "forward:build01")
-    XCTAssertEqual(AppIdentity(key: forward.key)?.key, forward.key)
-    XCTAssertEqual(AppIdentity(key: forward.key)?.kind, .forward)
+    // A forward is its name and the host it leads to (issue 37): the same name forwarded to
+    // another host is another app. A container's socket has no host.
+    let forward = AppIdentity.forward(
+      "build01", host: "ann@build01.example", path: "/run/user/0/tessera/forward/build01")
+    XCTAssertEqual(forward.key, "forward:build01@ann@build01.example")
+    XCTAssertEqual(AppIdentity(key: forward.key), forward)
+    XCTAssertEqual(AppIdentity(key: forward.key)?.display, "build01 (forwarded over ssh to ann@build01.example)")
+    XCTAssertNotEqual(AppIdentity.forward("build01", host: "other-host", path: "/p").key, forward.key)
+    let container = AppIdentity.forward("devbox", host: nil, path: "/run/devbox.sock")
+    XCTAssertEqual(container.key, "forward:devbox")
+    XCTAssertEqual(AppIdentity(key: container.key)?.forwardHost, nil)
+    XCTAssertEqual(AppIdentity(key: "forward:b@[::1]:22")?.forwardHost, "[::1]:22")
     for bad in [
       "forward:", "forward:.hidden", "forward:a b", "forward:a/b", "forward:" + String(repeating: "x", count: 65),
+      "forward:b@", "forward:b@-oProxyCommand=x", "forward:b@host name", "forward:b@h'q", "forward:@host",
     ] {
       XCTAssertNil(AppIdentity(key: bad), bad)
     }

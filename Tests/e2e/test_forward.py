@@ -3,7 +3,7 @@ container through a socket of its own. The "remote host" is this machine reached
 OpenSSH server (Tests/lib/tessera_sshd.py) as another user, tessera-b, who cannot read the test
 session's files: on that side there is only a copy of the `tessera` binary, no tesserad, no
 keyring, no session bus. A third user, tessera-c, plays anyone else on the remote host. Every
-connection on a forward's listener is the app `forward:NAME`: it may get tokens (as the access
+connection on a forward's listener is the app `forward:NAME@HOST`: it may get tokens (as the access
 mode says) and nothing else, and no refresh token ever leaves this machine."""
 import json
 import os
@@ -116,6 +116,11 @@ def remote(remote_host):
     remote_host.clean()
 
 
+def app_key(host, name="build01", destination=None):
+    """The app a forward's callers are: its name and the host it leads to (issue 37)."""
+    return f"forward:{name}@{destination or host.host}"
+
+
 def forward(host, *command, name="build01", destination=None, timeout=90):
     """`tessera forward --name NAME HOST -F CONFIG -- COMMAND...`, waited for."""
     named = ["--name", name] if name else []
@@ -199,7 +204,7 @@ def test_a_remote_command_gets_the_desktops_token_and_no_refresh_token(daemon, r
     left = [n for n in os.listdir("/tmp") if n.startswith("tessera-fwd-") and os.lstat(f"/tmp/{n}").st_uid == uid]
     assert not left, left
     # Open mode lets the forward through, and says so, with the host, in the audit.
-    mine = [r for r in access_log() if r["app_key"] == "forward:build01"]
+    mine = [r for r in access_log() if r["app_key"] == app_key(remote)]
     assert mine and all(r["decision"] == "allowed" and r["reason"] == "open mode" for r in mine), mine
     assert all("tessera-remote" in r["app"] for r in mine), mine
     b.close()
@@ -310,11 +315,11 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
     b = Broker()
     alice = b.sign_in()["account"]
     # Granted alice, so that each command below gets as far as the call it is about.
-    grant("forward:build01")
+    grant(app_key(remote))
     mark, device_grants = idp.mark(), idp.last_device_grant()
     for command in (["logout", "--account", alice["id"], "--no-revoke"],
                     ["logout", "--account", alice["id"]],
-                    ["access", "grant", "--app", "forward:build01", "--client-id", "tessera-other", "--account",
+                    ["access", "grant", "--app", app_key(remote), "--client-id", "tessera-other", "--account",
                      alice["id"]],
                     ["access", "list"],
                     ["access", "log"],
@@ -339,10 +344,10 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
     assert not any(g["client_id"] == "tessera-other" for g in grants), grants
     # Every refusal is audited: in the access log, as the forward (with its host) and the method.
     records = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
-    refused = {r["operation"] for r in records if r["app_key"] == "forward:build01" and r["decision"] == "refused"}
+    refused = {r["operation"] for r in records if r["app_key"] == app_key(remote) and r["decision"] == "refused"}
     assert {"SignOut", "Grant", "ListGrants", "GetAccessLog", "GetStatus", "SetCurrentAccount",
             "AcquireToken"} <= refused, refused
-    assert all("tessera-remote" in r["app"] for r in records if r["app_key"] == "forward:build01"), records
+    assert all("tessera-remote" in r["app"] for r in records if r["app_key"] == app_key(remote)), records
 
     # bob signs in on the desktop: the forward still sees only the account it was granted.
     b.sign_in("bob")
@@ -371,7 +376,7 @@ def test_confirm_mode_asks_once_naming_the_forward_and_its_host(start_daemon, wr
         again = remote_tessera(remote, "token")
         assert again.returncode == 12 and again.stdout == "", again.stderr
         assert len(portal.calls("AccessDialog")) == 1, "asked twice"
-        mine = [r for r in access_log() if r["app_key"] == "forward:build01"]
+        mine = [r for r in access_log() if r["app_key"] == app_key(remote)]
         assert any(r["decision"] == "refused" and r["reason"] == "user" for r in mine), mine
         assert all("tessera-remote" in r["app"] for r in mine), mine
         b.close()
@@ -385,15 +390,30 @@ def test_strict_mode_refuses_a_forward_until_it_is_granted(start_daemon, write_c
     token = b.sign_in()["access_token"]
     refused = remote_tessera(remote, "token")
     assert refused.returncode == 12 and refused.stdout == "", refused.stderr
-    assert "--app 'forward:build01'" in refused.stderr, refused.stderr
+    assert f"--app '{app_key(remote)}'" in refused.stderr, refused.stderr
     assert token not in refused.stderr
-    # The grant is the forward's name: any later `tessera forward --name build01` has it.
-    grant("forward:build01")
+    # The grant is the forward's name and its host: a later `tessera forward --name build01` to the
+    # same host has it.
+    grant(app_key(remote))
     allowed = remote_tessera(remote, "token")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout.strip() == token
+    listed = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
+    assert [g["host"] for g in listed if g["app"] == app_key(remote)] == [remote.host], listed
     # Another name is another app.
     assert remote_tessera(remote, "token", name="build02").returncode == 12
+    # So is the same name forwarded to another host (issue 37: a grant keyed on the name alone was
+    # inherited by `tessera forward other-host --name build01`). Refused, saying why.
+    other = f"{REMOTE_USER}@{remote.host}"
+    elsewhere = forward(remote, REMOTE_TESSERA, "token", destination=other)
+    assert elsewhere.returncode == 12 and elsewhere.stdout == "", elsewhere.stderr
+    assert f"was granted for {remote.host}, not for {other}" in elsewhere.stderr, elsewhere.stderr
+    assert f"--app '{app_key(remote, destination=other)}'" in elsewhere.stderr, elsewhere.stderr
+    refusals = [r for r in access_log() if r["app_key"] == app_key(remote, destination=other)]
+    assert refusals and refusals[-1]["reason"] == "strict, forward name granted for another host", refusals
+    # Revoking the name without a host revokes it for every host.
+    run_cli("access", "revoke", "--app", "forward:build01", check_rc=0)
+    assert remote_tessera(remote, "token").returncode == 12
     b.close()
 
 
@@ -554,7 +574,8 @@ def test_another_user_on_the_remote_host_cannot_use_the_forward(daemon, remote):
         raw = subprocess.run(["runuser", "-u", OTHER_USER, "--", "/usr/bin/python3", "-c", probe, path], cwd="/",
                              capture_output=True, text=True, timeout=30)
         assert raw.stdout.strip() == "13", raw.stdout + raw.stderr  # EACCES
-        assert not any(r["app_key"] == "forward:tessera-remote" and r["decision"] == "refused" for r in access_log())
+        assert not any(r["app_key"].startswith("forward:tessera-remote@") and r["decision"] == "refused"
+                       for r in access_log())
     finally:
         run_cli("forward", "--stop", "tessera-remote")
         ended(running)
