@@ -117,6 +117,51 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     }
   }
 
+  /// Whether a Secret Service is on the session bus, asked of the bus daemon alone (never of the
+  /// keyring, which may be locked, slow, or starting).
+  public enum Presence: Sendable, Equatable {
+    /// A process owns org.freedesktop.secrets.
+    case owned
+    /// Nothing owns it yet, and the bus daemon can start one (D-Bus activation).
+    case activatable
+    /// Neither, or there is no session bus: why, for the log.
+    case absent(String)
+  }
+
+  /// See `Presence`; on the probe queue, never the cooperative pool.
+  public func presence() async -> Presence {
+    await withCheckedContinuation { (done: CheckedContinuation<Presence, Never>) in
+      probeQueue.async { done.resume(returning: Self.presenceNow()) }
+    }
+  }
+
+  private static func presenceNow() -> Presence {
+    var error: UnsafeMutablePointer<GError>?
+    guard let bus = g_bus_get_sync(G_BUS_TYPE_SESSION, nil, &error) else {
+      return .absent("there is no session bus: \(take(error))")
+    }
+    defer { g_object_unref(UnsafeMutableRawPointer(bus)) }
+    if busCall(bus, "NameHasOwner", "org.freedesktop.secrets") == "true" { return .owned }
+    guard
+      let reply = g_dbus_connection_call_sync(
+        bus, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "ListActivatableNames", nil, nil,
+        G_DBUS_CALL_FLAGS_NONE, 5000, nil, &error)
+    else {
+      return .absent("the session bus did not list what it can start: \(take(error))")
+    }
+    defer { g_variant_unref(reply) }
+    let names = g_variant_get_child_value(reply, 0)
+    defer { g_variant_unref(names) }
+    for index in 0..<g_variant_n_children(names) {
+      let name = g_variant_get_child_value(names, index)
+      defer { g_variant_unref(name) }
+      if let text = g_variant_get_string(name, nil), String(cString: text) == "org.freedesktop.secrets" {
+        return .activatable
+      }
+    }
+    return .absent("nothing on the session bus owns org.freedesktop.secrets or can start it")
+  }
+
   /// Why the Secret Service has not answered in time: nobody owns its name yet (D-Bus is still
   /// starting it), or its owner does not reply. Each with what to do.
   static func notAnswering(bus: OpaquePointer, waitedMilliseconds: Int32) -> TesseraError {
@@ -165,6 +210,7 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
     switch g_variant_classify(value) {
     case G_VARIANT_CLASS_STRING: return g_variant_get_string(value, nil).map { String(cString: $0) }
     case G_VARIANT_CLASS_UINT32: return String(g_variant_get_uint32(value))
+    case G_VARIANT_CLASS_BOOLEAN: return g_variant_get_boolean(value) != 0 ? "true" : "false"
     default: return nil
     }
   }

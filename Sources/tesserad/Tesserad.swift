@@ -211,7 +211,9 @@ struct Tesserad: AsyncParsableCommand {
 
 /// The store config.toml's `store` names, resolved once at start. `auto`: the file store while it
 /// holds records (so an account never ends up split across two stores), else the Secret Service
-/// when it answers at once with its default collection unlocked, else the file store.
+/// wherever the session bus has one (owned, or one it can start), whether or not it answers yet:
+/// a keyring that is locked, slow or still starting keeps its accounts, and requests are told
+/// why it cannot be used until it can. The file store only where there is no Secret Service.
 func chooseStore(
   _ choice: BrokerConfig.StoreChoice, policy: ConfigPolicy = ConfigPolicy(), environment: [String: String],
   logger: Logger
@@ -257,11 +259,21 @@ func chooseStore(
       return chosen(file, "the file store holds records (store = \"auto\" keeps using it)")
     }
     let keyring = SecretServiceStore()
-    do {
-      try await keyring.probe(withinSeconds: autoProbeSeconds)
-      return chosen(keyring, "it answers with its default collection unlocked")
-    } catch {
-      return chosen(file, "the Secret Service cannot be used: \(firstSentence(TesseraError.wrap(error).message))")
+    switch await keyring.presence() {
+    case .absent(let why):
+      return chosen(file, "there is no Secret Service (\(why))")
+    case .owned, .activatable:
+      // Asked once, only to say in the log how it is: a keyring locked or still starting is
+      // the user's store all the same (their accounts are in it), never replaced by the file store.
+      do {
+        try await keyring.probe(withinSeconds: autoProbeSeconds)
+        return chosen(keyring, "it answers with its default collection unlocked")
+      } catch {
+        return chosen(
+          keyring,
+          "a Secret Service is on the session bus, though it cannot be used yet (\(firstSentence(TesseraError.wrap(error).message))); requests say why until it can"
+        )
+      }
     }
   }
 }
@@ -305,7 +317,8 @@ func firstSentence(_ text: String) -> String {
   return text
 }
 
-/// How long `store = "auto"` waits for the Secret Service at start.
+/// How long `store = "auto"` waits for the Secret Service at start (only to log how it is: where one
+/// is on the bus it is the store, answering or not).
 let autoProbeSeconds = 1.5
 
 func printError(_ message: String) {

@@ -122,7 +122,7 @@ def test_auto_uses_the_file_store_without_a_secret_service_and_keeps_sign_ins_se
         rc, report = status(s.env)
         assert rc == 11 and report["store"] == "unavailable" and key_path in report["store_message"], report
         human = subprocess.run([TESSERA, "status"], capture_output=True, text=True, env=s.env, timeout=30)
-        assert "cannot read its file store" in human.stdout, human.stdout
+        assert f"cannot read the file store {store_dir}:" in human.stdout, human.stdout
         assert files_under(store_dir) == before, "the store is as it was"
         # The right key back: the next call finds everything, with no restart.
         with open(key_path, "wb") as f:
