@@ -12,11 +12,7 @@ public final class FileRefreshJournal: RefreshJournal {
   /// `directory` is made (0700, with its parents) if it is not there.
   public init(directory: String) {
     self.directory = directory
-    var path = ""
-    for part in directory.split(separator: "/") {
-      path += "/" + part
-      _ = mkdir(path, 0o700)
-    }
+    _ = try? Files.makeDirectories(directory)
   }
 
   /// `$XDG_STATE_HOME/tessera/refreshing`, else `~/.local/state/tessera/refreshing`.
@@ -48,11 +44,8 @@ public final class FileRefreshJournal: RefreshJournal {
   }
 
   public func pending() -> [RefreshJournalEntry] {
-    guard let dir = opendir(directory) else { return [] }
-    defer { closedir(dir) }
     var entries: [RefreshJournalEntry] = []
-    while let item = readdir(dir), entries.count < 1024 {
-      let name = withUnsafeBytes(of: item.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    for name in (try? Files.names(in: directory)) ?? [] where entries.count < 1024 {
       guard name.hasSuffix(".json") else { continue }
       guard let bytes = try? Syscall.readFile(directory + "/" + name, limit: 64 * 1024, followLinks: false) else {
         continue

@@ -227,17 +227,13 @@ public final class FileStore: SecretStore, @unchecked Sendable {
 
   /// The directory's records and whether it has a key check; leftover temporary files go.
   private func listDirectory(removingLeftovers: Bool = true) throws -> Listing {
-    guard let dir = opendir(directory) else {
-      let code = Errno(rawValue: Glibc.errno)
-      if code == .noSuchFileOrDirectory { return Listing() }
-      throw unreadableDirectory(code)
+    let names: [String]
+    do { names = try Files.names(in: directory) } catch {
+      if error.errno == .noSuchFileOrDirectory { return Listing() }
+      throw unreadableDirectory(error.errno)
     }
-    defer { closedir(dir) }
     var listing = Listing()
-    while let entry = readdir(dir) {
-      let name = withUnsafeBytes(of: entry.pointee.d_name) {
-        String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-      }
+    for name in names {
       if name == Self.keyCheckName {
         listing.hasKeyCheck = true
       } else if Self.isRecordName(name) {
@@ -360,51 +356,45 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     // A name of its own: a write never opens, or renames into place, another's temporary file.
     // (One killed before its rename is removed at the next load.)
     let temporary = target + ".\(UInt64.random(in: 0...UInt64.max))" + Self.temporarySuffix
-    func fail(_ what: String, _ error: any Error) -> TesseraError {
-      _ = unlink(temporary)
-      let code = (error as? Errno) ?? (error as? SystemCallError)?.errno
-      if code == .noSuchFileOrDirectory, access(directory, F_OK) != 0 {
+    do {
+      try Files.writeDurably(target, bytes, temporary: temporary)
+    } catch {
+      if error.step == .syncDirectory { throw notDurable(error.errno) }
+      if error.errno == .noSuchFileOrDirectory, access(directory, F_OK) != 0 {
         // Removed while tesserad ran: what it held is in memory only. Not made again here (a
         // store holding only the changes from now on would lose the rest at the next start).
-        return Self.directoryGone(directory)
+        throw Self.directoryGone(directory)
       }
-      let detail = code.map { "\($0)" } ?? "\(error)"
+      let what =
+        switch error.step {
+        case .create: "create"
+        case .write: "write"
+        case .replace, .syncDirectory: "replace"
+        }
       let advice =
-        code == .noSpace || code == .diskQuotaExceeded
+        error.errno == .noSpace || error.errno == .diskQuotaExceeded
         ? "Free some space on its file system, then retry."
         : "Check that \(directory) is yours and writable (`chmod 700`), then retry."
-      return .storeUnavailable("Cannot \(what) the store record \(target) (\(detail)). \(advice)")
+      throw TesseraError.storeUnavailable("Cannot \(what) the store record \(target) (\(error.errno)). \(advice)")
     }
-    let fd: FileDescriptor
-    do {
-      fd = try FileDescriptor.open(
-        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
-        permissions: [.ownerReadWrite])
-    } catch { throw fail("create", error) }
-    do {
-      try fd.closeAfter {
-        try Syscall.writeAll(fd, bytes)
-        try Syscall.check("fsync") { fsync(fd.rawValue) }
-      }
-    } catch { throw fail("write", error) }
-    do { try Syscall.check("rename") { rename(temporary, target) } } catch { throw fail("replace", error) }
-    try syncDirectory()
+  }
+
+  private func notDurable(_ code: Errno) -> TesseraError {
+    .storeUnavailable(
+      "Cannot make the file store's changes durable (fsync of \(directory): \(code)). Check the file system, then retry."
+    )
   }
 
   private func syncDirectory() throws {
-    let fd = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    guard fd >= 0 else { throw unreadableDirectory(Errno(rawValue: Glibc.errno)) }
-    defer { Glibc.close(fd) }
-    do { try Syscall.check("fsync") { fsync(fd) } } catch {
-      throw TesseraError.storeUnavailable(
-        "Cannot make the file store's changes durable (fsync of \(directory): \(error.errno)). Check the file system, then retry."
-      )
+    do { try Files.syncDirectory(directory) } catch {
+      if error.call.hasPrefix("open") { throw unreadableDirectory(error.errno) }
+      throw notDurable(error.errno)
     }
   }
 
   // MARK: - The directory
 
-  /// Makes the directory and its missing parents, 0700.
+  /// The error for a store directory removed while tesserad runs (never made again then).
   static func directoryGone(_ directory: String) -> TesseraError {
     .storeUnavailable(
       "The file store's directory \(directory) is gone (removed while tesserad ran); changes are kept in memory and retried. "
@@ -412,18 +402,12 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     )
   }
 
+  /// Makes the directory and its missing parents, 0700.
   private func makeDirectory() throws {
-    var path = ""
-    for part in directory.split(separator: "/") {
-      path += "/" + part
-      if mkdir(path, 0o700) != 0 {
-        let code = Errno(rawValue: Glibc.errno)
-        if code != .fileExists && path == directory {
-          throw TesseraError.storeUnavailable(
-            "Cannot create the file store's directory \(directory) (\(code)). Create it yourself (`mkdir -p -m 700 \(directory)`), then retry."
-          )
-        }
-      }
+    do { try Files.makeDirectories(directory) } catch {
+      throw TesseraError.storeUnavailable(
+        "Cannot create the file store's directory \(directory) (\(error.errno)). Create it yourself (`mkdir -p -m 700 \(directory)`), then retry."
+      )
     }
   }
 

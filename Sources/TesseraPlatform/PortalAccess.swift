@@ -80,13 +80,9 @@ public final class PortalAccessPrompter: AccessPrompter {
   }
 
   func backend() -> Backend? {
-    guard let dir = opendir(portalDirectory) else { return nil }
-    defer { closedir(dir) }
+    guard let files = try? Files.names(in: portalDirectory) else { return nil }
     var backends: [Backend] = []
-    while let entry = readdir(dir) {
-      let file = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-        String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-      }
+    for file in files {
       guard file.hasSuffix(".portal"), backends.count < 256 else { continue }
       // Distributions link these files: links are followed (the directory is the system's).
       let fd = open(portalDirectory + "/" + file, O_RDONLY | O_CLOEXEC | O_NONBLOCK)

@@ -12,7 +12,7 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
 
   public init(path: String) {
     self.path = path
-    directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+    directory = Files.directory(of: path)
   }
 
   /// `$XDG_STATE_HOME/tessera/moving`, else `~/.local/state/tessera/moving`.
@@ -25,28 +25,12 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
   static let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
 
   public func write(_ note: StoreMoveNote) throws {
-    var made = ""
-    for part in directory.split(separator: "/") {
-      made += "/" + part
-      _ = mkdir(made, 0o700)
-    }
-    let temporary = path + ".tmp"
-    _ = unlink(temporary)
+    let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
     do {
-      let fd = try FileDescriptor.open(
-        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
-        permissions: [.ownerReadWrite])
-      // Closed once, whatever happens (a second close could take a descriptor another thread
-      // has just been given the same number).
-      try fd.closeAfter {
-        let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
-        try Syscall.writeAll(fd, Array(text.utf8))
-        guard fsync(fd.rawValue) == 0 else { throw Errno(rawValue: Glibc.errno) }
-      }
-      guard rename(temporary, path) == 0 else { throw Errno(rawValue: Glibc.errno) }
-      syncDirectory()
+      try Files.makeDirectories(directory)
+      _ = unlink(path + ".tmp")  // a write killed before its rename
+      try Files.writeDurably(path, Array(text.utf8), temporary: path + ".tmp")
     } catch {
-      _ = unlink(temporary)
       throw TesseraError(
         .environment,
         "Cannot write the store move journal \(path) (\(error)), so nothing was moved. Check the disk and the directory's permissions."
@@ -78,14 +62,6 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
     guard unlink(path) == 0 || Glibc.errno == ENOENT else {
       throw TesseraError(.environment, "Cannot remove the store move journal \(path): \(Errno(rawValue: Glibc.errno)).")
     }
-    syncDirectory()
-  }
-
-  private func syncDirectory() {
-    let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    if dir >= 0 {
-      _ = fsync(dir)
-      close(dir)
-    }
+    try? Files.syncDirectory(directory)
   }
 }

@@ -38,9 +38,7 @@ public enum ConfigFiles {
     defer { closedir(dir) }
     var names: [String] = []
     while let entry = readdir(dir) {
-      let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-        String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
-      }
+      let name = Files.name(of: entry)
       guard name.hasSuffix(".toml"), !name.hasPrefix(".") else { continue }
       var info = stat()
       // A drop-in that cannot be read (a dangling link, a directory) is a problem to say: a

@@ -63,7 +63,8 @@ public enum Files {
   /// Writes `bytes` to `path` whole or not at all: to `temporary` (a name of its own beside it,
   /// made 0600 and exclusively), fsynced, renamed over `path`, and the directory fsynced. After a
   /// kill or a power cut the file is the old one or the new one; a leftover `temporary` is never
-  /// taken for it. `temporary` is removed on failure.
+  /// taken for it. `temporary` is removed on a failure after it was made (never one that was
+  /// there already: another writer's).
   public static func writeDurably(_ path: String, _ bytes: [UInt8], temporary: String) throws(WriteError) {
     func fail(_ step: WriteError.Step, _ code: Errno) -> WriteError {
       _ = unlink(temporary)
@@ -74,7 +75,10 @@ public enum Files {
       fd = try FileDescriptor.open(
         FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
         permissions: [.ownerReadWrite])
-    } catch { throw fail(.create, error as? Errno ?? .ioError) }
+    } catch {
+      // Not made here: another's, never removed.
+      throw WriteError(step: .create, errno: error as? Errno ?? .ioError)
+    }
     do {
       // Closed once, whatever happens (a second close could take a descriptor another thread
       // has just been given the same number).

@@ -116,11 +116,7 @@ struct BusForwards: ForwardListeners {
   /// Removes the sockets a killed tesserad left in the forwards' directory (nothing serves them:
   /// the forwards of this run are made after).
   static func removeStale(in directory: String) {
-    guard let dir = opendir(directory) else { return }
-    defer { closedir(dir) }
-    while let entry = readdir(dir) {
-      let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-      guard name != ".", name != ".." else { continue }
+    for name in (try? Files.names(in: directory)) ?? [] {
       var st = stat()
       let path = directory + "/" + name
       if lstat(path, &st) == 0, st.st_mode & S_IFMT == S_IFSOCK, st.st_uid == getuid() { unlink(path) }

@@ -1,0 +1,49 @@
+import Glibc
+import Testing
+
+@testable import TesseraSystem
+
+/// The one of each file helper (issue 37 §13): `mkdir -p`, listing, the durable write.
+@Suite struct FilesTests {
+  func scratch() -> String {
+    var template = Array("/tmp/tessera-files-XXXXXX".utf8CString)
+    return template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+  }
+
+  @Test func makeDirectoriesMakesWhatIsMissingPrivateAndSaysWhich() throws {
+    let root = scratch()
+    defer { _ = system("rm -rf '\(root)'") }
+    let made = try Files.makeDirectories(root + "/a/b/c")
+    #expect(made == [root + "/a", root + "/a/b", root + "/a/b/c"])
+    var st = stat()
+    #expect(stat(root + "/a/b", &st) == 0 && st.st_mode & 0o777 == 0o700)
+    #expect(try Files.makeDirectories(root + "/a/b/c") == [], "nothing made twice")
+    close(open(root + "/file", O_CREAT | O_WRONLY, 0o600))
+    #expect {
+      try Files.makeDirectories(root + "/file")
+    } throws: { error in
+      (error as? SystemCallError)?.errno == .notDirectory
+    }
+  }
+
+  @Test func aDurableWriteReplacesTheFileWholeAndLeavesNoTemporaryFile() throws {
+    let root = scratch()
+    defer { _ = system("rm -rf '\(root)'") }
+    let path = root + "/note"
+    try Files.writeDurably(path, Array("one".utf8), temporary: path + ".tmp")
+    try Files.writeDurably(path, Array("two".utf8), temporary: path + ".tmp")
+    #expect(try Syscall.readFile(path, limit: 100) == Array("two".utf8))
+    #expect(try Files.names(in: root) == ["note"], "no . or .., no temporary file")
+    var st = stat()
+    #expect(stat(path, &st) == 0 && st.st_mode & 0o777 == 0o600)
+    // A temporary file of that name already there (another writer's) is never taken over.
+    close(open(path + ".tmp", O_CREAT | O_WRONLY, 0o600))
+    #expect {
+      try Files.writeDurably(path, Array("three".utf8), temporary: path + ".tmp")
+    } throws: { error in
+      (error as? Files.WriteError)?.step == .create
+    }
+    #expect(try Syscall.readFile(path, limit: 100) == Array("two".utf8), "the old file stays whole")
+    #expect(access(path + ".tmp", F_OK) == 0, "and the other writer's temporary file stays")
+  }
+}
