@@ -214,38 +214,15 @@ extension TokenCache {
   /// secrets are kept byte for byte. Items of another schema version, or that do not decode, are
   /// left out.
   static func movable(_ items: [StoredItem]) -> [StoredItem] {
-    let decoder = JSONDecoder()
+    let records = items.map { (item: $0, record: record($0)) }
     var hosts: [String: String] = [:]
-    for item in items where item.attributes["kind"] == Kind.account.rawValue && item.attributes[base] == schemaVersion {
-      if let a = try? decoder.decode(Account.self, from: Data(item.secret.utf8)) { hosts[a.id] = a.environment }
-    }
+    for case .account(let a)? in records.map(\.record) { hosts[a.id] = a.environment }
     var seen = Set<[String: String]>()
     var result: [StoredItem] = []
-    for item in items {
-      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
-      else { continue }
-      let data = Data(item.secret.utf8)
-      var rebuilt: StoredItem?
-      switch kind {
-      case .account: rebuilt = (try? decoder.decode(Account.self, from: data)).map(Self.item)
-      case .refreshToken: rebuilt = (try? decoder.decode(RefreshTokenRecord.self, from: data)).map(Self.item)
-      case .accessToken: rebuilt = (try? decoder.decode(AccessTokenRecord.self, from: data)).map(Self.item)
-      case .appMetadata: rebuilt = (try? decoder.decode(AppMetadataRecord.self, from: data)).map(Self.item)
-      case .grant: rebuilt = (try? decoder.decode(AccessGrant.self, from: data)).map(Self.item)
-      case .current:
-        rebuilt = (try? decoder.decode(CurrentAccountRecord.self, from: data)).map {
-          StoredItem(
-            attributes: currentAttributes($0.accountID), secret: "",
-            label: "Tessera: the current account at \(hosts[$0.accountID] ?? "its identity provider")")
-        }
-      case .use:
-        rebuilt = (try? decoder.decode(AppUseRecord.self, from: data)).map {
-          StoredItem(
-            attributes: [base: schemaVersion, "kind": Kind.use.rawValue, "app": $0.app, "account_id": $0.accountID],
-            secret: "", label: "Tessera: \($0.app) has used an account")
-        }
-      }
-      guard var rebuilt else { continue }
+    for (item, record) in records {
+      guard var record else { continue }
+      if case .current(let c, _) = record { record = .current(c, environment: hosts[c.accountID]) }
+      var rebuilt = Self.item(record)
       rebuilt.secret = item.secret
       // A store with two items of one identity (it should not have) moves one: the target keeps one.
       guard seen.insert(rebuilt.attributes).inserted else { continue }

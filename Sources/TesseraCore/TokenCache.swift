@@ -110,13 +110,7 @@ public struct TokenCache: Sendable {
   /// Notes that `app` has used `accountID`; nil when it had before.
   public mutating func noteUse(app: String, accountID: String, at: Int64) -> [StoreOperation]? {
     guard uses.insert(Self.useKey(app: app, accountID: accountID)).inserted else { return nil }
-    let record = AppUseRecord(app: app, accountID: accountID, firstUsedAt: at)
-    return [
-      .save(
-        StoredItem(
-          attributes: [Self.base: Self.schemaVersion, "kind": Kind.use.rawValue, "app": app, "account_id": accountID],
-          secret: Self.json(record), label: "Tessera: \(app) has used an account"))
-    ]
+    return [.save(Self.item(.use(AppUseRecord(app: app, accountID: accountID, firstUsedAt: at))))]
   }
 
   public func hasUsed(app: String, accountID: String) -> Bool {
@@ -137,11 +131,7 @@ public struct TokenCache: Sendable {
     }
     if currentAccounts.insert(accountID).inserted {
       operations.append(
-        .save(
-          StoredItem(
-            attributes: Self.currentAttributes(accountID),
-            secret: Self.json(CurrentAccountRecord(accountID: accountID)),
-            label: "Tessera: the current account at \(account.environment)")))
+        .save(Self.item(.current(CurrentAccountRecord(accountID: accountID), environment: account.environment))))
     }
     return operations
   }
@@ -160,7 +150,7 @@ public struct TokenCache: Sendable {
   public mutating func removeGrants(where matching: (AccessGrant) -> Bool) -> [StoreOperation] {
     let gone = grants.filter(matching)
     grants.removeAll(where: matching)
-    return gone.map { .delete(Self.attributes($0)) }
+    return gone.map { .delete(Self.item(.grant($0)).attributes) }
   }
 
   public mutating func upsert(account: Account) -> [StoreOperation] {
@@ -326,7 +316,7 @@ public struct TokenCache: Sendable {
     appMetadata.merge(before.appMetadata) { _, old in old }
   }
 
-  // MARK: Secret Service items
+  // MARK: Stored items
 
   static let base = "tessera_schema"
   /// The `kind` attribute of every item type, for stores that load by kind.
@@ -337,9 +327,81 @@ public struct TokenCache: Sendable {
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
 
-  static func attributes(_ a: Account) -> [String: String] {
-    [base: schemaVersion, "kind": Kind.account.rawValue, "account_id": a.id, "environment": a.environment]
+  // One schema: each kind's attributes (its identity in a store), label and secret are written
+  // here alone, and read back by `record(_:)` alone. The cache writes with it, a load reads with
+  // it, and a store move rebuilds items with it (the file store names a record by a keyed hash of
+  // its attributes, so two copies that drifted would double records at a move).
+
+  /// What one stored item holds.
+  enum Record {
+    case account(Account)
+    case refreshToken(RefreshTokenRecord)
+    case accessToken(AccessTokenRecord)
+    case appMetadata(AppMetadataRecord)
+    case grant(AccessGrant)
+    case use(AppUseRecord)
+    /// The current account; `environment` (its identity provider's host) names it in the label.
+    case current(CurrentAccountRecord, environment: String?)
   }
+
+  /// The item a record is stored as.
+  static func item(_ record: Record) -> StoredItem {
+    switch record {
+    case .account(let a):
+      StoredItem(
+        attributes: [
+          base: schemaVersion, "kind": Kind.account.rawValue, "account_id": a.id, "environment": a.environment,
+        ],
+        secret: json(a), label: "Tessera account \(a.username) (\(a.environment))")
+    case .refreshToken(let r):
+      StoredItem(
+        attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.slot) (\(r.environment))")
+    case .accessToken(let t):
+      StoredItem(
+        attributes: attributes(t), secret: json(t), label: "Tessera access token for \(t.clientID) (\(t.environment))")
+    case .appMetadata(let m):
+      StoredItem(
+        attributes: [
+          base: schemaVersion, "kind": Kind.appMetadata.rawValue, "environment": m.environment, "client_id": m.clientID,
+        ],
+        secret: json(m), label: "Tessera app metadata for \(m.clientID) (\(m.environment))")
+    case .grant(let g):
+      StoredItem(
+        attributes: [
+          base: schemaVersion, "kind": Kind.grant.rawValue, "app": g.app, "client_id": g.clientID,
+          "account_id": g.accountID,
+        ], secret: json(g), label: "Tessera: \(g.app) may use \(g.clientID)")
+    case .use(let u):
+      StoredItem(
+        attributes: [base: schemaVersion, "kind": Kind.use.rawValue, "app": u.app, "account_id": u.accountID],
+        secret: json(u), label: "Tessera: \(u.app) has used an account")
+    case .current(let c, let environment):
+      StoredItem(
+        attributes: currentAttributes(c.accountID), secret: json(c),
+        label: "Tessera: the current account at \(environment ?? "its identity provider")")
+    }
+  }
+
+  /// The record an item holds; nil for an item of another schema version, of a kind this
+  /// version does not know, or whose secret does not decode.
+  static func record(_ item: StoredItem) -> Record? {
+    guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
+    else { return nil }
+    let data = Data(item.secret.utf8)
+    let decoder = JSONDecoder()
+    func decode<T: Decodable>(_ type: T.Type) -> T? { try? decoder.decode(type, from: data) }
+    return switch kind {
+    case .account: decode(Account.self).map(Record.account)
+    case .refreshToken: decode(RefreshTokenRecord.self).map(Record.refreshToken)
+    case .accessToken: decode(AccessTokenRecord.self).map(Record.accessToken)
+    case .appMetadata: decode(AppMetadataRecord.self).map(Record.appMetadata)
+    case .grant: decode(AccessGrant.self).map(Record.grant)
+    case .use: decode(AppUseRecord.self).map(Record.use)
+    case .current: decode(CurrentAccountRecord.self).map { Record.current($0, environment: nil) }
+    }
+  }
+
+  /// The attributes that tell refresh tokens apart (their identity in a store).
   static func attributes(_ r: RefreshTokenRecord) -> [String: String] {
     var attributes = [
       base: schemaVersion, "kind": Kind.refreshToken.rawValue, "account_id": r.accountID, "environment": r.environment,
@@ -349,18 +411,7 @@ public struct TokenCache: Sendable {
     if let scopes = r.scopes { attributes["scopes"] = scopes.joined(separator: " ") }
     return attributes
   }
-  static func attributes(_ g: AccessGrant) -> [String: String] {
-    [
-      base: schemaVersion, "kind": Kind.grant.rawValue, "app": g.app, "client_id": g.clientID,
-      "account_id": g.accountID,
-    ]
-  }
-  static func item(_ g: AccessGrant) -> StoredItem {
-    StoredItem(attributes: attributes(g), secret: json(g), label: "Tessera: \(g.app) may use \(g.clientID)")
-  }
-  static func attributes(_ m: AppMetadataRecord) -> [String: String] {
-    [base: schemaVersion, "kind": Kind.appMetadata.rawValue, "environment": m.environment, "client_id": m.clientID]
-  }
+  /// The attributes that tell access tokens apart.
   static func attributes(_ t: AccessTokenRecord) -> [String: String] {
     [
       base: schemaVersion, "kind": Kind.accessToken.rawValue, "account_id": t.accountID, "environment": t.environment,
@@ -374,70 +425,27 @@ public struct TokenCache: Sendable {
     return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
   }
 
-  static func item(_ a: Account) -> StoredItem {
-    StoredItem(attributes: attributes(a), secret: json(a), label: "Tessera account \(a.username) (\(a.environment))")
-  }
-  static func item(_ r: RefreshTokenRecord) -> StoredItem {
-    StoredItem(
-      attributes: attributes(r), secret: json(r), label: "Tessera refresh token for \(r.slot) (\(r.environment))")
-  }
-  static func item(_ m: AppMetadataRecord) -> StoredItem {
-    StoredItem(
-      attributes: attributes(m), secret: json(m), label: "Tessera app metadata for \(m.clientID) (\(m.environment))")
-  }
-  static func item(_ t: AccessTokenRecord) -> StoredItem {
-    StoredItem(
-      attributes: attributes(t), secret: json(t), label: "Tessera access token for \(t.clientID) (\(t.environment))")
-  }
+  static func item(_ a: Account) -> StoredItem { item(.account(a)) }
+  static func item(_ r: RefreshTokenRecord) -> StoredItem { item(.refreshToken(r)) }
+  static func item(_ m: AppMetadataRecord) -> StoredItem { item(.appMetadata(m)) }
+  static func item(_ t: AccessTokenRecord) -> StoredItem { item(.accessToken(t)) }
+  static func item(_ g: AccessGrant) -> StoredItem { item(.grant(g)) }
 
   /// Rebuilds the cache from stored items; items of other schema versions or unreadable ones are skipped
   /// (and counted, so the caller can log them).
   public static func load(_ items: [StoredItem]) -> (TokenCache, skipped: Int) {
     var cache = TokenCache()
     var skipped = 0
-    let decoder = JSONDecoder()
     for item in items {
-      guard item.attributes[base] == schemaVersion, let kind = item.attributes["kind"].flatMap(Kind.init(rawValue:))
-      else {
-        skipped += 1
-        continue
-      }
-      let data = Data(item.secret.utf8)
-      switch kind {
-      case .account:
-        if let a = try? decoder.decode(Account.self, from: data) { cache.accounts[a.id] = a } else { skipped += 1 }
-      case .refreshToken:
-        if let r = try? decoder.decode(RefreshTokenRecord.self, from: data) {
-          cache.refreshTokens.append(r)
-        } else {
-          skipped += 1
-        }
-      case .appMetadata:
-        if let m = try? decoder.decode(AppMetadataRecord.self, from: data) {
-          cache.appMetadata[AppKey(environment: m.environment, clientID: m.clientID)] = m
-        } else {
-          skipped += 1
-        }
-      case .accessToken:
-        if let t = try? decoder.decode(AccessTokenRecord.self, from: data) {
-          cache.accessTokens.append(t)
-        } else {
-          skipped += 1
-        }
-      case .grant:
-        if let g = try? decoder.decode(AccessGrant.self, from: data) { cache.grants.append(g) } else { skipped += 1 }
-      case .current:
-        if let c = try? decoder.decode(CurrentAccountRecord.self, from: data) {
-          cache.currentAccounts.insert(c.accountID)
-        } else {
-          skipped += 1
-        }
-      case .use:
-        if let u = try? decoder.decode(AppUseRecord.self, from: data) {
-          cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
-        } else {
-          skipped += 1
-        }
+      switch record(item) {
+      case nil: skipped += 1
+      case .account(let a)?: cache.accounts[a.id] = a
+      case .refreshToken(let r)?: cache.refreshTokens.append(r)
+      case .appMetadata(let m)?: cache.appMetadata[AppKey(environment: m.environment, clientID: m.clientID)] = m
+      case .accessToken(let t)?: cache.accessTokens.append(t)
+      case .grant(let g)?: cache.grants.append(g)
+      case .current(let c, _)?: cache.currentAccounts.insert(c.accountID)
+      case .use(let u)?: cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
       }
     }
     return (cache, skipped)
