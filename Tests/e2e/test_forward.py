@@ -152,6 +152,10 @@ def ended(proc, timeout=30):
     return rc, proc.stderr.read()
 
 
+def store_kind_now():
+    return json.loads(run_cli("status", "--json").stdout)["store_kind"]
+
+
 def forwards():
     """tessera forward --list --json, by name."""
     return {f["name"]: f for f in json.loads(run_cli("forward", "--list", "--json", check_rc=0).stdout)}
@@ -326,7 +330,11 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
                     ["status"],
                     ["account", "use", alice["id"]],
                     ["login"],
-                    ["login", "--device-code"]):
+                    ["login", "--device-code"],
+                    ["store", "migrate", "--to", "file"],
+                    ["forward", "--socket", "/tmp/tessera-fwd-from-remote.sock", "--name", "onward"],
+                    ["forward", "--stop", "build01"],
+                    ["forward", "--list"]):
         out = remote_tessera(remote, *command)
         said = out.stdout + out.stderr
         assert out.returncode == 12 and REFUSED in said, (command, out.returncode, said)
@@ -346,7 +354,9 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
     records = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
     refused = {r["operation"] for r in records if r["app_key"] == app_key(remote) and r["decision"] == "refused"}
     assert {"SignOut", "Grant", "ListGrants", "GetAccessLog", "GetStatus", "SetCurrentAccount",
-            "AcquireToken"} <= refused, refused
+            "AcquireToken", "MoveStore", "AddForward", "RemoveForward", "ListForwards"} <= refused, refused
+    assert list(forwards()) == [], "a forward made or ended from the remote host"
+    assert store_kind_now() == "secret-service", "the store moved"
     assert all("tessera-remote" in r["app"] for r in records if r["app_key"] == app_key(remote)), records
 
     # bob signs in on the desktop: the forward still sees only the account it was granted.
