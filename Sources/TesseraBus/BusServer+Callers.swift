@@ -20,6 +20,7 @@ extension BusServer {
   }
 
   func callerInfo(_ message: OpaquePointer) -> CallerInfo {
+    preconditionOnBusThread()
     let sender: String
     if let messageBus = sd_bus_message_get_bus(message), messageBus != bus {
       // A direct connection has no bus daemon to stamp the sender, and its peer may write any

@@ -69,6 +69,7 @@ extension BusServer {
 
   /// Accepts every connection waiting on a listening socket: tesserad's own, or a forward's.
   func acceptPeers(from listenFD: Int32, forward: ForwardListener? = nil) {
+    preconditionOnBusThread()
     while true {
       // Close-on-exec from the start: a program started by another thread between accept and a
       // later fcntl would inherit the connection. (Every program tesserad starts also closes
@@ -87,6 +88,7 @@ extension BusServer {
   /// Checks who connected (another user's connection is closed before a byte is read from it)
   /// and makes it an sd-bus server connection on this loop.
   private func admitPeer(_ fd: Int32, forward: ForwardListener?) {
+    preconditionOnBusThread()
     guard let credentials = try? DirectSocket.peerCredentials(fd) else {
       close(fd)
       return
@@ -208,6 +210,7 @@ extension BusServer {
   /// A direct connection ended: forgotten, and its caller's sign-ins are let go as when a
   /// caller leaves the bus.
   func peerGone(_ peerBus: OpaquePointer) {
+    preconditionOnBusThread()
     guard let peer = peers.removeValue(forKey: peerBus) else { return }
     peersByName[peer.name] = nil
     callerCache[peer.name] = nil
@@ -225,6 +228,7 @@ extension BusServer {
   /// of the authentication handshake (libdbus clients send both at once): each connection is
   /// read until idle once its handshake is over.
   func processFreshPeers() {
+    preconditionOnBusThread()
     for closing in closingPeers {
       sd_bus_detach_event(closing)
       // Calls still pending hold their own references; the connection is freed with the last.
@@ -249,6 +253,7 @@ extension BusServer {
   /// A direct call about to go to the handler: counted, or refused when its connection has too
   /// many waiting. Returns false when refused (answered already).
   func admitDirectCall(_ message: OpaquePointer, member: String) -> Bool {
+    preconditionOnBusThread()
     guard let peer = directPeer(of: message) else { return true }
     guard peer.inFlight < Self.directCallsInFlight else {
       _ = refuse(
@@ -264,6 +269,7 @@ extension BusServer {
 
   /// A pending call was answered.
   func directCallAnswered(_ message: OpaquePointer) {
+    preconditionOnBusThread()
     if let peer = directPeer(of: message) { peer.inFlight -= 1 }
   }
 
@@ -274,6 +280,7 @@ extension BusServer {
 
   /// Closes a direct connection whose unread replies pile up.
   func checkBacklog(_ peer: DirectPeer) {
+    preconditionOnBusThread()
     var queued: UInt64 = 0
     guard sd_bus_get_n_queued_write(peer.bus, &queued) >= 0, queued > Self.directRepliesQueued else { return }
     // Logged each time, not within the refusals' budget (the calls that filled the queue may have
@@ -288,6 +295,7 @@ extension BusServer {
   /// Answers org.freedesktop.DBus.Hello, which busctl and gdbus send first even to a peer: with
   /// the connection's unique name. Returns 1 when handled.
   func answerHello(_ message: OpaquePointer) -> Int32 {
+    preconditionOnBusThread()
     guard sd_bus_message_is_method_call(message, "org.freedesktop.DBus", "Hello") > 0,
       let peer = directPeer(of: message)
     else { return 0 }
@@ -312,6 +320,7 @@ extension BusServer {
   /// the peer reads, and waiting for one that does not (or is still in its handshake) would hold
   /// the exit until systemd's SIGKILL.
   func closePeers() {
+    preconditionOnBusThread()
     for peerBus in Array(peers.keys) { peerGone(peerBus) }
     processFreshPeers()
   }

@@ -10,6 +10,7 @@ import TesseraInterface
 /// handing the rest to the server's handler.
 extension BusServer {
   func handleMethodCall(_ message: OpaquePointer, object: ExportedObject) -> Int32 {
+    preconditionOnBusThread()
     let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
     let arguments: [BusValue]
     do {
@@ -54,6 +55,7 @@ extension BusServer {
   /// common case (a call to one of our methods with the right types, or a message for someone else)
   /// is decided on C strings without building Swift ones.
   func filter(_ message: OpaquePointer) -> Int32 {
+    preconditionOnBusThread()
     guard sd_bus_message_is_method_call(message, nil, nil) > 0, let path = sd_bus_message_get_path(message),
       let member = sd_bus_message_get_member(message)
     else { return 0 }

@@ -4,8 +4,9 @@ import SystemPackage
 import TesseraInterface
 
 /// Forwards of tesserad's socket (`tessera forward`, issue 24): each a listener of its own, on the
-/// same loop, whose every connection is the caller `forward:NAME` (it may only get tokens; the
-/// gate is in BusServer+Dispatch). A forward made for ssh ends when the connection that made it
+/// same loop, whose every connection is the caller `forward:NAME@HOST` (it may only get tokens:
+/// the engine's front refuses every other method, TesseraFront's dispatch, and the bus thread
+/// serves it no property but the version, BusServer+Properties). A forward made for ssh ends when the connection that made it
 /// closes; a lasting one (a container's socket) when it is removed or tesserad stops.
 extension BusServer {
   /// One forward's listener. Used on the bus thread only.
@@ -77,6 +78,7 @@ extension BusServer {
   // MARK: Bus thread
 
   private func addForward(_ request: ForwardRequest, now: Int64) -> Result<String, TesseraError> {
+    preconditionOnBusThread()
     // The same name again right after its `tessera forward` ended: that connection's end may be
     // waiting unread behind this call. Looked at now, so the name is free.
     if let existing = forwards[request.name], let owner = existing.owner, ownerHasLeft(owner) {
@@ -124,6 +126,7 @@ extension BusServer {
   /// Ends a forward. Bus thread.
   @discardableResult
   func removeForward(_ name: String, reason: String, tellOwner: Bool) -> Bool {
+    preconditionOnBusThread()
     guard let forward = forwards.removeValue(forKey: name) else { return false }
     sd_event_source_disable_unref(forward.source)
     forward.source = nil
@@ -156,6 +159,7 @@ extension BusServer {
 
   /// A connection left: the forwards it made end with it.
   func ownerLeft(_ busName: String) {
+    preconditionOnBusThread()
     guard !forwards.isEmpty else { return }
     for (name, forward) in forwards where forward.owner == busName {
       removeForward(name, reason: "the `tessera forward` that made it ended", tellOwner: false)
@@ -164,6 +168,7 @@ extension BusServer {
 
   /// Ends every forward (tesserad is stopping).
   func closeForwards(reason: String) {
+    preconditionOnBusThread()
     for name in Array(forwards.keys) { removeForward(name, reason: reason, tellOwner: true) }
   }
 }

@@ -127,6 +127,7 @@ extension BusServer {
   }
 
   func startCall(_ outgoing: Outgoing) {
+    preconditionOnBusThread()
     func fail(_ what: String, _ r: Int32) {
       outgoing.completion(
         .failure(
@@ -158,6 +159,7 @@ extension BusServer {
   }
 
   func finishCall(_ outgoing: Outgoing, _ message: OpaquePointer) {
+    preconditionOnBusThread()
     outgoingCalls[ObjectIdentifier(outgoing)] = nil
     if let error = sd_bus_message_get_error(message), error.pointee.name != nil {
       outgoing.completion(
@@ -181,6 +183,7 @@ extension BusServer {
   /// Installs the match without waiting for the bus daemon's answer (a slow system bus must not
   /// hold the thread every caller is served on), and, for a well-known sender, follows its owner.
   func startWatch(_ watch: SignalWatch) {
+    preconditionOnBusThread()
     guard let connection = connection(watch.bus) else { return }
     let me = Unmanaged.passUnretained(watch).toOpaque()
     var r = sd_bus_match_signal_async(

@@ -12,6 +12,7 @@ extension BusServer {
   /// `refusal` makes of it (a protocol whose errors travel in its replies).
   @discardableResult
   func replyError(_ message: OpaquePointer, _ failure: TesseraError) -> Int32 {
+    preconditionOnBusThread()
     if let refusal = exportedObject(of: message)?.description.refusal {
       let member = sd_bus_message_get_member(message).map { String(cString: $0) } ?? ""
       send(reply: .success(refusal(member, failure)), to: message)
@@ -45,6 +46,7 @@ extension BusServer {
   /// Builds a method return with `fill` and sends it; a reply that cannot be encoded is a bug,
   /// answered as Internal.
   private func sendReply(to call: OpaquePointer, _ fill: (OpaquePointer) throws -> Void) {
+    preconditionOnBusThread()
     var reply: OpaquePointer?
     guard sd_bus_message_new_method_return(call, &reply) >= 0, let reply else { return }
     defer { sd_bus_message_unref(reply) }
@@ -63,6 +65,7 @@ extension BusServer {
   func sendSignal(
     path: String, interface: String, member: String, arguments: [BusValue], to destination: String?
   ) {
+    preconditionOnBusThread()
     // To one direct connection, to one bus name, or to everyone: the bus and every direct peer.
     var connections: [OpaquePointer] = []
     if let destination, let peer = peersByName[destination] {

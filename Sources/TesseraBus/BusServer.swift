@@ -75,6 +75,8 @@ public final class BusServer: @unchecked Sendable {
   /// Connections that ended, closed after the loop iteration that saw them end.
   var closingPeers: [OpaquePointer] = []
   var nextPeerNumber: UInt64 = 0
+  /// The thread that runs the loop, once it runs (`preconditionOnBusThread`).
+  let busThread = Locked<pthread_t?>(nil)
   /// Whether the pidfd of a direct connection's process comes from the kernel (SO_PEERPIDFD,
   /// Linux 6.5) where it has it; false plays an older kernel, where pidfd_open at accept pins the
   /// process instead. Set before `start` (the tests of that path).
@@ -162,6 +164,7 @@ public final class BusServer: @unchecked Sendable {
     return try await withCheckedThrowingContinuation { (ready: CheckedContinuation<[String], any Error>) in
       do {
         try startThread(name: "tessera-bus") { [self] in
+          busThread.withLock { $0 = pthread_self() }
           let unowned: [String]
           do {
             unowned = try self.connect()
@@ -196,6 +199,20 @@ public final class BusServer: @unchecked Sendable {
         arguments: arguments))
   }
 
+  /// Traps, in debug and test builds, when code that only the bus thread may run (it touches
+  /// sd-bus connections and the state this class confines to that thread) runs on another, as
+  /// swift-nio's `preconditionInEventLoop` does: the invariant of `@unchecked Sendable`, checked.
+  /// Release builds check nothing (the silent call's path runs through it).
+  @inline(__always)
+  func preconditionOnBusThread(_ function: StaticString = #function, file: StaticString = #fileID, line: UInt = #line) {
+    #if DEBUG
+      let owner = busThread.withLock { $0 }
+      precondition(
+        owner.map { pthread_equal($0, pthread_self()) != 0 } ?? false,
+        "BusServer.\(function) runs on the bus thread only, and was called on another thread", file: file, line: line)
+    #endif
+  }
+
   func post(_ mail: Mail) {
     mailbox.withLock { $0.append(mail) }
     var one: UInt64 = 1
@@ -207,6 +224,7 @@ public final class BusServer: @unchecked Sendable {
 
   /// Returns the optional names another program owns.
   private func connect() throws -> [String] {
+    preconditionOnBusThread()
     func check(_ r: Int32, _ what: String) throws {
       if r < 0 { throw StartError(description: "\(what): \(Errno(rawValue: -r))") }
     }
@@ -259,6 +277,7 @@ public final class BusServer: @unchecked Sendable {
 
   /// NameOwnerChanged(name, old, new): a unique name with no new owner has left the bus.
   func nameOwnerChanged(_ message: OpaquePointer) {
+    preconditionOnBusThread()
     guard let values = try? BusCodec.readAll(message, limits: .replies), values.count == 3,
       case .string(let name) = values[0],
       case .string(let newOwner) = values[2], newOwner.isEmpty
@@ -281,6 +300,7 @@ public final class BusServer: @unchecked Sendable {
   }
 
   func drainMailbox() {
+    preconditionOnBusThread()
     var counter: UInt64 = 0
     _ = try? Syscall.check("read(eventfd)") { read(eventFD, &counter, 8) }
     let mails = mailbox.withLock { mails -> [Mail] in

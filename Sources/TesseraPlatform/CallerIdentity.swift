@@ -211,8 +211,9 @@ public enum CallerIdentity {
   }
 }
 
-/// A bus caller's process, pinned by a pidfd from its connection's first call on. Each later call
-/// rechecks it (one pidfd_send_signal and one stat): a process that ended leaves the connection
+/// A caller's process, pinned by a pidfd from its connection's first call on (the session bus) or
+/// from its accept (tesserad's own socket). Each later call rechecks it (one poll(2) of the pidfd
+/// and one stat): a process that ended leaves the connection
 /// unidentified for good (whoever holds it now, a child or an heir, is not what connected, and
 /// its pid may name another process), and one that exec'd another program is identified again,
 /// as what it now runs. Used on the bus thread only.
