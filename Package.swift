@@ -153,7 +153,8 @@ let package = Package(
         .product(name: "Crypto", package: "swift-crypto"),
       ],
       path: "Tests/TesseraFuzzTargets"),
-    .testTarget(name: "TesseraFuzzTargetsTests", dependencies: ["TesseraFuzzTargets"]),
+    .testTarget(
+      name: "TesseraFuzzTargetsTests", dependencies: ["TesseraFuzzTargets", "TesseraInterface", "TesseraPlatform"]),
     // The bus layer on its own: the codec over generated values and the wire limits, and
     // BusServer with BusClient against a private dbus-daemon the tests start.
     // What the tests of the bus layer and of the CLI share: a private dbus-daemon, a scripted broker.

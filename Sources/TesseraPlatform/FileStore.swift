@@ -78,8 +78,8 @@ public final class FileStore: SecretStore, @unchecked Sendable {
   private let shared = Locked(Shared())
 
   static let magic = Array("TSTORE1\n".utf8)
-  static let keyCheckName = "key-check"
-  static let keyCheckText = Array("tessera file store key check, version 1".utf8)
+  package static let keyCheckName = "key-check"
+  package static let keyCheckText = Array("tessera file store key check, version 1".utf8)
   package static let recordSuffix = ".item"
   static let corruptSuffix = ".corrupt"
   static let temporarySuffix = ".tmp"
@@ -246,7 +246,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
     return listing
   }
 
-  static func isRecordName(_ name: String) -> Bool {
+  package static func isRecordName(_ name: String) -> Bool {
     guard name.hasSuffix(recordSuffix) else { return false }
     let stem = name.utf8.dropLast(recordSuffix.utf8.count)
     return stem.count == 64 && stem.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }

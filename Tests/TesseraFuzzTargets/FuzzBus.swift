@@ -25,17 +25,42 @@ enum FuzzBus {
   /// The largest input sent: the socket's buffer holds it, so the write never blocks.
   static let maxInput = 128 * 1024
 
-  /// Whether the call reached the front (the replay tests check that the seeds get that far).
-  @discardableResult
-  static func run(_ input: [UInt8]) -> Bool {
-    guard input.count >= 2, input.count <= maxInput else { return false }
+  /// The door a Broker1 call comes through to the real bus server: byte 0's low seven bits past
+  /// the member's choice (a seed's first byte below the member count comes as an identified
+  /// program of the user's).
+  static func door(_ input: [UInt8]) -> FuzzBusServer.Door {
+    FuzzBusServer.Door(rawValue: Int(input[0] & 0x7F) / members.count % FuzzBusServer.Door.allCases.count)!
+  }
+
+  /// A Broker1 call of the input through the real bus server (its own socket or its forward), and
+  /// what came back; nil for another interface's member, or an input too short to be a call.
+  static func answer(_ input: [UInt8], through door: FuzzBusServer.Door) -> FuzzBusServer.Answer? {
+    guard let (interface, member, bytes) = call(input), interface.name == tessera.name, member != "Nothing" else {
+      return nil
+    }
+    return FuzzBusServer.shared.exchange(bytes, through: door)
+  }
+
+  /// The member the input names, and the call marshalled.
+  static func call(_ input: [UInt8]) -> (InterfaceDescription, String, [UInt8])? {
+    guard input.count >= 2, input.count <= maxInput else { return nil }
     let (interface, member) = members[Int(input[0] & 0x7F) % members.count]
     let signatureLength = Int(input[1])
-    guard input.count >= 2 + signatureLength else { return false }
+    guard input.count >= 2 + signatureLength else { return nil }
     let signature = Array(input[2..<(2 + signatureLength)])
     let body = Array(input[(2 + signatureLength)...])
-    let bytes = message(
-      bigEndian: input[0] & 0x80 != 0, interface: interface, member: member, signature: signature, body: body)
+    return (
+      interface, member,
+      message(bigEndian: input[0] & 0x80 != 0, interface: interface, member: member, signature: signature, body: body)
+    )
+  }
+
+  /// Whether the call reached the front (the replay tests check that the seeds get that far).
+  /// Broker1's calls also go through the real bus server's door the input chooses.
+  @discardableResult
+  static func run(_ input: [UInt8]) -> Bool {
+    guard let (interface, member, bytes) = call(input) else { return false }
+    _ = answer(input, through: door(input))
     guard let decoded = receive(bytes, limits: interface.callLimits),
       let method = interface.method(named: member), decoded.signature == method.inputs.map(\.signature).joined()
     else { return false }
@@ -120,9 +145,17 @@ enum FuzzBus {
   /// member, and the signature when there is one), padding to 8, the body as given.
   static func message(
     bigEndian: Bool, interface: InterfaceDescription, member: String, signature: [UInt8], body: [UInt8]
-  )
-    -> [UInt8]
-  {
+  ) -> [UInt8] {
+    message(
+      bigEndian: bigEndian, destination: nil, path: interface.objectPath, interface: interface.name, member: member,
+      signature: signature, body: body, serial: 1)
+  }
+
+  /// The same, with every header given.
+  static func message(
+    bigEndian: Bool, destination: String?, path: String, interface: String, member: String, signature: [UInt8],
+    body: [UInt8], serial: UInt32
+  ) -> [UInt8] {
     var out: [UInt8] = []
     func pad(_ n: Int) { while out.count % n != 0 { out.append(0) } }
     func u32(_ v: UInt32) {
@@ -140,12 +173,13 @@ enum FuzzBus {
     }
     out += [bigEndian ? UInt8(ascii: "B") : UInt8(ascii: "l"), 1, 0, 1]
     u32(UInt32(body.count))
-    u32(1)
+    u32(serial)
     u32(0)  // the fields' length, written below
     let fieldsStart = out.count
-    field(1, "o", Array(interface.objectPath.utf8))
-    field(2, "s", Array(interface.name.utf8))
+    field(1, "o", Array(path.utf8))
+    field(2, "s", Array(interface.utf8))
     field(3, "s", Array(member.utf8))
+    if let destination { field(6, "s", Array(destination.utf8)) }
     if !signature.isEmpty { field(8, "g", signature) }
     let length = UInt32(out.count - fieldsStart)
     withUnsafeBytes(of: bigEndian ? length.bigEndian : length.littleEndian) {

@@ -1,4 +1,5 @@
 import Crypto
+import Glibc
 import TesseraCore
 import TesseraInterface
 import TesseraPlatform
@@ -12,14 +13,20 @@ import TesseraPlatform
 ///   opens, its attributes must name it;
 /// - 2: keyring items, as the token cache loads them: items cut at "\n--\n", each
 ///   `attr=value` lines, a blank line, then the secret (an item of any schema version and kind);
-/// - 3: the store move journal's note.
+/// - 3: the store move journal's note;
+/// - 4: a whole file-store directory, loaded as tesserad loads it at start (the listing, the key
+///   check, records that open, and damaged ones set aside): the sections are its files, the first
+///   the `key-check` file, each other a record (under the name on its first line, else one of
+///   its place). The key is the fixed one,
+///   read from its key file through the checked descriptor. Returns what the load said.
 enum FuzzStore {
   static let keys = FileStore.derive(SymmetricKey(data: Array(repeating: UInt8(7), count: 32)))
   static let name = String(repeating: "0", count: 64) + FileStore.recordSuffix
 
   static func run(_ input: [UInt8]) {
     guard let (selector, bytes) = input.selector else { return }
-    switch selector % 4 {
+    switch selector % 5 {
+    case 4: _ = load(bytes.sections())
     case 0: _ = FileStore.openRecord(bytes, name: name, keys)
     case 1:
       let parts = bytes.sections()
@@ -37,6 +44,57 @@ enum FuzzStore {
       _ = cache.accounts.values.map(\.id).sorted()
     default: _ = FileStoreMoveJournal.note(from: bytes)
     }
+  }
+
+  /// A directory of the process's own for case 4, and its key file (the fixed key, 0600).
+  static let scratch: String = {
+    var template = Array("/tmp/tessera-fuzzstore-XXXXXX".utf8CString)
+    let root = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    let key = root + "/store.key"
+    let fd = open(key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    _ = [UInt8](repeating: 7, count: 32).withUnsafeBytes { write(fd, $0.baseAddress, 32) }
+    close(fd)
+    return root
+  }()
+
+  /// What loading a store directory of these files gives: the items' count, or the error's code.
+  static func load(_ files: [[UInt8]]) -> String {
+    let directory = scratch + "/store"
+    _ = system("rm -rf '\(directory)'")
+    mkdir(directory, 0o700)
+    for (index, file) in files.enumerated() {
+      // A record may say its own name on a first line ("NAME.item\n"); else it is named by its place.
+      var content = file
+      let hex = String(index, radix: 16)
+      var name =
+        index == 0
+        ? FileStore.keyCheckName : String(repeating: "0", count: 64 - hex.count) + hex + FileStore.recordSuffix
+      let nameLength = 64 + FileStore.recordSuffix.utf8.count
+      if index > 0, content.count > nameLength, content[nameLength] == UInt8(ascii: "\n"),
+        FileStore.isRecordName(String(decoding: content[..<nameLength], as: UTF8.self))
+      {
+        name = String(decoding: content[..<nameLength], as: UTF8.self)
+        content = Array(content[(nameLength + 1)...])
+      }
+      let fd = open(directory + "/" + name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+      guard fd >= 0 else { continue }
+      _ = content.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+      close(fd)
+    }
+    let store = FileStore(directory: directory, key: .file(scratch + "/store.key"), logger: quiet)
+    let said = LockedResult()
+    blocking {
+      do { said.set("\(try await store.loadAll().count) items") } catch {
+        said.set(TesseraError.wrap(error).code.rawValue)
+      }
+    }
+    return said.value
+  }
+
+  final class LockedResult: @unchecked Sendable {
+    private let lock = Locked("")
+    func set(_ text: String) { lock.withLock { $0 = text } }
+    var value: String { lock.withLock { $0 } }
   }
 
   static func item(_ bytes: [UInt8]) -> StoredItem {

@@ -25,10 +25,13 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
   case provider = "FuzzProvider"
   /// D-Bus calls as bytes on a socket: sd-bus reads the message, the bus codec decodes its body
   /// under the wire limits, then org.tessera.Broker1's front parses the request with the option
-  /// table and answers it over the engine's fakes.
+  /// table and answers it over the engine's fakes; and the same call through a door of the real
+  /// bus server (its own socket as an identified or a sandboxed caller, or a forward), whose
+  /// accept, Hello, gates and dispatch answer it.
   case bus = "FuzzBus"
   /// What the stores hold: file-store records (sealed with a fixed key), keyring items of every
-  /// schema version as the token cache loads them, and the store move journal.
+  /// schema version as the token cache loads them, the store move journal, and whole file-store
+  /// directories loaded with their key check.
   case store = "FuzzStore"
 
   /// Runs one input.

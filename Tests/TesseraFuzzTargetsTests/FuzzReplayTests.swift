@@ -1,4 +1,6 @@
 import Foundation
+import TesseraInterface
+import TesseraPlatform
 import XCTest
 
 @testable import TesseraFuzzTargets
@@ -56,6 +58,69 @@ final class FuzzReplayTests: XCTestCase {
     for (name, bytes) in inputs("corpus", .bus) {
       XCTAssertEqual(FuzzBus.run(bytes), !name.hasPrefix("refused-"), "\(name)")
     }
+  }
+
+  /// Issue 37 §19: the Broker1 seeds also go through the real bus server's doors (its socket as a
+  /// program of the user's, as a sandboxed app, and through a forward), and each gets the answer
+  /// its caller should: the forward gets AccessDenied for every method but the forwarded ones,
+  /// a wrongly typed call InvalidArgument before the engine, and every other call an answer.
+  func testTheBusSeedsAreAnsweredThroughEachDoorOfTheRealServer() {
+    let denied = "org.tessera.Broker1.Error.AccessDenied"
+    var answered = 0
+    for (name, bytes) in inputs("corpus", .bus) {
+      guard let (_, member, _) = FuzzBus.call(bytes) else { continue }
+      for door in FuzzBusServer.Door.allCases {
+        guard let answer = FuzzBus.answer(bytes, through: door) else { continue }
+        answered += 1
+        XCTAssertNotEqual(answer, .none, "\(name) through \(door): no answer")
+        if name.hasPrefix("refused-") {
+          if case .error(let errorName) = answer {
+            XCTAssertTrue(
+              errorName.hasSuffix("InvalidArgument") || errorName.contains("InvalidArgs"), "\(name): \(errorName)")
+          } else {
+            XCTFail("\(name) through \(door): \(answer)")
+          }
+        } else if door == .forward && !BrokerInterface.forwardedMethods.contains(member) {
+          XCTAssertEqual(answer, .error(denied), "\(name) (\(member)) through the forward")
+        } else if door != .forward {
+          XCTAssertNotEqual(answer, .error("org.tessera.Broker1.Error.Internal"), "\(name) through \(door)")
+        }
+      }
+    }
+    XCTAssertGreaterThan(answered, 30, "the seeds reach the server's doors")
+    // The fuzzer's own choice of door: seeds written for the sandboxed and forward doors go there,
+    // and a sandboxed app may not manage grants.
+    for (name, bytes) in inputs("corpus", .bus) {
+      let door = FuzzBus.door(bytes)
+      XCTAssertEqual(
+        door, name.hasPrefix("forward-") ? .forward : name.hasPrefix("sandboxed-") ? .sandboxed : .identified, name)
+    }
+    let grant = try? XCTUnwrap(inputs("corpus", .bus).first { $0.0 == "sandboxed-grant" }?.1)
+    XCTAssertEqual(grant.flatMap { FuzzBus.answer($0, through: FuzzBus.door($0)) }, .error(denied))
+  }
+
+  /// Issue 37 §19: FuzzStore reaches the file store's load and its key check: a directory sealed
+  /// with the key loads its records, one whose key check does not open is refused (nothing
+  /// opens), and a damaged record beside good ones is set aside.
+  func testTheStoreDirectoryInputsReachTheLoadAndTheKeyCheck() throws {
+    let keys = FuzzStore.keys
+    let check = try FileStore.seal(
+      FileStore.keyCheckText, aad: FileStore.aad(FileStore.keyCheckName), keys.seal)
+    let attributes = ["tessera_schema": "1", "kind": "account", "account_id": "a"]
+    let name = FileStore.name(attributes, keys)
+    let plain = Array(
+      #"{"attributes":{"account_id":"a","kind":"account","tessera_schema":"1"},"label":"l","secret":"{}"}"#.utf8)
+    let record = try FileStore.seal(plain, aad: FileStore.aad(name), keys.seal)
+    let separator = Array("\n--\n".utf8)
+    let good = check + separator + Array((name + "\n").utf8) + record
+    XCTAssertEqual(FuzzStore.load(good.sections()), "1 items")
+    XCTAssertEqual(FuzzStore.load((good + separator + Array("damaged".utf8)).sections()), "1 items")
+    XCTAssertEqual(
+      FuzzStore.load((Array("not sealed".utf8) + separator + Array("x".utf8)).sections()), "StoreUnavailable")
+    XCTAssertEqual(FuzzStore.load([]), "0 items", "a new store")
+    XCTAssertEqual(FuzzStore.load([[]]), "StoreUnavailable", "an empty key check is one that does not open")
+    // And the fuzzer's own entry reaches it: selector 4.
+    FuzzStore.run([4] + good)
   }
 
   /// The Microsoft seeds are answered as MSAL expects: a silent request for alice from the cache.
