@@ -125,74 +125,13 @@ package enum BusCodec {
       try check(sd_bus_message_exit_container(m), "exit variant")
       return inner
     case UInt8(ascii: "a") where contentsAre("s"):
-      try check(sd_bus_message_enter_container(m, type, contents), "enter as")
-      var strings: [String] = []
-      while try hasMore(m) {
-        if strings.count == budget.limits.elements {
-          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
-        }
-        if case .string(let s) = try read(m, &budget) { strings.append(s) }
-      }
-      try check(sd_bus_message_exit_container(m), "exit as")
-      return .strings(strings)
+      return try readStrings(m, type, contents, &budget)
     case UInt8(ascii: "a") where contentsAre("{ss}") || contentsAre("{sv}"):
-      let isStringMap = contentsAre("{ss}")
-      try check(sd_bus_message_enter_container(m, type, contents), "enter dict")
-      var dict: [String: BusValue] = [:]
-      var stringMap: [String: String] = [:]
-      let entry: StaticString = isStringMap ? "ss" : "sv"
-      var entries = 0
-      while try hasMore(m) {
-        entries += 1
-        if entries > budget.limits.entries {
-          budget.key = nil
-          throw OverLimit(description: "a dictionary with more than \(budget.limits.entries) entries")
-        }
-        try check(
-          entry.withUTF8Buffer {
-            $0.withMemoryRebound(to: CChar.self) {
-              sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), $0.baseAddress)
-            }
-          }, "enter entry")
-        let key = try read(m, &budget).stringValue ?? ""
-        budget.key = key
-        let value = try read(m, &budget)
-        try check(sd_bus_message_exit_container(m), "exit entry")
-        if isStringMap { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
-      }
-      try check(sd_bus_message_exit_container(m), "exit dict")
-      return isStringMap ? .stringMap(stringMap) : .dict(dict)
+      return try readDictionary(m, type, contents, isStringMap: contentsAre("{ss}"), &budget)
     case UInt8(ascii: "a") where contentsAre("a{sv}"):
-      try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
-      var dicts: [[String: BusValue]] = []
-      while try hasMore(m) {
-        if dicts.count == budget.limits.elements {
-          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
-        }
-        if case .dict(let d) = try read(m, &budget) { dicts.append(d) }
-      }
-      try check(sd_bus_message_exit_container(m), "exit aa{sv}")
-      return .dicts(dicts)
+      return try readDictionaries(m, type, contents, &budget)
     case UInt8(ascii: "a") where contents?.pointee == CChar(UInt8(ascii: "(")):
-      // An array of structs (a portal's a(ss) choices): each member read as any value.
-      let element = String(cString: contents!)
-      try check(sd_bus_message_enter_container(m, type, contents), "enter a\(element)")
-      var rows: [[BusValue]] = []
-      while try hasMore(m) {
-        if rows.count == budget.limits.elements {
-          throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
-        }
-        var structType: CChar = 0
-        var structContents: UnsafePointer<CChar>?
-        try check(sd_bus_message_peek_type(m, &structType, &structContents), "peek struct")
-        try check(sd_bus_message_enter_container(m, structType, structContents), "enter struct")
-        var row: [BusValue] = []
-        while try hasMore(m) { row.append(try read(m, &budget)) }
-        try check(sd_bus_message_exit_container(m), "exit struct")
-        rows.append(row)
-      }
-      try check(sd_bus_message_exit_container(m), "exit a\(element)")
-      return .structs(elementSignature: element, rows)
+      return try readStructs(m, type, contents!, &budget)
     case UInt8(ascii: "a"):
       let signature = "a" + (contents.map { String(cString: $0) } ?? "")
       try check(sd_bus_message_skip(m, nil), "skip")
@@ -203,6 +142,93 @@ package enum BusCodec {
       try check(sd_bus_message_skip(m, nil), "skip")
       return .other(signature: signature)
     }
+  }
+
+  /// An `as`.
+  static func readStrings(_ m: OpaquePointer, _ type: CChar, _ contents: UnsafePointer<CChar>?, _ budget: inout Budget)
+    throws -> BusValue
+  {
+    try check(sd_bus_message_enter_container(m, type, contents), "enter as")
+    var strings: [String] = []
+    while try hasMore(m) {
+      if strings.count == budget.limits.elements {
+        throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+      }
+      if case .string(let s) = try read(m, &budget) { strings.append(s) }
+    }
+    try check(sd_bus_message_exit_container(m), "exit as")
+    return .strings(strings)
+  }
+
+  /// An `a{ss}` or `a{sv}`, each entry's key kept in the budget for the over-limit message.
+  static func readDictionary(
+    _ m: OpaquePointer, _ type: CChar, _ contents: UnsafePointer<CChar>?, isStringMap: Bool, _ budget: inout Budget
+  ) throws -> BusValue {
+    try check(sd_bus_message_enter_container(m, type, contents), "enter dict")
+    var dict: [String: BusValue] = [:]
+    var stringMap: [String: String] = [:]
+    let entry: StaticString = isStringMap ? "ss" : "sv"
+    var entries = 0
+    while try hasMore(m) {
+      entries += 1
+      if entries > budget.limits.entries {
+        budget.key = nil
+        throw OverLimit(description: "a dictionary with more than \(budget.limits.entries) entries")
+      }
+      try check(
+        entry.withUTF8Buffer {
+          $0.withMemoryRebound(to: CChar.self) {
+            sd_bus_message_enter_container(m, CChar(UInt8(ascii: "e")), $0.baseAddress)
+          }
+        }, "enter entry")
+      let key = try read(m, &budget).stringValue ?? ""
+      budget.key = key
+      let value = try read(m, &budget)
+      try check(sd_bus_message_exit_container(m), "exit entry")
+      if isStringMap { stringMap[key] = value.stringValue ?? "" } else { dict[key] = value }
+    }
+    try check(sd_bus_message_exit_container(m), "exit dict")
+    return isStringMap ? .stringMap(stringMap) : .dict(dict)
+  }
+
+  /// An `aa{sv}`.
+  static func readDictionaries(
+    _ m: OpaquePointer, _ type: CChar, _ contents: UnsafePointer<CChar>?, _ budget: inout Budget
+  ) throws -> BusValue {
+    try check(sd_bus_message_enter_container(m, type, contents), "enter aa{sv}")
+    var dicts: [[String: BusValue]] = []
+    while try hasMore(m) {
+      if dicts.count == budget.limits.elements {
+        throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+      }
+      if case .dict(let d) = try read(m, &budget) { dicts.append(d) }
+    }
+    try check(sd_bus_message_exit_container(m), "exit aa{sv}")
+    return .dicts(dicts)
+  }
+
+  /// An array of structs (a portal's a(ss) choices): each member read as any value.
+  static func readStructs(_ m: OpaquePointer, _ type: CChar, _ contents: UnsafePointer<CChar>, _ budget: inout Budget)
+    throws -> BusValue
+  {
+    let element = String(cString: contents)
+    try check(sd_bus_message_enter_container(m, type, contents), "enter a\(element)")
+    var rows: [[BusValue]] = []
+    while try hasMore(m) {
+      if rows.count == budget.limits.elements {
+        throw OverLimit(description: "an array with more than \(budget.limits.elements) elements")
+      }
+      var structType: CChar = 0
+      var structContents: UnsafePointer<CChar>?
+      try check(sd_bus_message_peek_type(m, &structType, &structContents), "peek struct")
+      try check(sd_bus_message_enter_container(m, structType, structContents), "enter struct")
+      var row: [BusValue] = []
+      while try hasMore(m) { row.append(try read(m, &budget)) }
+      try check(sd_bus_message_exit_container(m), "exit struct")
+      rows.append(row)
+    }
+    try check(sd_bus_message_exit_container(m), "exit a\(element)")
+    return .structs(elementSignature: element, rows)
   }
 
   // MARK: Writing

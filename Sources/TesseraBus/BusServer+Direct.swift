@@ -93,28 +93,10 @@ extension BusServer {
       close(fd)
       return
     }
-    guard credentials.uid == ownUID else {
+    if let refusal = refusal(of: credentials, forward: forward) {
       close(fd)
-      noteRefusal(
-        "Closed a direct connection from user \(credentials.uid) (pid \(credentials.pid)) unread: this broker serves user \(ownUID) only"
-      )
+      noteRefusal(refusal)
       return
-    }
-    if let forward {
-      guard forward.info.connections < UInt32(forwardPeerLimit) else {
-        close(fd)
-        noteRefusal(
-          "Closed a connection through forward \(forward.info.name): \(forwardPeerLimit) are open through it already (a forward's limit)"
-        )
-        return
-      }
-    } else {
-      guard peers.values.lazy.filter({ $0.forward == nil }).count < directPeerLimit else {
-        close(fd)
-        noteRefusal(
-          "Closed a direct connection from pid \(credentials.pid): \(directPeerLimit) are open already (the limit)")
-        return
-      }
     }
     // Pinned now, at connect time: the process that connected, not whatever has its pid later.
     // Where the kernel has no SO_PEERPIDFD, pidfd_open at accept comes nearest: the peer is still
@@ -127,11 +109,61 @@ extension BusServer {
     let label = forward == nil ? DirectSocket.peerLabel(fd) : nil
     nextPeerNumber &+= 1
     let name = ":direct.\(nextPeerNumber)"
+    guard let peerBus = makePeerBus(fd) else {
+      if let pidfd { close(pidfd) }
+      return
+    }
+    let peer = DirectPeer(bus: peerBus, name: name, forward: forward?.info.name)
+    peers[peerBus] = peer
+    peersByName[name] = peer
+    var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
+    info.exe = Syscall.executable(of: credentials.pid)
+    var process: (any CallerProcess)?
+    if let forward {
+      info.app = forward.info.identity
+      forward.info.connections += 1
+    } else if callerCache.count < pinLimit {
+      if let pidfd, let identifyPinned {
+        process = identifyPinned(pidfd, credentials.pid, label)
+      } else {
+        if let pidfd { close(pidfd) }
+        process = identify?(credentials.pid, label)
+      }
+      info.app = process?.app
+    } else if let pidfd {
+      close(pidfd)
+    }
+    callerCache[name] = (info, process)
+  }
+
+  /// Why a connection is closed unread: another user's, or one past its door's bound (the local
+  /// callers', or the forward's); nil to admit it.
+  private func refusal(of credentials: DirectSocket.PeerCredentials, forward: ForwardListener?) -> String? {
+    guard credentials.uid == ownUID else {
+      return
+        "Closed a direct connection from user \(credentials.uid) (pid \(credentials.pid)) unread: this broker serves user \(ownUID) only"
+    }
+    if let forward {
+      guard forward.info.connections < UInt32(forwardPeerLimit) else {
+        return
+          "Closed a connection through forward \(forward.info.name): \(forwardPeerLimit) are open through it already (a forward's limit)"
+      }
+    } else {
+      guard peers.values.lazy.filter({ $0.forward == nil }).count < directPeerLimit else {
+        return "Closed a direct connection from pid \(credentials.pid): \(directPeerLimit) are open already (the limit)"
+      }
+    }
+    return nil
+  }
+
+  /// An sd-bus server connection on `fd`, on this loop, with the direct interfaces' objects, the
+  /// filter and the disconnect watch; nil (and `fd` closed) when it could not be set up.
+  private func makePeerBus(_ fd: Int32) -> OpaquePointer? {
     var peerBus: OpaquePointer?
-    func fail(_ what: String, _ r: Int32) {
+    func fail(_ what: String, _ r: Int32) -> OpaquePointer? {
       log(.notice, "Could not set up a direct connection (\(what)): \(Errno(rawValue: -r))")
       if let peerBus { sd_bus_close_unref(peerBus) } else { close(fd) }
-      if let pidfd { close(pidfd) }
+      return nil
     }
     var r = sd_bus_new(&peerBus)
     guard r >= 0, let peerBus else { return fail("sd_bus_new", r) }
@@ -139,10 +171,8 @@ extension BusServer {
     guard r >= 0 else {
       sd_bus_unref(peerBus)
       close(fd)
-      if let pidfd { close(pidfd) }
-      return
+      return nil
     }
-    let peer = DirectPeer(bus: peerBus, name: name, forward: forward?.info.name)
     let me = Unmanaged.passUnretained(self).toOpaque()
     let steps: [(String, () -> Int32)] = [
       ("server", { sd_bus_set_server(peerBus, 1, self.serverID) }),
@@ -172,26 +202,7 @@ extension BusServer {
     if r < 0 { return fail("start", r) }
     r = sd_bus_attach_event(peerBus, event, 0)
     if r < 0 { return fail("attach", r) }
-    peers[peerBus] = peer
-    peersByName[name] = peer
-    var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
-    info.exe = Syscall.executable(of: credentials.pid)
-    var process: (any CallerProcess)?
-    if let forward {
-      info.app = forward.info.identity
-      forward.info.connections += 1
-    } else if callerCache.count < pinLimit {
-      if let pidfd, let identifyPinned {
-        process = identifyPinned(pidfd, credentials.pid, label)
-      } else {
-        if let pidfd { close(pidfd) }
-        process = identify?(credentials.pid, label)
-      }
-      info.app = process?.app
-    } else if let pidfd {
-      close(pidfd)
-    }
-    callerCache[name] = (info, process)
+    return peerBus
   }
 
   /// pidfd_open(2) of `pid`; nil when the process is gone or the kernel has none.

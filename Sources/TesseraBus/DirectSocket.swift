@@ -195,6 +195,9 @@ public enum DirectSocket {
     public let description: String
     /// Another tesserad already serves it.
     public let alreadyServed: Bool
+
+    /// A failure that is not another tesserad's serving.
+    static func failed(_ text: String) -> ListenError { ListenError(description: text, alreadyServed: false) }
   }
 
   /// The socket systemd passed (tessera.socket, `sd_listen_fds`), when it is a listening Unix
@@ -236,84 +239,111 @@ public enum DirectSocket {
   /// changed. A socket file nobody answers on (left by a killed tesserad) is replaced; one a live
   /// process answers on is not: another tesserad serves it.
   public static func listen(at path: String, purpose: Purpose = .broker) throws(ListenError) -> Listener {
-    func fail(_ text: String) -> ListenError { ListenError(description: text, alreadyServed: false) }
     let elsewhere = purpose == .broker ? "set TESSERA_SOCKET to another path" : "choose another path"
-    guard path.hasPrefix("/"), var address = address(path) else {
-      throw fail(
+    guard path.hasPrefix("/"), let address = address(path) else {
+      throw .failed(
         "The socket path \(path) is not absolute or too long for a Unix socket (\(MemoryLayout<sockaddr_un>.size - 3) bytes at most); \(elsewhere)."
       )
     }
-    let dir = directory(of: path)
+    try prepareDirectory(directory(of: path), purpose: purpose, elsewhere: elsewhere)
+    // tesserad's own socket: a lock held for as long as the process lives decides which of two
+    // tesserads starting at once makes it (a socket file nobody answers on is then surely stale:
+    // no other tesserad can be between its bind and its listen).
+    let lock = try purpose == .broker ? takeLock(path) : -1
+    // On any failure from here, the lock goes with the attempt.
+    var listening = false
+    defer { if !listening && lock >= 0 { close(lock) } }
+    try removeStale(path, purpose: purpose, elsewhere: elsewhere)
+    let fd = try bindAndListen(path, address, purpose: purpose, elsewhere: elsewhere)
+    var made = stat()
+    let file = lstat(path, &made) == 0 ? (dev: UInt64(made.st_dev), ino: UInt64(made.st_ino)) : nil
+    // The lock stays held (its descriptor open, close-on-exec) until the process ends.
+    listening = true
+    return Listener(fd: fd, path: path, fromSystemd: false, file: file, lock: lock)
+  }
+
+  /// The socket's directory, made where tesserad makes it, and checked: a directory, the user's,
+  /// writable by no one else (one that was there already is refused, never changed).
+  static func prepareDirectory(_ dir: String, purpose: Purpose, elsewhere: String) throws(ListenError) {
     var st = stat()
     if case .forward(makeDirectory: false) = purpose {
       guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
-        throw fail("\(dir) is not a directory. Make it first (`mkdir -m 700 \(dir)`), or \(elsewhere).")
+        throw .failed("\(dir) is not a directory. Make it first (`mkdir -m 700 \(dir)`), or \(elsewhere).")
       }
     } else {
       // A forward's directory is inside tesserad's own (`…/tessera/forward`): both are made.
       if case .forward = purpose, mkdir(directory(of: dir), 0o700) != 0 && errno != EEXIST {
-        throw fail("Could not create \(directory(of: dir)): \(Errno(rawValue: errno)).")
+        throw .failed("Could not create \(directory(of: dir)): \(Errno(rawValue: errno)).")
       }
       if mkdir(dir, 0o700) != 0 && errno != EEXIST {
-        throw fail("Could not create \(dir): \(Errno(rawValue: errno)). Check that its parent exists and is yours.")
+        throw .failed("Could not create \(dir): \(Errno(rawValue: errno)). Check that its parent exists and is yours.")
       }
       guard lstat(dir, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {
-        throw fail("\(dir) is not a directory. Remove it, or \(elsewhere).")
+        throw .failed("\(dir) is not a directory. Remove it, or \(elsewhere).")
       }
     }
     guard st.st_uid == getuid() else {
-      throw fail(
+      throw .failed(
         "\(dir) belongs to user \(st.st_uid), not to you: another user may have put it there. Remove it, or \(elsewhere) (a directory of yours)."
       )
     }
     // A directory that was there already is left as it is (it may be $HOME, named through
     // TESSERA_SOCKET): one others may write to is refused, with what to do.
     if st.st_mode & 0o022 != 0 {
-      throw fail(
+      throw .failed(
         "Others may write to \(dir) (mode \(String(st.st_mode & 0o777, radix: 8))) and could replace the socket; run `chmod go-w \(dir)` or \(elsewhere)."
       )
     }
-    // tesserad's own socket: a lock held for as long as the process lives decides which of two
-    // tesserads starting at once makes it (a socket file nobody answers on is then surely stale:
-    // no other tesserad can be between its bind and its listen).
-    var lock: Int32 = -1
-    if purpose == .broker {
-      lock = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-      guard lock >= 0 else { throw fail("Could not open \(path).lock: \(Errno(rawValue: errno)).") }
-      if flock(lock, LOCK_EX | LOCK_NB) != 0 {
-        let code = Errno(rawValue: errno)
-        close(lock)
-        guard code == .wouldBlock else { throw fail("Could not lock \(path).lock: \(code).") }
-        throw ListenError(
-          description:
-            "Another tesserad already serves \(path) (it holds \(path).lock). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad).",
-          alreadyServed: true)
-      }
+  }
+
+  /// PATH.lock, held: the descriptor; refused when another tesserad holds it.
+  static func takeLock(_ path: String) throws(ListenError) -> Int32 {
+    let lock = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+    guard lock >= 0 else { throw .failed("Could not open \(path).lock: \(Errno(rawValue: errno)).") }
+    guard flock(lock, LOCK_EX | LOCK_NB) != 0 else { return lock }
+    let code = Errno(rawValue: errno)
+    close(lock)
+    guard code == .wouldBlock else { throw .failed("Could not lock \(path).lock: \(code).") }
+    throw ListenError(
+      description:
+        "Another tesserad already serves \(path) (it holds \(path).lock). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad).",
+      alreadyServed: true)
+  }
+
+  /// A socket file at `path` that nobody answers on (left by a killed tesserad) is removed; one a
+  /// live process answers on is refused, and anything else there too.
+  static func removeStale(_ path: String, purpose: Purpose, elsewhere: String) throws(ListenError) {
+    var st = stat()
+    guard lstat(path, &st) == 0 else { return }
+    guard st.st_mode & S_IFMT == S_IFSOCK else {
+      throw .failed("\(path) exists and is not a socket. Remove it, or \(elsewhere).")
     }
-    // On any failure from here, the lock goes with the attempt.
-    var listening = false
-    defer { if !listening && lock >= 0 { close(lock) } }
-    if lstat(path, &st) == 0 {
-      guard st.st_mode & S_IFMT == S_IFSOCK else {
-        throw fail("\(path) exists and is not a socket. Remove it, or \(elsewhere).")
-      }
-      if isAnswered(path) {
-        throw ListenError(
-          description: purpose == .broker
-            ? "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad)."
-            : "A process already listens on \(path); \(elsewhere), or stop what listens there.",
-          alreadyServed: true)
-      }
-      // Nobody answers: left behind by a tesserad that was killed.
-      unlink(path)
+    if isAnswered(path) {
+      throw ListenError(
+        description: purpose == .broker
+          ? "Another tesserad already serves \(path) (a process answers on it). Stop it first (`systemctl --user stop tessera.socket tessera.service`, or end that tesserad)."
+          : "A process already listens on \(path); \(elsewhere), or stop what listens there.",
+        alreadyServed: true)
     }
+    unlink(path)
+  }
+
+  /// A listening socket at `path` (0600), bound under a name of its own in the same directory and
+  /// put in place once it listens (a hard link, which never replaces a file): another tesserad
+  /// starting meanwhile never finds the socket there but not answering yet, which it would take
+  /// for a stale one and remove. (A directory whose path leaves no room for the longer name gets
+  /// the socket bound in place.)
+  static func bindAndListen(_ path: String, _ address: sockaddr_un, purpose: Purpose, elsewhere: String)
+    throws(ListenError) -> Int32
+  {
+    let takenMeanwhile = ListenError(
+      description: purpose == .broker
+        ? "Another tesserad took \(path) at the same moment. Only one may serve it."
+        : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
     let fd = socket(
       AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-    guard fd >= 0 else { throw fail("Could not create a socket: \(Errno(rawValue: errno))") }
-    // Bound under a name of its own in the same directory, and put in place once it listens (a
-    // hard link, which never replaces a file): another tesserad starting meanwhile never finds
-    // the socket there but not answering yet, which it would take for a stale one and remove.
-    // (A directory whose path leaves no room for the longer name gets the socket bound in place.)
+    guard fd >= 0 else { throw .failed("Could not create a socket: \(Errno(rawValue: errno))") }
+    let dir = directory(of: path)
     let aside = dir + "/.tessera-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
     let asideAddress = DirectSocket.address(aside)
     var bindAddress = asideAddress ?? address
@@ -331,46 +361,31 @@ public enum DirectSocket {
     if bound != 0 {
       let code = Errno(rawValue: errno)
       close(fd)
-      if code == .addressInUse {
-        throw ListenError(
-          description: purpose == .broker
-            ? "Another tesserad took \(path) at the same moment. Only one may serve it."
-            : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
-      }
+      if code == .addressInUse { throw takenMeanwhile }
       if purpose != .broker && (code == .readOnlyFileSystem || code == .permissionDenied) {
-        throw fail(
+        throw .failed(
           "tesserad may not make a socket in \(dir) (\(code)): under its systemd unit (tessera.service) it may write only below $XDG_RUNTIME_DIR/tessera. Put the socket there."
         )
       }
-      throw fail("Could not bind \(path): \(code)")
+      throw .failed("Could not bind \(path): \(code)")
     }
     _ = chmod(bindPath, 0o600)
     guard Glibc.listen(fd, 128) == 0 else {
       let code = Errno(rawValue: errno)
       close(fd)
       unlink(bindPath)
-      throw fail("Could not listen on \(path): \(code)")
+      throw .failed("Could not listen on \(path): \(code)")
     }
-    if bindPath != path {
-      let linked = link(bindPath, path)
-      let linkErrno = errno
-      unlink(bindPath)
-      guard linked == 0 else {
-        close(fd)
-        if linkErrno == EEXIST {
-          throw ListenError(
-            description: purpose == .broker
-              ? "Another tesserad took \(path) at the same moment. Only one may serve it."
-              : "Something else took \(path) at the same moment; \(elsewhere).", alreadyServed: true)
-        }
-        throw fail("Could not put the socket in place at \(path): \(Errno(rawValue: linkErrno))")
-      }
+    guard bindPath != path else { return fd }
+    let linked = link(bindPath, path)
+    let linkErrno = errno
+    unlink(bindPath)
+    guard linked == 0 else {
+      close(fd)
+      if linkErrno == EEXIST { throw takenMeanwhile }
+      throw .failed("Could not put the socket in place at \(path): \(Errno(rawValue: linkErrno))")
     }
-    var made = stat()
-    let file = lstat(path, &made) == 0 ? (dev: UInt64(made.st_dev), ino: UInt64(made.st_ino)) : nil
-    // The lock stays held (its descriptor open, close-on-exec) until the process ends.
-    listening = true
-    return Listener(fd: fd, path: path, fromSystemd: false, file: file, lock: lock)
+    return fd
   }
 }
 

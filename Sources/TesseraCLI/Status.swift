@@ -257,40 +257,7 @@ extension Tessera {
         let n = report.accounts.count
         print("tesserad \(report.version) is running; \(n) account\(n == 1 ? "" : "s") signed in.")
       }
-      for a in report.accounts {
-        let username = SafeText.clip(a.account.username, limit: 200)
-        var line =
-          "\(a.account.current == true ? "*" : " ") \(username) (\(SafeText.clip(a.account.environment, limit: 200)))"
-        guard let h = a.health else {
-          print(line)
-          continue
-        }
-        switch h.state {
-        case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
-        case "store_locked":
-          line +=
-            report.storeKind == StatusReport.StoreKind.file
-            ? ": \(StatusReport.StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
-            : ": the keyring is locked: unlock it"
-        case "idp_unreachable": line += ": the identity provider cannot be reached"
-        default: line += ": ok"
-        }
-        print(line)
-        if h.tokens.isEmpty {
-          print("    no access token cached")
-        }
-        for t in h.tokens {
-          let scopes = t.scopes.isEmpty ? "" : " (\(SafeText.clip(t.scopes.joined(separator: " "), limit: 200)))"
-          let life = t.expiresOn > now ? "expires \(when(t.expiresOn, now: now))" : "expired \(rfc3339(t.expiresOn))"
-          print("    token for \(SafeText.clip(t.clientID, limit: 200))\(scopes): \(life)")
-        }
-        if let next = h.nextRefresh {
-          print("    next refresh \(next > now ? when(next, now: now) : "now (due)")")
-        }
-        if let error = h.lastError {
-          print("    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))")
-        }
-      }
+      for a in report.accounts { showAccount(a, report, now: now) }
       if let socket = report.socket {
         print("Reached over its own socket \(socket).")
       } else if report.connection == "session_bus" {
@@ -330,6 +297,42 @@ extension Tessera {
         )
       default:
         print("Microsoft broker protocol: off (microsoft_broker = false in config.toml).")
+      }
+    }
+
+    /// One account's lines: its state, cached tokens, next refresh and last error.
+    static func showAccount(_ a: AccountReport, _ report: Report, now: Int64) {
+      let username = SafeText.clip(a.account.username, limit: 200)
+      var line =
+        "\(a.account.current == true ? "*" : " ") \(username) (\(SafeText.clip(a.account.environment, limit: 200)))"
+      guard let h = a.health else {
+        print(line)
+        return
+      }
+      switch h.state {
+      case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
+      case "store_locked":
+        line +=
+          report.storeKind == StatusReport.StoreKind.file
+          ? ": \(StatusReport.StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
+          : ": the keyring is locked: unlock it"
+      case "idp_unreachable": line += ": the identity provider cannot be reached"
+      default: line += ": ok"
+      }
+      print(line)
+      if h.tokens.isEmpty {
+        print("    no access token cached")
+      }
+      for t in h.tokens {
+        let scopes = t.scopes.isEmpty ? "" : " (\(SafeText.clip(t.scopes.joined(separator: " "), limit: 200)))"
+        let life = t.expiresOn > now ? "expires \(when(t.expiresOn, now: now))" : "expired \(rfc3339(t.expiresOn))"
+        print("    token for \(SafeText.clip(t.clientID, limit: 200))\(scopes): \(life)")
+      }
+      if let next = h.nextRefresh {
+        print("    next refresh \(next > now ? when(next, now: now) : "now (due)")")
+      }
+      if let error = h.lastError {
+        print("    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))")
       }
     }
 

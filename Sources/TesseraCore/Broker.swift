@@ -346,13 +346,13 @@ public actor Broker {
     return only
   }
 
-  /// Validates a token response, stores what it carries (the new refresh token first), and returns it.
-  /// `knownAccount` is the account a refresh was for, `redeemed` the refresh token it used;
-  /// `requestedScopes` what the caller asked.
-  func accept(
-    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
-    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil
-  ) async throws -> TokenResult {
+  /// The account a token response is for: its validated id_token's, which must be the account a
+  /// refresh was for (or its home account, at Entra); else the refresh's own account. A sign-in
+  /// without an id_token cannot say who signed in, and is refused.
+  func identify(
+    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, nonce: String?,
+    knownAccount: Account?
+  ) async throws -> (Account, IDTokenClaims?) {
     var claims: IDTokenClaims?
     if let idToken = response.idToken {
       claims = try await directory.validate(idToken: idToken, metadata: metadata, clientID: clientID, nonce: nonce)
@@ -378,6 +378,19 @@ public actor Broker {
         "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client."
       )
     }
+    return (account, claims)
+  }
+
+  /// Validates a token response, stores what it carries (the new refresh token first), and returns it.
+  /// `knownAccount` is the account a refresh was for, `redeemed` the refresh token it used;
+  /// `requestedScopes` what the caller asked.
+  func accept(
+    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
+    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil
+  ) async throws -> TokenResult {
+    let (account, claims) = try await identify(
+      response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
+      knownAccount: knownAccount)
     // A refresh that finishes after the account was signed out must not bring it back.
     if let knownAccount, cache.accounts[knownAccount.id] == nil {
       if let issued = response.refreshToken {  // the IdP just rotated it: revoke, do not keep

@@ -179,17 +179,7 @@ public struct MicrosoftFront: Sendable {
       throw TesseraError.invalidArgument("'authParameters' is missing: it must be an object with the request.")
     }
     let clientID = try request.clientID(at: params, required: true)
-    let scopes = try params.strings("requestedScopes", maxCount: ArgumentLimits.scopes)
-    guard !scopes.isEmpty else {
-      throw TesseraError.invalidArgument("'\(params.path("requestedScopes"))' is empty: name the scopes you need.")
-    }
-    for scope in scopes {
-      guard !scope.isEmpty else {
-        throw TesseraError.invalidArgument("'\(params.path("requestedScopes"))' holds an empty scope.")
-      }
-      try RequestOptions.checkText(
-        scope, name: params.path("requestedScopes"), max: ArgumentLimits.scopeBytes, allowSpaces: false)
-    }
+    let scopes = try Self.requestedScopes(params)
     var token = TokenRequest(clientID: clientID, scopes: scopes, correlationID: correlationID)
     token.caller = caller
     token.authority = try params.text("authority", max: RequestOptions.authority.maxBytes)
@@ -269,6 +259,23 @@ public struct MicrosoftFront: Sendable {
   }
 
   // MARK: - Arguments
+
+  /// authParameters' requestedScopes: at least one, none empty, each within the option table's
+  /// limits.
+  static func requestedScopes(_ params: MicrosoftRequest.Object) throws -> [String] {
+    let scopes = try params.strings("requestedScopes", maxCount: ArgumentLimits.scopes)
+    guard !scopes.isEmpty else {
+      throw TesseraError.invalidArgument("'\(params.path("requestedScopes"))' is empty: name the scopes you need.")
+    }
+    for scope in scopes {
+      guard !scope.isEmpty else {
+        throw TesseraError.invalidArgument("'\(params.path("requestedScopes"))' holds an empty scope.")
+      }
+      try RequestOptions.checkText(
+        scope, name: params.path("requestedScopes"), max: ArgumentLimits.scopeBytes, allowSpaces: false)
+    }
+    return scopes
+  }
 
   static func checkProtocolVersion(_ version: String) throws {
     let parts = version.split(separator: ".", omittingEmptySubsequences: false)

@@ -272,64 +272,16 @@ extension Broker {
         "Tessera keeps its items in the \(kind) store already: there is nothing to move. (`tessera status` shows the store in use.)"
       )
     }
-    if let target = BrokerConfig.StoreChoice(rawValue: kind), !adminPolicy.allows(target) {
-      throw TesseraError(
-        .accessDenied,
-        "The administrator's policy does not allow the \(kind) store (allowed_stores in [policy] of \(adminPolicy.files.joined(separator: ", "))): Tessera's items stay where they are."
-      )
-    }
-    if config.store != .auto && config.store.rawValue != kind {
-      throw TesseraError(
-        .configuration,
-        "config.toml says store = \"\(config.store.rawValue)\": set it to \"\(kind)\" or \"auto\" first, then run this again (otherwise the next start would open the \(config.store.rawValue) store)."
-      )
-    }
-    guard from != StatusReport.StoreKind.memory else {
-      throw TesseraError.invalidArgument(
-        "The memory store keeps nothing to move. Set store = \"\(kind)\" in config.toml, restart tesserad and sign in again."
-      )
-    }
+    try checkMoveAllowed(to: kind, from: from)
     guard let opener = deps.storeOpener, let journal = deps.moveJournal else {
       throw TesseraError(
         .environment, "This tesserad cannot move its store: it has no place for the move journal (set HOME).")
     }
-    let target: any SecretStore
-    do {
-      target = try opener.open(kind)
-      try await target.probe(withinSeconds: 1.5)
-    } catch {
-      let cause = TesseraError.wrap(error)
-      throw TesseraError(
-        .storeUnavailable, "The \(kind) store cannot be used now, so nothing was moved: \(cause.message)")
-    }
+    let target = try await openTarget(kind, opener)
     try await ensureLoaded()
     let source = storeSlot.current
     let slot = storeSlot
-    // A journal of this same move (one that failed part-way) is finished; another move's must be
-    // finished first (at start); otherwise a target that already holds items of its own would mix
-    // them with these.
-    if let note = journal.pending(), note.from != from || note.to != kind {
-      throw TesseraError.invalidArgument(
-        "An earlier move from the \(note.from) store to the \(note.to) store is not finished: restart tesserad (it finishes it at start), then run this again if you still need to."
-      )
-    }
-    if journal.pending() == nil {
-      let already: Int
-      do { already = try await StoreMove.count(in: target) } catch {
-        throw TesseraError(
-          .storeUnavailable,
-          "The \(kind) store cannot be read now, so nothing was moved: \(TesseraError.wrap(error).message)")
-      }
-      if already > 0 {
-        let how =
-          kind == StatusReport.StoreKind.file
-          ? "stop tesserad, remove \(target.storeDescription.path ?? "the file store's directory"), start it again"
-          : "remove them (`secret-tool clear tessera_schema 1`: it removes only Tessera's items)"
-        throw TesseraError.invalidArgument(
-          "The \(kind) store already holds \(already) of Tessera's items (left from an earlier use): \(how), then run this again. Nothing was moved."
-        )
-      }
-    }
+    try await checkTargetTakesTheMove(target, kind, from: from, journal: journal)
     let logger = self.logger
     let moved = try await storeWriter.exclusive { () async throws -> Int in
       // Checked again where the writes are serialized: the store in use is still this move's source.
@@ -363,5 +315,71 @@ extension Broker {
     logger.notice(
       "Moved the store", metadata: ["from": "\(from)", "to": "\(kind)", "items": "\(moved)"])
     return StoreMoveResult(from: from, to: kind, items: moved)
+  }
+
+  /// What may refuse a move before any store is touched: the administrator's policy, config.toml
+  /// naming another store, and the memory store (which has nothing to move).
+  private func checkMoveAllowed(to kind: String, from: String) throws {
+    if let target = BrokerConfig.StoreChoice(rawValue: kind), !adminPolicy.allows(target) {
+      throw TesseraError(
+        .accessDenied,
+        "The administrator's policy does not allow the \(kind) store (allowed_stores in [policy] of \(adminPolicy.files.joined(separator: ", "))): Tessera's items stay where they are."
+      )
+    }
+    if config.store != .auto && config.store.rawValue != kind {
+      throw TesseraError(
+        .configuration,
+        "config.toml says store = \"\(config.store.rawValue)\": set it to \"\(kind)\" or \"auto\" first, then run this again (otherwise the next start would open the \(config.store.rawValue) store)."
+      )
+    }
+    guard from != StatusReport.StoreKind.memory else {
+      throw TesseraError.invalidArgument(
+        "The memory store keeps nothing to move. Set store = \"\(kind)\" in config.toml, restart tesserad and sign in again."
+      )
+    }
+  }
+
+  /// The target store, opened and asked whether it can be used now.
+  private func openTarget(_ kind: String, _ opener: any StoreOpener) async throws -> any SecretStore {
+    let target: any SecretStore
+    do {
+      target = try opener.open(kind)
+      try await target.probe(withinSeconds: 1.5)
+    } catch {
+      let cause = TesseraError.wrap(error)
+      throw TesseraError(
+        .storeUnavailable, "The \(kind) store cannot be used now, so nothing was moved: \(cause.message)")
+    }
+    return target
+  }
+
+  /// A journal of this same move (one that failed part-way) is finished; another move's must be
+  /// finished first (at start); otherwise a target that already holds items of its own would mix
+  /// them with these, and is refused.
+  private func checkTargetTakesTheMove(
+    _ target: any SecretStore, _ kind: String, from: String, journal: any StoreMoveJournal
+  ) async throws {
+    if let note = journal.pending(), note.from != from || note.to != kind {
+      throw TesseraError.invalidArgument(
+        "An earlier move from the \(note.from) store to the \(note.to) store is not finished: restart tesserad (it finishes it at start), then run this again if you still need to."
+      )
+    }
+    if journal.pending() == nil {
+      let already: Int
+      do { already = try await StoreMove.count(in: target) } catch {
+        throw TesseraError(
+          .storeUnavailable,
+          "The \(kind) store cannot be read now, so nothing was moved: \(TesseraError.wrap(error).message)")
+      }
+      if already > 0 {
+        let how =
+          kind == StatusReport.StoreKind.file
+          ? "stop tesserad, remove \(target.storeDescription.path ?? "the file store's directory"), start it again"
+          : "remove them (`secret-tool clear tessera_schema 1`: it removes only Tessera's items)"
+        throw TesseraError.invalidArgument(
+          "The \(kind) store already holds \(already) of Tessera's items (left from an earlier use): \(how), then run this again. Nothing was moved."
+        )
+      }
+    }
   }
 }

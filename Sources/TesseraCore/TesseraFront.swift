@@ -117,41 +117,26 @@ public struct TesseraFront: Sendable {
       await broker.auditForwardRefusal(caller, method: name)
       throw AccessPolicy.forwardRefusal(app, "call \(name)")
     }
-    func string(_ i: Int) -> String { args[i].stringValue ?? "" }
-    func strings(_ i: Int) -> [String] { if case .strings(let v) = args[i] { v } else { [] } }
-    func dict(_ i: Int) -> [String: BusValue] { args[i].dictValue ?? [:] }
+    let a = Arguments(values: args)
     switch method {
     case .acquireToken:
       var request = try RequestParser.tokenRequest(
-        clientID: string(0), scopes: strings(1), accountID: "", options: dict(2), method: .acquireToken)
+        clientID: a.string(0), scopes: a.strings(1), accountID: "", options: a.dict(2), method: .acquireToken)
       request.caller = caller
       describe(request, into: &metadata)
       return [.dict(try await signIn(request, caller: caller))]
     case .acquireTokenSilent:
       var request = try RequestParser.tokenRequest(
-        clientID: string(0), scopes: strings(1), accountID: string(2), options: dict(3))
+        clientID: a.string(0), scopes: a.strings(1), accountID: a.string(2), options: a.dict(3))
       request.caller = caller
       describe(request, into: &metadata)
       return [.dict(try await silentToken(request))]
     case .getAccounts:
-      var parsed = try RequestParser.accountFilter(dict(0))
-      parsed.caller = caller
-      if let clientID = parsed.clientID { metadata["client_id"] = "\(clientID)" }
-      let accounts = try await broker.knownAccounts(matching: parsed)
-      metadata["accounts"] = "\(accounts.count)"
-      let current = await broker.currentAccountIDs()
-      return [
-        .dicts(
-          accounts.map { account in
-            var info = account.info
-            info.current = current.contains(account.id)
-            return info.busValue
-          })
-      ]
+      return try await accounts(a, caller, &metadata)
     case .countHiddenAccounts:
       return [.uint32(UInt32(clamping: try await broker.hiddenAccountCount(caller)))]
     case .signOut:
-      var request = try RequestParser.signOutRequest(accountID: string(0), options: dict(1))
+      var request = try RequestParser.signOutRequest(accountID: a.string(0), options: a.dict(1))
       request.caller = caller
       metadata["correlation_id"] = "\(request.correlationID)"
       metadata["account_id"] = "\(request.accountID)"
@@ -165,97 +150,34 @@ public struct TesseraFront: Sendable {
     case .listGrants:
       return [.dicts(try await broker.grantList(caller: caller).map(\.busValue))]
     case .grant:
-      metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
-      metadata["client_id"] = "\(SafeText.clip(string(1), limit: 300))"
+      metadata["app_key"] = "\(SafeText.clip(a.string(0), limit: 300))"
+      metadata["client_id"] = "\(SafeText.clip(a.string(1), limit: 300))"
       try await broker.grant(
-        app: string(0), clientID: string(1), accountID: string(2), authority: string(3), scopes: strings(4),
-        operations: strings(5), caller: caller)
+        app: a.string(0), clientID: a.string(1), accountID: a.string(2), authority: a.string(3), scopes: a.strings(4),
+        operations: a.strings(5), caller: caller)
       return []
     case .revoke:
-      metadata["app_key"] = "\(SafeText.clip(string(0), limit: 300))"
+      metadata["app_key"] = "\(SafeText.clip(a.string(0), limit: 300))"
       let removed = try await broker.revoke(
-        app: string(0), clientID: string(1).isEmpty ? nil : string(1), caller: caller)
+        app: a.string(0), clientID: a.string(1).isEmpty ? nil : a.string(1), caller: caller)
       return [.uint32(UInt32(clamping: removed))]
     case .getAccessLog:
       return [.dicts(try await broker.accessLog(caller: caller).map(\.busValue))]
     case .setCurrentAccount:
-      try RequestOptions.checkText(string(0), name: "account", max: ArgumentLimits.accountIDBytes)
-      try RequestOptions.checkText(string(1), name: "authority", max: 2048, allowSpaces: false)
-      guard !string(0).isEmpty else {
-        throw TesseraError.invalidArgument(
-          "SetCurrentAccount needs an account id or username. Call GetAccounts to list them.")
-      }
-      let account = try await broker.makeCurrent(string(0), authority: string(1), caller: caller)
-      metadata["account_id"] = "\(account.id)"
-      var info = account.info
-      info.current = true
-      return [.dict(info.busValue)]
+      return try await setCurrentAccount(a, caller, &metadata)
     case .moveStore:
-      try RequestOptions.checkText(string(0), name: "to", max: 64, allowSpaces: false)
-      if let key = dict(1).keys.sorted().first {
-        throw TesseraError.invalidArgument(
-          "MoveStore takes no option '\(RequestOptions.clip(key))': its options must be empty.")
-      }
-      metadata["to"] = "\(string(0))"
-      let result = try await broker.moveStore(to: string(0), caller: caller)
-      metadata["from"] = "\(result.from)"
-      metadata["items"] = "\(result.items)"
-      return [.dict(result.busValue)]
+      return try await moveStore(a, caller, &metadata)
     case .addForward:
-      try await broker.checkMayManage(caller)
-      try await broker.checkForwardingAllowed()
-      let (name, host, path) = (string(0), string(1), string(2))
-      guard AppIdentity.isForwardName(name) else {
-        throw TesseraError.invalidArgument(
-          "'\(RequestOptions.clip(name))' cannot name a forward: use 1 to 64 of the letters A-Z a-z, digits, '.', '_' and '-', not starting with '.'."
-        )
-      }
-      try RequestOptions.checkText(host, name: "host", max: 255)
-      guard host.isEmpty || AppIdentity.isForwardHost(host) else {
-        throw TesseraError.invalidArgument(
-          "'\(RequestOptions.clip(host))' cannot be a forward's host: give the ssh destination as `host` or `user@host` (letters, digits and . _ - @ : [ ] %)."
-        )
-      }
-      try RequestOptions.checkText(path, name: "path", max: 107)
-      guard path.isEmpty || path.hasPrefix("/") else {
-        throw TesseraError.invalidArgument(
-          "The forward's path '\(RequestOptions.clip(path))' must be absolute (or empty for the default place).")
-      }
-      try RequestOptions.validate(dict(3), for: .addForward)
-      var lasting = false
-      if case .bool(let value)? = dict(3)[RequestOptions.lasting.key] { lasting = value }
-      guard let forwards = broker.deps.forwards else {
-        throw TesseraError.invalidArgument("This tesserad cannot make forwards (it serves no socket of its own).")
-      }
-      metadata["forward"] = "\(name)"
-      metadata["host"] = "\(host)"
-      let made = try await forwards.open(name: name, host: host, path: path, lasting: lasting, owner: caller)
-      // A reload that forbade forwards while this one was being opened: it goes too.
-      do { try await broker.checkForwardingAllowed() } catch {
-        _ = await forwards.close(name: name, reason: Broker.forwardsForbidden)
-        throw error
-      }
-      metadata["path"] = "\(made)"
-      return [.string(made)]
+      return try await addForward(a, caller, &metadata)
     case .removeForward:
-      try await broker.checkMayManage(caller)
-      try RequestOptions.checkText(string(0), name: "name", max: 64)
-      metadata["forward"] = "\(string(0))"
-      guard let forwards = broker.deps.forwards,
-        await forwards.close(name: string(0), reason: "ended by RemoveForward (`tessera forward --stop`)")
-      else {
-        throw TesseraError.invalidArgument(
-          "There is no forward named '\(RequestOptions.clip(string(0)))'. `tessera forward --list` shows the live ones."
-        )
-      }
-      return []
+      return try await removeForward(a, caller, &metadata)
     case .listForwards:
       try await broker.checkMayManage(caller)
       let list = await broker.deps.forwards?.list() ?? []
       return [.dicts(list.map(\.busValue))]
     case .cancel:
-      metadata["correlation_id"] = "\(string(0))"
-      try await broker.cancel(correlationID: string(0), caller: caller)
+      metadata["correlation_id"] = "\(a.string(0))"
+      try await broker.cancel(correlationID: a.string(0), caller: caller)
       return []
     }
   }

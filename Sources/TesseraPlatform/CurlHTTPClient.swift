@@ -157,49 +157,13 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     let exchangePointer = Unmanaged.passUnretained(exchange).toOpaque()
     var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
 
-    // Every option is checked: on a libcurl that lacks one (CURLOPT_PROTOCOLS_STR needs 7.85, a CA
-    // blob needs a TLS back-end that takes one) the request is refused, never sent without it.
     let setopt = lib.easySetopt
-    func set(_ result: CURLcode, _ name: String) throws {
-      guard result == CURLE_OK else {
-        throw TesseraError.environment(
-          "The installed libcurl refused \(name) (\(lib.easyStrerror(result).map { String(cString: $0) } ?? "error \(result.rawValue)")). "
-            + "Install libcurl 7.85 or later built with OpenSSL (Debian: libcurl4), then retry.")
-      }
-    }
+    let set = { (result: CURLcode, name: String) throws in try Self.check(lib, result, name) }
     let code: CURLcode = try withExtendedLifetime(exchange) {
       try errorBuffer.withUnsafeMutableBufferPointer { errorPointer in
-        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_URL, request.url), "CURLOPT_URL")
-        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
-        try set(
-          tessera_curl_setopt_long(setopt, curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000)), "CURLOPT_TIMEOUT_MS")
-        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000), "CURLOPT_CONNECTTIMEOUT_MS")
-        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_FOLLOWLOCATION, 0), "CURLOPT_FOLLOWLOCATION")
-        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_PROTOCOLS_STR, protocols), "CURLOPT_PROTOCOLS_STR")
-        // libcurl's defaults, set anyway: a build or an environment that changed them gets no say.
-        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYPEER, 1), "CURLOPT_SSL_VERIFYPEER")
-        try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYHOST, 2), "CURLOPT_SSL_VERIFYHOST")
-        try set(
-          tessera_curl_setopt_long(setopt, curl, CURLOPT_SSLVERSION, CURL_SSLVERSION_TLSv1_2),
-          "CURLOPT_SSLVERSION (TLS 1.2 at least)")
-        try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_USERAGENT, Self.userAgent), "CURLOPT_USERAGENT")
-        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HTTPHEADER, headerList), "CURLOPT_HTTPHEADER")
-        try set(
-          tessera_curl_setopt_pointer(setopt, curl, CURLOPT_ERRORBUFFER, errorPointer.baseAddress),
-          "CURLOPT_ERRORBUFFER")
-        try set(
-          tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_WRITEFUNCTION, writeBody), "CURLOPT_WRITEFUNCTION")
-        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_WRITEDATA, exchangePointer), "CURLOPT_WRITEDATA")
-        try set(
-          tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_HEADERFUNCTION, writeHeader), "CURLOPT_HEADERFUNCTION"
-        )
-        try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HEADERDATA, exchangePointer), "CURLOPT_HEADERDATA")
-        if request.method == "POST" {
-          try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POST, 1), "CURLOPT_POST")
-          try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POSTFIELDSIZE, body.count), "CURLOPT_POSTFIELDSIZE")
-          try set(
-            tessera_curl_setopt_pointer(setopt, curl, CURLOPT_POSTFIELDS, bodyBuffer.baseAddress), "CURLOPT_POSTFIELDS")
-        }
+        try setRequestOptions(
+          lib, curl, request, headers: headerList, errors: errorPointer.baseAddress, exchange: exchangePointer,
+          body: UnsafeRawBufferPointer(start: bodyBuffer.baseAddress, count: body.count))
         let trustsCAFile = Self.trustsCAFile(for: request.url, caFileForMicrosoft: caFileForMicrosoft)
         if let path = trustsCAFile ? caPath ?? (caBundle == nil ? systemCAPath : nil) : systemCAPath {
           // One bundle, no CA directory: the parsed store is cached with the handle.
@@ -232,6 +196,59 @@ public final class CurlHTTPClient: HTTPClient, @unchecked Sendable {
     var status = 0
     _ = tessera_curl_getinfo_long(lib.easyGetinfo, curl, CURLINFO_RESPONSE_CODE, &status)
     return HTTPResponse(status: status, headers: exchange.headers, body: exchange.body)
+  }
+
+  /// Every option is checked: on a libcurl that lacks one (CURLOPT_PROTOCOLS_STR needs 7.85, a CA
+  /// blob needs a TLS back-end that takes one) the request is refused, never sent without it.
+  private static func check(_ lib: CurlLibrary, _ result: CURLcode, _ name: String) throws {
+    guard result == CURLE_OK else {
+      throw TesseraError.environment(
+        "The installed libcurl refused \(name) (\(lib.easyStrerror(result).map { String(cString: $0) } ?? "error \(result.rawValue)")). "
+          + "Install libcurl 7.85 or later built with OpenSSL (Debian: libcurl4), then retry.")
+    }
+  }
+
+  /// The request's own options (everything but its CA), each checked.
+  private func setRequestOptions(
+    _ lib: CurlLibrary, _ curl: UnsafeMutableRawPointer, _ request: HTTPRequest,
+    headers: UnsafeMutablePointer<curl_slist>?,
+    errors: UnsafeMutablePointer<CChar>?, exchange: UnsafeMutableRawPointer, body: UnsafeRawBufferPointer
+  ) throws {
+    let setopt = lib.easySetopt
+    let set = { (result: CURLcode, name: String) throws in try Self.check(lib, result, name) }
+    try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_URL, request.url), "CURLOPT_URL")
+    try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
+    try set(
+      tessera_curl_setopt_long(setopt, curl, CURLOPT_TIMEOUT_MS, Int(request.timeout * 1000)), "CURLOPT_TIMEOUT_MS")
+    try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_CONNECTTIMEOUT_MS, 5_000), "CURLOPT_CONNECTTIMEOUT_MS")
+    try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_FOLLOWLOCATION, 0), "CURLOPT_FOLLOWLOCATION")
+    try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_PROTOCOLS_STR, protocols), "CURLOPT_PROTOCOLS_STR")
+    // libcurl's defaults, set anyway: a build or an environment that changed them gets no say.
+    try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYPEER, 1), "CURLOPT_SSL_VERIFYPEER")
+    try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_SSL_VERIFYHOST, 2), "CURLOPT_SSL_VERIFYHOST")
+    try set(
+      tessera_curl_setopt_long(setopt, curl, CURLOPT_SSLVERSION, CURL_SSLVERSION_TLSv1_2),
+      "CURLOPT_SSLVERSION (TLS 1.2 at least)")
+    try set(tessera_curl_setopt_string(setopt, curl, CURLOPT_USERAGENT, Self.userAgent), "CURLOPT_USERAGENT")
+    try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HTTPHEADER, headers), "CURLOPT_HTTPHEADER")
+    try set(
+      tessera_curl_setopt_pointer(setopt, curl, CURLOPT_ERRORBUFFER, errors),
+      "CURLOPT_ERRORBUFFER")
+    try set(
+      tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_WRITEFUNCTION, writeBody), "CURLOPT_WRITEFUNCTION")
+    try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_WRITEDATA, exchange), "CURLOPT_WRITEDATA")
+    try set(
+      tessera_curl_setopt_data_callback(setopt, curl, CURLOPT_HEADERFUNCTION, writeHeader), "CURLOPT_HEADERFUNCTION"
+    )
+    try set(tessera_curl_setopt_pointer(setopt, curl, CURLOPT_HEADERDATA, exchange), "CURLOPT_HEADERDATA")
+    if request.method == "POST" {
+      try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POST, 1), "CURLOPT_POST")
+      try set(tessera_curl_setopt_long(setopt, curl, CURLOPT_POSTFIELDSIZE, body.count), "CURLOPT_POSTFIELDSIZE")
+      try set(
+        tessera_curl_setopt_pointer(
+          setopt, curl, CURLOPT_POSTFIELDS, UnsafeMutableRawPointer(mutating: body.baseAddress)),
+        "CURLOPT_POSTFIELDS")
+    }
   }
 
   /// Closes the pooled handles unused for longer than `limit`, with their connections: an idle

@@ -59,24 +59,10 @@ struct Tesserad: AsyncParsableCommand {
     signal(SIGHUP, SIG_IGN)
     let hangups = await UnixSignalsSequence(trapping: .sighup)
     let path = ConfigLocation.path(option: config, environment: environment)
-    // The administrator's files (/etc/tessera), then the user's: any problem in any of them is a
-    // reason not to start (exit 78, sysexits' EX_CONFIG), each on a line with its file and line.
-    let effective: EffectiveConfig
-    switch ConfigFiles.load(option: config, environment: environment) {
-    case .loaded(let loaded): effective = loaded
-    case .problems(let problems):
-      for problem in problems { printError("tesserad: bad configuration: \(problem)") }
-      throw ExitCode(78)
-    }
+    let effective = try loadConfiguration(environment)
     let brokerConfig = effective.config
     let levels = LogLevelSwitch(Logger.Level(rawValue: logLevel ?? brokerConfig.logLevel) ?? .info)
-    LoggingSystem.bootstrap { label in
-      if JournalLogHandler.isJournalStream {
-        return InertLogHandler(
-          SwitchedLogHandler(JournalLogHandler(identifier: "tesserad", level: .trace), levels: levels))
-      }
-      return InertLogHandler(SwitchedLogHandler(StreamLogHandler.standardError(label: label), levels: levels))
-    }
+    Self.bootstrapLogging(levels)
     let logger = Logger(label: "tesserad")
 
     let http: ReloadableHTTPClient
@@ -86,55 +72,15 @@ struct Tesserad: AsyncParsableCommand {
       printError("tesserad: \(error)")
       throw ExitCode(78)
     }
-    // tesserad's own socket: the one systemd passes (tessera.socket), else made here. Another
-    // tesserad already serving it is a reason not to start; failing to make it is not (the bus
-    // still serves), unless there is no bus either (BusServer says so then).
-    var listener = DirectSocket.fromSystemd()
-    if listener == nil, let socketPath = DirectSocket.path(environment: environment) {
-      do {
-        listener = try DirectSocket.listen(at: socketPath)
-      } catch  where error.alreadyServed {
-        printError("tesserad: \(error)")
-        throw ExitCode(1)
-      } catch {
-        logger.warning("tesserad serves no socket of its own", metadata: ["reason": "\(error)"])
-      }
-    }
-    let store: any SecretStore
+    let listener = try Self.ownSocket(environment, logger: logger)
     let moveJournal = FileStoreMoveJournal.defaultPath(environment: environment).map(FileStoreMoveJournal.init(path:))
     let opener = DaemonStoreOpener(environment: environment, logger: logger)
-    if let finished = await StoreMove.finishInterrupted(
-      moveJournal, opener: opener, configured: brokerConfig.store, policy: effective.policy,
-      probeSeconds: autoProbeSeconds, logger: logger)
-    {
-      store = finished
-    } else {
-      switch await chooseStore(brokerConfig.store, policy: effective.policy, environment: environment, logger: logger) {
-      case .success(let chosen): store = chosen
-      case .failure(let problem):
-        printError("tesserad: \(problem.message)")
-        throw ExitCode(78)
-      }
-    }
+    let store = try await Self.openStore(
+      effective, environment, opener: opener, moveJournal: moveJournal, logger: logger)
     let requests = RequestRouter()
-    let busLogger = logger
     // Microsoft's broker protocol is one more front of the same engine, unless config.toml turns it off.
     let fronts = [BrokerInterface.description] + (brokerConfig.microsoftBroker ? [MicrosoftBrokerInterface.served] : [])
-    let server = BusServer(
-      interfaces: fronts,
-      log: { level, message in
-        switch level {
-        case .info: busLogger.info("\(message)")
-        case .notice: busLogger.notice("\(message)")
-        case .error: busLogger.error("\(message)")
-        }
-      },
-      onCall: { call, token in requests.dispatch(call, token) },
-      onCallerGone: { busName in requests.callerGone(busName) },
-      answerAtOnce: { call in requests.answerAtOnce(call) },
-      identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) },
-      identifyPinned: { pidfd, pid, label in CallerIdentity.pin(pidfd: pidfd, pid: pid, label: label) },
-      listener: listener)
+    let server = Self.busServer(fronts, requests, listener: listener, logger: logger)
     // Forwards' sockets go beside tesserad's own (`tessera/forward/`); a killed run's are removed.
     let forwardDirectory = listener.map { DirectSocket.directory(of: $0.path) + "/forward" }
     if let forwardDirectory { BusForwards.removeStale(in: forwardDirectory) }
@@ -164,6 +110,101 @@ struct Tesserad: AsyncParsableCommand {
       server: server, handler: TesseraFront(broker: broker, logger: logger),
       microsoft: MicrosoftFront(broker: broker, logger: logger))
 
+    try await Self.serve(
+      broker: broker, server: server, http: http, notifier: notifier, reloader: reloader, hangups: hangups,
+      configPath: path, microsoftNames: fronts.dropFirst().map(\.busName), listener: listener, logger: logger)
+  }
+
+  /// The administrator's files (/etc/tessera), then the user's: any problem in any of them is a
+  /// reason not to start (exit 78, sysexits' EX_CONFIG), each on a line with its file and line.
+  func loadConfiguration(_ environment: [String: String]) throws -> EffectiveConfig {
+    switch ConfigFiles.load(option: config, environment: environment) {
+    case .loaded(let loaded): return loaded
+    case .problems(let problems):
+      for problem in problems { printError("tesserad: bad configuration: \(problem)") }
+      throw ExitCode(78)
+    }
+  }
+
+  /// Logs go to the journal when tesserad's stderr is the journal's stream, else to stderr; each
+  /// level switchable at a reload; no token ever reaches either (InertLogHandler).
+  static func bootstrapLogging(_ levels: LogLevelSwitch) {
+    LoggingSystem.bootstrap { label in
+      if JournalLogHandler.isJournalStream {
+        return InertLogHandler(
+          SwitchedLogHandler(JournalLogHandler(identifier: "tesserad", level: .trace), levels: levels))
+      }
+      return InertLogHandler(SwitchedLogHandler(StreamLogHandler.standardError(label: label), levels: levels))
+    }
+  }
+
+  /// tesserad's own socket: the one systemd passes (tessera.socket), else made here. Another
+  /// tesserad already serving it is a reason not to start; failing to make it is not (the bus
+  /// still serves), unless there is no bus either (BusServer says so then).
+  static func ownSocket(_ environment: [String: String], logger: Logger) throws -> DirectSocket.Listener? {
+    if let passed = DirectSocket.fromSystemd() { return passed }
+    guard let socketPath = DirectSocket.path(environment: environment) else { return nil }
+    do {
+      return try DirectSocket.listen(at: socketPath)
+    } catch  where error.alreadyServed {
+      printError("tesserad: \(error)")
+      throw ExitCode(1)
+    } catch {
+      logger.warning("tesserad serves no socket of its own", metadata: ["reason": "\(error)"])
+      return nil
+    }
+  }
+
+  /// The store: the one an interrupted move leaves in use (finished first), else config.toml's
+  /// choice; a choice that cannot be had is a reason not to start (exit 78).
+  static func openStore(
+    _ effective: EffectiveConfig, _ environment: [String: String], opener: DaemonStoreOpener,
+    moveJournal: FileStoreMoveJournal?, logger: Logger
+  ) async throws -> any SecretStore {
+    if let finished = await StoreMove.finishInterrupted(
+      moveJournal, opener: opener, configured: effective.config.store, policy: effective.policy,
+      probeSeconds: autoProbeSeconds, logger: logger)
+    {
+      return finished
+    }
+    switch await chooseStore(
+      effective.config.store, policy: effective.policy, environment: environment, logger: logger)
+    {
+    case .success(let chosen): return chosen
+    case .failure(let problem):
+      printError("tesserad: \(problem.message)")
+      throw ExitCode(78)
+    }
+  }
+
+  /// The bus server: the fronts on the session bus and tesserad's own socket, each call routed to
+  /// its front, callers identified by CallerIdentity.
+  static func busServer(
+    _ fronts: [InterfaceDescription], _ requests: RequestRouter, listener: DirectSocket.Listener?, logger: Logger
+  ) -> BusServer {
+    BusServer(
+      interfaces: fronts,
+      log: { level, message in
+        switch level {
+        case .info: logger.info("\(message)")
+        case .notice: logger.notice("\(message)")
+        case .error: logger.error("\(message)")
+        }
+      },
+      onCall: { call, token in requests.dispatch(call, token) },
+      onCallerGone: { busName in requests.callerGone(busName) },
+      answerAtOnce: { call in requests.answerAtOnce(call) },
+      identify: { pid, label in CallerIdentity.pin(pid: pid, label: label) },
+      identifyPinned: { pidfd, pid, label in CallerIdentity.pin(pidfd: pidfd, pid: pid, label: label) },
+      listener: listener)
+  }
+
+  /// Runs the daemon's services until the bus goes away or SIGTERM/SIGINT, then leaves.
+  static func serve(
+    broker: Broker, server: BusServer, http: ReloadableHTTPClient, notifier: DesktopNotifier, reloader: ConfigReloader,
+    hangups: UnixSignalsSequence, configPath path: String, microsoftNames: [String], listener: DirectSocket.Listener?,
+    logger: Logger
+  ) async throws {
     // After each maintenance pass, idle connections to identity providers are closed and freed
     // memory goes back to the system (both block: a thread of their own).
     let tidy: @Sendable () -> Void = {
@@ -176,7 +217,7 @@ struct Tesserad: AsyncParsableCommand {
       }
     }
     let bus = BusService(
-      server: server, logger: logger, configPath: path, microsoftNames: fronts.dropFirst().map(\.busName),
+      server: server, logger: logger, configPath: path, microsoftNames: microsoftNames,
       socketPath: listener.map { $0.fromSystemd ? "\($0.path) (from systemd)" : $0.path },
       started: { missing in await broker.noteSessionBus(missing: missing) })
     // Started in this order, stopped in reverse: the bus first, the keyring's queue last. The bus
