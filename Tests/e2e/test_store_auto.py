@@ -12,9 +12,10 @@ import dbus
 import dbus.bus
 import pytest
 
-from conftest import TESSERA, Broker, Daemon, expect_error, run_cli, stop_process, wait_until
+from conftest import TESSERA, Broker, expect_error, stop_process, wait_until
 from tessera_keyring import SECRETS
 from tessera_session import bus_config
+from test_faults_keyring import PrivateSession
 
 PASSWORD = os.environ["TESSERA_TEST_KEYRING_PASSWORD"]
 
@@ -60,9 +61,10 @@ def test_a_keyring_locked_at_start_stays_the_store(start_daemon, write_config, k
         b.close()
 
 
-class ActivatingSession:
+class ActivatingSession(PrivateSession):
     """A session bus of its own whose Secret Service D-Bus starts on demand, as a desktop's does:
-    through `Exec` in a service file, with the environment given to the bus daemon."""
+    through `Exec` in a service file, with the environment given to the bus daemon. (A
+    PrivateSession's bus starts nothing; its connection and daemon helpers serve here too.)"""
 
     def __init__(self, tmp_path, exec_line, extra_env=None):
         self.dir = tmp_path
@@ -85,9 +87,6 @@ class ActivatingSession:
         assert self.address, "dbus-daemon did not start"
         self.env["DBUS_SESSION_BUS_ADDRESS"] = self.address
         self.store_dir = tmp_path / "state" / "tessera" / "store"
-
-    def connection(self):
-        return dbus.bus.BusConnection(self.address)
 
     def keyring_pid(self):
         """The pid of the process that owns org.freedesktop.secrets here; None when none does."""
@@ -120,14 +119,6 @@ class ActivatingSession:
         if pid is not None:
             os.kill(pid, 15)
             wait_until(lambda: self.keyring_pid() is None, timeout=30, what="the keyring to be gone")
-
-    def daemon(self, config, log_path):
-        d = Daemon(config, log_path, dict(self.env))
-        d._conn.close()
-        d._conn = self.connection()
-        d._dbus = dbus.Interface(d._conn.get_object("org.freedesktop.DBus", "/org/freedesktop/DBus"),
-                                 "org.freedesktop.DBus")
-        return d
 
     def close(self):
         try:
