@@ -20,7 +20,8 @@ extension ServerTests {
     let path: String
     let server: BusServer
     let calls = Locked<[BusServer.Call]>([])
-    let gone = Locked<[String]>([])
+    /// The callers the server reported gone, for a test to wait on.
+    let gone = Reports<String>()
 
     init(
       reply: @escaping @Sendable (BusServer.Call) -> Result<[BusValue], TesseraError>? = { _ in .success([]) },
@@ -46,7 +47,7 @@ extension ServerTests {
           calls.withLock { $0.append(call) }
           if let result = reply(call) { box.withLock { $0 }?.reply(token, result) }
         },
-        onCallerGone: { name in gone.withLock { $0.append(name) } }, identifyPinned: identifyPinned,
+        onCallerGone: { name in gone.append(name) }, identifyPinned: identifyPinned,
         listener: listener)
       server.kernelPeerPidfd = kernelPeerPidfd
       box.withLock { $0 = server }
@@ -54,7 +55,8 @@ extension ServerTests {
     }
 
     func call(_ client: BusClient, _ member: String, _ arguments: [BusValue]) throws(BusCallError) -> [BusValue] {
-      try client.call(member: member, arguments: arguments, timeoutSeconds: 10)
+      // 30 s only bounds a hang: every call here is answered at once.
+      try client.call(member: member, arguments: arguments, timeoutSeconds: 30)
     }
 
     deinit {
@@ -89,27 +91,35 @@ extension ServerTests {
   }
 
   @Test func aSignalForOneConnectionReachesItAndAClosedConnectionIsReportedGone() async throws {
-    let h = try await DirectHarness(reply: { _ in nil })  // the sign-in never ends: the call times out
-    let server = h.server
-    let signalled = Locked<[String]>([])
-    let sender = Task {
-      while h.calls.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(10)) }
-      let caller = h.calls.withLock { $0[0].caller.busName }
-      server.emit(
+    // The sign-in never ends; the bus thread sends the caller its signal as the call arrives, and
+    // the client ends its call once the signal is in: each step waits on the one before, not on a
+    // time (a task polling beside the blocking call starved on the 2-thread pool, and the call
+    // timed out with no signal).
+    let server = Locked<BusServer?>(nil)
+    let h = try await DirectHarness(reply: { call in
+      server.withLock { $0 }?.emit(
         BrokerInterface.description, "InteractionPending", [.string("c1"), .dict(["flow": .string("device_code")])],
-        to: caller)
-      return caller
-    }
+        to: call.caller.busName)
+      return nil
+    })
+    server.withLock { $0 = h.server }
+    let signalled = Locked<[String]>([])
     var client: BusClient? = try BusClient(directSocket: h.path)
-    _ = try? client!.call(
-      member: "AcquireToken", arguments: [.string(""), .strings([]), .dict([:])], timeoutSeconds: 2,
-      onSignal: { member, _ in signalled.withLock { $0.append(member) } })
-    let caller = try await sender.value
+    do throws(BusCallError) {
+      // 30 s only bounds a hang: the call ends as soon as the signal is in.
+      _ = try client!.call(
+        member: "AcquireToken", arguments: [.string(""), .strings([]), .dict([:])], timeoutSeconds: 30,
+        onSignal: { member, _ in signalled.withLock { $0.append(member) } },
+        stopped: { !signalled.withLock { $0.isEmpty } })
+      Issue.record("the sign-in that never ends was answered")
+    } catch {
+      #expect(error.name == BusClient.stoppedError, "the call ended on the signal, not \(error)")
+    }
+    let caller = try #require(h.calls.withLock { $0.first?.caller.busName })
     #expect(signalled.withLock { $0 } == ["InteractionPending"])
-    #expect(!h.gone.withLock { $0.contains(caller) })
+    #expect(!h.gone.values.contains(caller))
     client = nil  // closes the connection
-    for _ in 0..<200 where !h.gone.withLock({ $0.contains(caller) }) { try await Task.sleep(for: .milliseconds(10)) }
-    #expect(h.gone.withLock { $0.contains(caller) })
+    #expect(await h.gone.wait { $0.contains(caller) }, "the closed connection is reported gone")
   }
 
   @Test func listeningReplacesAStaleSocketAndRefusesAServedOne() async throws {

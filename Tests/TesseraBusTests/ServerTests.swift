@@ -15,7 +15,8 @@ struct ServerTests {
     let name = TestNames.make()
     let server: BusServer
     let calls = Locked<[BusServer.Call]>([])
-    let gone = Locked<[String]>([])
+    /// The callers the server reported gone, for a test to wait on.
+    let gone = Reports<String>()
     /// What the bus layer logged.
     let logs = Locked<[String]>([])
     let description: InterfaceDescription
@@ -40,7 +41,7 @@ struct ServerTests {
           // nil: leave the call pending (a sign-in that never ends).
           if let result = reply(call) { box.withLock { $0 }?.reply(token, result) }
         },
-        onCallerGone: { name in gone.withLock { $0.append(name) } }, answerAtOnce: answerAtOnce)
+        onCallerGone: { name in gone.append(name) }, answerAtOnce: answerAtOnce)
       box.withLock { $0 = server }
       try await server.start(onExit: { _ in })
     }
@@ -48,7 +49,8 @@ struct ServerTests {
     func client() throws -> BusClient { try BusClient() }
 
     func call(_ client: BusClient, _ member: String, _ arguments: [BusValue]) throws(BusCallError) -> [BusValue] {
-      try client.call(destination: name, member: member, arguments: arguments, timeoutSeconds: 10)
+      // 30 s only bounds a hang: every call here is answered at once.
+      try client.call(destination: name, member: member, arguments: arguments, timeoutSeconds: 30)
     }
 
     deinit { server.stop() }
@@ -134,9 +136,10 @@ struct ServerTests {
     }
     #expect(try get() == [.strings([])])
     h.server.setProperty(h.description, BrokerInterface.attentionNeeded, .strings(["acct-1"]))
-    // The change is applied on the bus thread: asked again until it shows (at most a second).
+    // The change is applied on the bus thread: asked again until it shows (30 s only bounds a hang).
     var value = try get()
-    for _ in 0..<100 where value != [.strings(["acct-1"])] {
+    let deadline = ContinuousClock.now + .seconds(30)
+    while value != [.strings(["acct-1"])] && ContinuousClock.now < deadline {
       try await Task.sleep(for: .milliseconds(10))
       value = try get()
     }
@@ -149,17 +152,19 @@ struct ServerTests {
     _ = try h.call(client!, "Cancel", [.string("c")])
     let name = try #require(h.calls.withLock { $0.first?.caller.busName })
     client = nil  // closes the connection
-    for _ in 0..<200 where !h.gone.withLock({ $0.contains(name) }) { try await Task.sleep(for: .milliseconds(10)) }
-    #expect(h.gone.withLock { $0.contains(name) })
+    #expect(await h.gone.wait { $0.contains(name) }, "the caller that left is reported gone")
   }
 
   @Test func aPendingCallIsAnsweredCancelledWhenTheServerStops() async throws {
-    let h = try await Harness(reply: { _ in nil })
-    let server = h.server
-    let stopper = Task {
-      while h.calls.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(10)) }
-      server.stop()
-    }
+    // The bus thread stops the server as the call arrives, the call left pending: the stop waits
+    // on the call, not a task polling beside the blocking call (which starved on the 2-thread pool
+    // until the call timed out).
+    let server = Locked<BusServer?>(nil)
+    let h = try await Harness(reply: { _ in
+      server.withLock { $0 }?.stop()
+      return nil
+    })
+    server.withLock { $0 = h.server }
     let client = try h.client()
     #expect {
       try h.call(client, "AcquireToken", [.string(""), .strings([]), .dict([:])])
@@ -167,6 +172,6 @@ struct ServerTests {
       let error = error as! BusCallError
       return error.name == "org.tessera.Broker1.Error.Cancelled" && error.message.contains("shutting down")
     }
-    try await stopper.value
+    #expect(h.calls.withLock { $0.count } == 1, "the call reached the handler before the stop")
   }
 }

@@ -38,9 +38,8 @@ struct AsyncClientTests {
       let token = try await client.acquireTokenSilent(clientID: "app-async")
       #expect(token.accessToken == "at-async")
     }
-    for _ in 0..<300 where broker.calls.filter({ $0.member == "AcquireToken" }).count < 3 {
-      try await Task.sleep(for: .milliseconds(10))
-    }
+    // The three sign-ins reach the broker (30 s only bounds a hang).
+    _ = await broker.waitForCalls { $0.filter { $0.member == "AcquireToken" }.count >= 3 }
     let waiting = broker.calls.filter { $0.member == "AcquireToken" }.map(\.caller.busName)
     #expect(waiting.count == 3)
     for task in signIns { task.cancel() }
@@ -54,9 +53,7 @@ struct AsyncClientTests {
       }
     }
     // Each call's connection closed: the broker sees its callers leave, and so ends their sign-ins.
-    for _ in 0..<300 where !Set(waiting).isSubset(of: broker.callersGone) {
-      try await Task.sleep(for: .milliseconds(10))
-    }
+    _ = await broker.waitForCallersGone { Set(waiting).isSubset(of: $0) }
     #expect(Set(waiting).isSubset(of: broker.callersGone))
   }
 

@@ -14,8 +14,8 @@ final class KindStore: SecretStore, Sendable {
   let savesLeft = Locked<Int?>(nil)
   /// Deletes left before every delete fails so; nil: never.
   let deletesLeft = Locked<Int?>(nil)
-  /// How long each save takes (a slow keyring): the move is under way meanwhile.
-  let saveDelay = Locked<UInt64>(0)
+  /// Saves wait here while it is shut (a slow keyring): the move is under way meanwhile.
+  let saveGate = Gate()
 
   init(_ base: FakeStore = FakeStore(), kind: String, stripsAttributes: Bool = false) {
     self.base = base
@@ -39,8 +39,7 @@ final class KindStore: SecretStore, Sendable {
       return false
     }
     if refused { throw TesseraError.storeUnavailable("the fake \(kind) store is locked") }
-    let delay = saveDelay.withLock { $0 }
-    if delay > 0 { try await Task.sleep(nanoseconds: delay) }
+    await saveGate.pass()
     try await base.save(item)
   }
   func delete(matching attributes: [String: String]) async throws {
@@ -197,10 +196,13 @@ final class StoreMoveTests: XCTestCase {
   /// every item the first had moved into the target for a stale copy: both stores ended empty.)
   func testASecondMoveWhileOneRunsIsRefusedAndLosesNothing() async throws {
     let s = try await prepare()
-    s.file.saveDelay.withLock { $0 = 20_000_000 }
+    // The first move is held at its first save into the target until the second has been tried:
+    // no window of time for the second to land in.
+    s.file.saveGate.shut()
     let broker = s.broker
     let first = Task { try await broker.moveStore(to: "file", caller: nil) }
-    while s.file.contents.isEmpty { try await Task.sleep(nanoseconds: 1_000_000) }
+    let held = await s.file.saveGate.held()
+    XCTAssertTrue(held, "the first move never saved into the target")
     do {
       _ = try await broker.moveStore(to: "file", caller: nil)
       XCTFail("a second move was started while one ran")
@@ -209,6 +211,7 @@ final class StoreMoveTests: XCTestCase {
       XCTAssertEqual(error.code, .busy, error.message)
       XCTAssertTrue(error.message.contains("under way already"), error.message)
     }
+    s.file.saveGate.open()
     let result = try await first.value
     XCTAssertEqual(result.items, s.before.count)
     XCTAssertEqual(s.file.contents, s.before, "every item is in the target")

@@ -351,10 +351,13 @@ final class PolicyAndRaceTests: XCTestCase {
     let h = await Harness()
     let result = try await h.signIn()
     let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
-    h.idp.tokenDelay.withLock { $0 = 0.2 }
+    // The refresh is held at the IdP until the sign-out is done: no window of time to land in.
+    h.idp.tokenGate.shut()
     let refresh = Task { try await h.broker.acquireTokenSilent(try h.request(options: ["force_refresh": .bool(true)])) }
-    while h.idp.tokenRequests.count < 2 { await Task.yield() }  // the refresh is at the IdP
+    let held = await h.idp.tokenGate.held()  // the refresh is at the IdP
+    XCTAssertTrue(held, "the refresh never reached the IdP")
     try await h.broker.signOut(SignOutRequest(accountID: id, clientID: nil, revoke: true, correlationID: "c"))
+    h.idp.tokenGate.open()
     await XCTAssertThrowsTessera(.noSuchAccount) { _ = try await refresh.value }
     XCTAssertTrue(h.store.items.withLock { $0.isEmpty }, "nothing stored for the signed-out account")
     let revoked = h.idp.requests.withLock { $0.filter { $0.url.hasSuffix("/revoke") } }.map { h.idp.form($0)["token"] }

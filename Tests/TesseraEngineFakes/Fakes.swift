@@ -165,6 +165,8 @@ package final class FakeIdP: HTTPClient, Sendable {
   package let accessTokenSeconds = Locked(3600)
   /// Awaited before answering a token request (to hold concurrent requests in flight).
   package let tokenDelay = Locked<Double>(0)
+  /// Token requests wait here while it is shut: a test holds one in flight until it opens it.
+  package let tokenGate = Gate()
   package let subject = Locked("alice-sub")
   /// Appended to every issued token response, e.g. `,"refresh_in":600`.
   package let extraTokenFields = Locked("")
@@ -278,6 +280,7 @@ package final class FakeIdP: HTTPClient, Sendable {
             .utf8))
     }
     if url.hasSuffix("/token") {
+      await tokenGate.pass()
       let delay = tokenDelay.withLock { $0 }
       if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
       if let scripted = scriptedTokenAnswers.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return scripted }

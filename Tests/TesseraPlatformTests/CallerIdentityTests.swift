@@ -58,8 +58,10 @@ final class CallerIdentityTests: XCTestCase {
     XCTAssertFalse(pinned.recheck(), "nothing changed yet")
     XCTAssertTrue(FileManager.default.createFile(atPath: go, contents: nil))
     defer { unlink(go) }
+    // sh sees the file within its next 10 ms turn and execs (30 s only bounds a hang).
     var changed = false
-    for _ in 0..<300 where !changed {
+    let deadline = ContinuousClock.now + .seconds(30)
+    while !changed && ContinuousClock.now < deadline {
       usleep(10_000)
       changed = pinned.recheck()
     }

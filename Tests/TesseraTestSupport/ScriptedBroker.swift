@@ -9,8 +9,8 @@ public final class ScriptedBroker: Sendable {
   /// The reply to a call; nil leaves it unanswered (a sign-in the user never finishes).
   public typealias Script = @Sendable (BusServer.Call) -> Result<[BusValue], TesseraError>?
   private let script = Locked<Script>({ _ in .failure(.internal("No script.")) })
-  private let received = Locked<[BusServer.Call]>([])
-  private let left = Locked<[String]>([])
+  private let received = Reports<BusServer.Call>()
+  private let left = Reports<String>()
   public let server: BusServer
 
   private init(server: BusServer) { self.server = server }
@@ -26,10 +26,10 @@ public final class ScriptedBroker: Sendable {
       interfaces: [BrokerInterface.description],
       onCall: { call, token in
         guard let broker = slot.withLock({ $0 }) else { return }
-        broker.received.withLock { $0.append(call) }
+        broker.received.append(call)
         if let reply = broker.script.withLock({ $0 })(call) { broker.server.reply(token, reply) }
       },
-      onCallerGone: { name in slot.withLock { $0 }?.left.withLock { $0.append(name) } })
+      onCallerGone: { name in slot.withLock { $0 }?.left.append(name) })
     let broker = ScriptedBroker(server: server)
     slot.withLock { $0 = broker }
     try await server.start(onExit: { _ in })
@@ -73,13 +73,28 @@ public final class ScriptedBroker: Sendable {
 
   /// Answers every call with `script` from now on, and forgets the calls before.
   func answer(_ script: @escaping Script) {
-    received.withLock { $0.removeAll() }
+    received.removeAll()
     self.script.withLock { $0 = script }
   }
 
   /// The calls received since the last `answer`.
-  public var calls: [BusServer.Call] { received.withLock { $0 } }
+  public var calls: [BusServer.Call] { received.values }
 
   /// The callers (unique names) that have left the bus.
-  public var callersGone: [String] { left.withLock { $0 } }
+  public var callersGone: [String] { left.values }
+
+  /// Waits until the calls received satisfy `condition` (true), or `seconds` pass (false: the
+  /// bound only ends a hang).
+  public func waitForCalls(seconds: Double = 30, until condition: @escaping @Sendable ([BusServer.Call]) -> Bool)
+    async -> Bool
+  {
+    await received.wait(seconds: seconds, until: condition)
+  }
+
+  /// Waits until the callers gone satisfy `condition` (true), or `seconds` pass (false).
+  public func waitForCallersGone(seconds: Double = 30, until condition: @escaping @Sendable ([String]) -> Bool)
+    async -> Bool
+  {
+    await left.wait(seconds: seconds, until: condition)
+  }
 }

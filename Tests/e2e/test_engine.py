@@ -509,10 +509,12 @@ def test_a_burst_of_sign_ins_from_one_caller_is_capped_too(daemon, browser, moni
     browser.set("ignore")
     a = Broker()
     try:
-        calls = [start_sign_in(a, f"burst-{i}", call_timeout=10) for i in range(8)]
-        wait_until(lambda: len(pending_to(monitor, a)) >= 4, what="4 sign-ins")
+        # Each call ends on its event (refused, or the Cancel below); 60 s only bounds a hang, as do
+        # the waits' 30 s.
+        calls = [start_sign_in(a, f"burst-{i}", call_timeout=60) for i in range(8)]
+        wait_until(lambda: len(pending_to(monitor, a)) >= 4, timeout=30, what="4 sign-ins")
         # The other four are refused at once; the broker logs each call's outcome.
-        wait_until(lambda: daemon.log().count("outcome=Busy") == 4, what="4 refusals")
+        wait_until(lambda: daemon.log().count("outcome=Busy") == 4, timeout=30, what="4 refusals")
         for i in range(8):
             try:
                 a.call("Cancel", "s", (f"burst-{i}",))
@@ -529,11 +531,13 @@ def test_a_burst_with_one_correlation_id_starts_one_sign_in(daemon, browser, mon
     browser.set("ignore")
     a = Broker()
     try:
-        first = start_sign_in(a, "dup", call_timeout=2)
-        second = start_sign_in(a, "dup", call_timeout=2)
-        wait_until(lambda: pending_to(monitor, a), what="a sign-in")
+        # One call is refused, the other ends on the Cancel below: 60 s only bounds a hang (with 2 s,
+        # a wait below that took longer under load ended the pending call NoReply first).
+        first = start_sign_in(a, "dup", call_timeout=60)
+        second = start_sign_in(a, "dup", call_timeout=60)
+        wait_until(lambda: pending_to(monitor, a), timeout=30, what="a sign-in")
         wait_until(lambda: any("correlation_id=dup " in line and "outcome=InvalidArgument" in line
-                               for line in daemon.log().splitlines()), what="the second call refused")
+                               for line in daemon.log().splitlines()), timeout=30, what="the second call refused")
         a.call("Cancel", "s", ("dup",))
         # Fixed: one is refused at once, the other cancelled. Now: both start, Cancel reaches the
         # one registered last, and the other can no longer be cancelled (its call gets NoReply).

@@ -20,7 +20,7 @@ import dbus
 import pytest
 
 import dbus_wire
-from conftest import ERROR_PREFIX, Broker, bus_address, expect_error
+from conftest import ERROR_PREFIX, Broker, bus_address, expect_error, wait_until
 from test_attacks import rss_kib
 from test_engine import start_sign_in
 from test_faults import report
@@ -166,7 +166,13 @@ def warmed(daemon, broker):
     return account, rss_kib(daemon.proc.pid)
 
 
-def test_callers_that_disconnect_mid_call(daemon, warmed, browser, idp, path):
+def leaver_outcomes(daemon, prefix, outcome):
+    """How many calls with a correlation id starting `prefix` the daemon logged with `outcome`."""
+    return sum(1 for line in daemon.log().splitlines()
+               if f"correlation_id={prefix}" in line and f"outcome={outcome}" in line)
+
+
+def test_callers_that_disconnect_mid_call(daemon, warmed, browser, idp, path, monitor):
     """200 callers send a forced refresh and close their connection before the reply, and 16 start
     an interactive sign-in and leave while it waits for the browser (one program: at most 4 hold a
     place at a time, the others are refused Busy). Invariants: the daemon keeps answering a
@@ -188,18 +194,31 @@ def test_callers_that_disconnect_mid_call(daemon, warmed, browser, idp, path):
         sock = dbus_wire.connect(address)
         sock.sendall(dbus_wire.message(2, "AcquireToken", interactive_body(f"leaver-{n}"), "sasa{sv}"))
         leavers.append(sock)
-    time.sleep(0.5)
+    # They leave while their sign-ins wait: once the daemon has dealt with all 16 (4 hold the
+    # program's places, 12 are refused Busy; 30 s only bounds a hang).
+    wait_until(lambda: leaver_outcomes(daemon, "leaver-", "Busy") >= 12, timeout=30, what="12 leavers refused Busy")
     for sock in leavers:
         sock.close()
     under_load = victim.stop()
     assert daemon.running
+    # The leavers' 4 sign-ins end as their callers go (each logged once its place is free again).
+    wait_until(lambda: leaver_outcomes(daemon, "leaver-", "Cancelled") >= 4, timeout=30,
+               what="the leavers' 4 sign-ins cancelled")
     # The program's places are all free again: 4 sign-ins at once, none refused Busy.
-    time.sleep(0.5)
     waiting = [Broker() for _ in range(4)]
     calls = [start_sign_in(w, f"after-{n}", call_timeout=60) for n, w in enumerate(waiting)]
-    time.sleep(1)
+
+    def started(n, w):
+        """The sign-in holds a place (its InteractionPending sent), or was answered (refused)."""
+        return (any(s["destination"] == w.unique_name for s in monitor.signals("InteractionPending"))
+                or leaver_outcomes(daemon, f"after-{n} ", "") > 0)
+
+    wait_until(lambda: all(started(n, w) for n, w in enumerate(waiting)), timeout=30, what="the 4 sign-ins started")
     for n, w in enumerate(waiting):
-        w.call("Cancel", "s", (f"after-{n}",))
+        try:
+            w.call("Cancel", "s", (f"after-{n}",))
+        except dbus.exceptions.DBusException:
+            pass  # answered already (refused): its reply says how, below
     names = [call.reply()[0] for call in calls]
     assert names == [ERROR_PREFIX + "Cancelled"] * 4, f"places left held by the leavers: {names}"
     for w in waiting:

@@ -197,8 +197,25 @@ class CallRecorder:
         with self._cond:
             return len(self.members)
 
+    def sync(self):
+        """Returns once the monitor has seen every call made before: a probe sent now shows up
+        behind them (the bus daemon hands the monitor messages in the order it routes them)."""
+        with self._cond:
+            probes = self.members.count("MonitorProbe")
+        conn = new_connection()
+        try:
+            msg = dbus.lowlevel.MethodCallMessage("org.freedesktop.DBus", "/", "org.tessera.Probe", "MonitorProbe")
+            msg.set_no_reply(True)
+            conn.send_message(msg)
+            conn.flush()
+            with self._cond:  # 30 s only bounds a hang: the probe shows up at once
+                seen = self._cond.wait_for(lambda: self.members.count("MonitorProbe") > probes, 30)
+            assert seen, "dbus-monitor fell behind"
+        finally:
+            conn.close()
+
     def since(self, mark=0):
-        time.sleep(0.2)  # the monitor trails the bus a little
+        self.sync()  # the monitor trails the bus a little
         with self._cond:
             return [m for m in self.members[mark:] if m != "MonitorProbe"]
 
