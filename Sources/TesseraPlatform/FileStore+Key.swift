@@ -84,23 +84,14 @@ extension FileStore {
     }
     var key = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
     let temporary = path + ".\(UInt64.random(in: 0...UInt64.max))" + Self.temporarySuffix
-    let fd: FileDescriptor
-    do {
-      fd = try FileDescriptor.open(
-        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
-        permissions: [.ownerReadWrite])
-    } catch {
-      throw keyProblem("could not be created (\(error))", fix: "Make \(parent) yours and writable")
+    do { try Files.writeNew(temporary, key) } catch {
+      for i in key.indices { key[i] = 0 }
+      throw error.step == .create
+        ? keyProblem("could not be created (\(error.errno))", fix: "Make \(parent) yours and writable")
+        : keyProblem("could not be written (\(error.errno))", fix: "Free some space, or make \(parent) writable")
     }
+    // Made here: gone once the key is in place (linked or renamed), or given up.
     defer { _ = unlink(temporary) }
-    do {
-      try fd.closeAfter {
-        try Syscall.writeAll(fd, key)
-        try Syscall.check("fsync") { fsync(fd.rawValue) }
-      }
-    } catch {
-      throw keyProblem("could not be written (\(error))", fix: "Free some space, or make \(parent) writable")
-    }
     var code: Errno?
     if !linksKey {
       code = .notPermitted

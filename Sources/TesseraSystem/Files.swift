@@ -60,20 +60,13 @@ public enum Files {
     public var description: String { "\(step): \(errno)" }
   }
 
-  /// Writes `bytes` to `path` whole or not at all: to `temporary` (a name of its own beside it,
-  /// made 0600 and exclusively), fsynced, renamed over `path`, and the directory fsynced. After a
-  /// kill or a power cut the file is the old one or the new one; a leftover `temporary` is never
-  /// taken for it. `temporary` is removed on a failure after it was made (never one that was
-  /// there already: another writer's).
-  public static func writeDurably(_ path: String, _ bytes: [UInt8], temporary: String) throws(WriteError) {
-    func fail(_ step: WriteError.Step, _ code: Errno) -> WriteError {
-      _ = unlink(temporary)
-      return WriteError(step: step, errno: code)
-    }
+  /// Makes the file `path` (0600, exclusively: never one that is there already, nor through a
+  /// link) holding `bytes`, fsynced. Removed again when the write fails after it was made.
+  public static func writeNew(_ path: String, _ bytes: [UInt8]) throws(WriteError) {
     let fd: FileDescriptor
     do {
       fd = try FileDescriptor.open(
-        FilePath(temporary), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
+        FilePath(path), .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
         permissions: [.ownerReadWrite])
     } catch {
       // Not made here: another's, never removed.
@@ -86,8 +79,24 @@ public enum Files {
         try Syscall.writeAll(fd, bytes)
         try Syscall.check("fsync") { fsync(fd.rawValue) }
       }
-    } catch { throw fail(.write, (error as? SystemCallError)?.errno ?? error as? Errno ?? .ioError) }
-    guard rename(temporary, path) == 0 else { throw fail(.replace, Errno(rawValue: errno)) }
+    } catch {
+      _ = unlink(path)
+      throw WriteError(step: .write, errno: (error as? SystemCallError)?.errno ?? error as? Errno ?? .ioError)
+    }
+  }
+
+  /// Writes `bytes` to `path` whole or not at all: to `temporary` (a name of its own beside it,
+  /// made by `writeNew`), renamed over `path`, and the directory fsynced. After a kill or a power
+  /// cut the file is the old one or the new one; a leftover `temporary` is never taken for it.
+  /// `temporary` is removed on a failure after it was made (never one that was there already:
+  /// another writer's).
+  public static func writeDurably(_ path: String, _ bytes: [UInt8], temporary: String) throws(WriteError) {
+    try writeNew(temporary, bytes)
+    guard rename(temporary, path) == 0 else {
+      let code = Errno(rawValue: errno)
+      _ = unlink(temporary)
+      throw WriteError(step: .replace, errno: code)
+    }
     do { try syncDirectory(directory(of: path)) } catch { throw WriteError(step: .syncDirectory, errno: error.errno) }
   }
 }
