@@ -470,7 +470,8 @@ def run_cli(*args, timeout=60, check_rc=None):
     return proc
 
 
-def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
+def wait_until(predicate, timeout=30.0, interval=0.05, what="condition"):
+    """Polls predicate until it holds; timeout bounds a hang only (a busy machine is slow)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -340,7 +340,7 @@ def ms_owner_pid(bus):
     return int(bus.GetConnectionUnixProcessID(MS_NAME))
 
 
-def wait_for_ms_name(daemon, timeout=10.0):
+def wait_for_ms_name(daemon, timeout=60.0):
     """tesserad owns the Microsoft name (it may ask for it just after its own)."""
     conn, bus = bus_daemon()
     try:

@@ -137,7 +137,7 @@ class SSHServer:
         if not os.path.isdir(path):
             os.lchown(path, entry.pw_uid, entry.pw_gid)
 
-    def start(self, timeout=10.0):
+    def start(self, timeout=60.0):  # a bound against a hang; the event is the port answering
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation; only the service makes it
         checked = subprocess.run([SSHD, "-t", "-f", self.sshd_config], capture_output=True, text=True)
         assert checked.returncode == 0, f"sshd -t: {checked.stderr}"
