@@ -77,7 +77,8 @@ let package = Package(
     .target(
       name: "TesseraPlatform",
       dependencies: [
-        "TesseraCore", "TesseraBus", "TesseraSystem", "CSystemd", "CSecret", "CCurl", "CTesseraShim",
+        "TesseraInterface", "TesseraCore", "TesseraBus", "TesseraSystem", "CSystemd", "CSecret", "CCurl",
+        "CTesseraShim",
         "CTesseraSystemShim", .product(name: "Logging", package: "swift-log"),
         .product(name: "SystemPackage", package: "swift-system"),
         .product(name: "Crypto", package: "swift-crypto"),
@@ -88,7 +89,7 @@ let package = Package(
     .executableTarget(
       name: "tesserad",
       dependencies: [
-        "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem",
+        "TesseraInterface", "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem",
         .product(name: "Logging", package: "swift-log"),
         .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
         .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -100,7 +101,7 @@ let package = Package(
     .target(
       name: "TesseraCLI",
       dependencies: [
-        "TesseraClient", "TesseraBus", "TesseraSystem",
+        "TesseraInterface", "TesseraClient", "TesseraBus", "TesseraSystem",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
         .product(name: "SystemPackage", package: "swift-system"),
       ]),
@@ -120,7 +121,7 @@ let package = Package(
     .executableTarget(
       name: "tessera-bench",
       dependencies: [
-        "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem",
+        "TesseraInterface", "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem", "CSystemd",
         .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
@@ -128,19 +129,20 @@ let package = Package(
     .testTarget(name: "TesseraSystemTests", dependencies: ["TesseraSystem", "TesseraInterface"]),
     // The CLI: its pure parts, and the built `tessera` binary run as a user runs it (stdout,
     // stderr, exit status), against a scripted broker on a private dbus-daemon.
-    .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraTestSupport"]),
+    .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraInterface", "TesseraTestSupport"]),
     .testTarget(
       name: "TesseraCLITests",
-      dependencies: ["TesseraCLI", "TesseraBus", "TesseraSystem", "TesseraInterface", "TesseraTestSupport"]),
+      dependencies: ["TesseraCLI", "TesseraInterface", "TesseraTestSupport"]),
     // The engine's fakes (a clock, a keyring, a scripted identity provider, a broker wired to them),
     // for the engine's unit tests and the fuzz targets: pure logic only.
     .target(
       name: "TesseraEngineFakes",
       dependencies: [
-        "TesseraCore", .product(name: "Logging", package: "swift-log"), .product(name: "JWTKit", package: "jwt-kit"),
+        "TesseraInterface", "TesseraCore", .product(name: "Logging", package: "swift-log"),
+        .product(name: "JWTKit", package: "jwt-kit"),
       ],
       path: "Tests/TesseraEngineFakes"),
-    .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraCore", "TesseraEngineFakes"]),
+    .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraInterface", "TesseraCore", "TesseraEngineFakes"]),
     // One function per fuzz target (issue 25), each reading one kind of untrusted input with the
     // project's code: Fuzz/ wraps them for libFuzzer, and the replay tests run their seeds and every
     // input that once failed.
@@ -168,7 +170,10 @@ let package = Package(
         .product(name: "PropertyBased", package: "swift-property-based"),
       ]),
     .testTarget(
-      name: "TesseraPlatformTests", dependencies: ["TesseraPlatform", "TesseraCore", "TesseraBus", "TesseraSystem"],
+      name: "TesseraPlatformTests",
+      dependencies: [
+        "TesseraInterface", "TesseraPlatform", "TesseraCore", "TesseraSystem",
+      ],
       resources: []
     ),
   ],

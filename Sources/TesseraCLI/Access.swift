@@ -1,5 +1,6 @@
 import ArgumentParser
 import TesseraClient
+import TesseraInterface
 
 #if canImport(FoundationEssentials)
   import FoundationEssentials

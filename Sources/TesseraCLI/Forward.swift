@@ -1,5 +1,6 @@
 import ArgumentParser
 import TesseraClient
+import TesseraInterface
 import TesseraSystem
 
 #if canImport(Glibc)

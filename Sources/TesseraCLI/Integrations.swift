@@ -1,6 +1,7 @@
 import ArgumentParser
 import SystemPackage
 import TesseraClient
+import TesseraInterface
 import TesseraSystem
 
 #if canImport(FoundationEssentials)

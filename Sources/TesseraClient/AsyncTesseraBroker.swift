@@ -1,4 +1,5 @@
 import Synchronization
+import TesseraInterface
 import TesseraSystem
 
 /// The Tessera broker for Swift concurrency. sd-bus's client calls block, so each call runs on a

@@ -1,6 +1,6 @@
 import Glibc
 import TesseraBus
-@_exported import TesseraInterface
+import TesseraInterface
 import TesseraSystem
 
 /// An account the broker knows, as any app may see it.

@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// Per-application access control in the token actor: it asks the policy (AccessPolicy, a value
 /// with the rules), puts the user's question (one per app at a time, as a task of its own, so

@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// Per-application access control (issue 11) as a value: which app may use which client id and
 /// account, what the user said recently, and the audit. The token actor holds one and asks it;
 /// everything here is decided from a request, the cache's grants and the time, so it is

@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// What the broker knows of each account's health: the state `tessera status` shows, the last
 /// error and when, and which accounts need the user (a sign-in) — the AttentionNeeded property and
 /// the desktop notification. Pure: the broker feeds it every refresh's outcome with the time.

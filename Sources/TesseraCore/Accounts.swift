@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// How a request names an account, for every front: by its id, by the identity provider's own id
 /// for the user (`oid` or `sub`), or by username. The rule is one: an id given names that account

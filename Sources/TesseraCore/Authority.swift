@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// An OAuth authority: `https://host[:port]/tenant[/…]`, canonicalised.
 public struct Authority: Sendable, Hashable, CustomStringConvertible {
   public let scheme: String

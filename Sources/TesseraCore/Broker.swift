@@ -1,5 +1,12 @@
 import Crypto
 import Logging
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// Everything the broker needs from outside, so tests can pass fakes.
 public struct BrokerDependencies: Sendable {

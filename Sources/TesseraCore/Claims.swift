@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// A JSON value, for the one place the broker edits JSON: the OIDC `claims` request parameter.
 public indirect enum JSONValue: Codable, Sendable, Equatable {
   case object([String: JSONValue])

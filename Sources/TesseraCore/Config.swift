@@ -1,6 +1,7 @@
+import TesseraInterface
+
 /// The daemon's configuration is `BrokerConfig` (TesseraInterface/BrokerConfig.swift): config.toml
 /// checked by the one check tesserad and the CLI share. What only the engine derives from it:
-
 extension BrokerConfig {
   public var authorityPolicy: AuthorityPolicy {
     AuthorityPolicy(

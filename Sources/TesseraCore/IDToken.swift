@@ -1,4 +1,11 @@
 import JWTKit
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// The id_token claims the broker reads. Signature checks are JWTKit's; claim checks are below,
 /// against the injected clock.

@@ -1,6 +1,12 @@
 import Logging
 import TesseraInterface
 
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// What the engine does by itself, between callers: the maintenance loop (refresh-ahead, and
 /// refreshes a killed run left in flight), machine events (resume, network back), and following
 /// the clocks (a wall clock set, a suspend). The daemon runs `runMaintenance` as a service of its own.

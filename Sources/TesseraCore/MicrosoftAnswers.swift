@@ -1,4 +1,5 @@
 import Crypto
+import TesseraInterface
 
 /// What the Microsoft front answers with: accounts and token responses in the protocol's JSON (every
 /// field sso-mib, linux-entra-sso and msalruntime read), written by a small JSON writer of its own.

@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// com.microsoft.identity.broker1: Microsoft's Linux broker protocol as one more front of the same
 /// engine. MSAL (through msalruntime), Edge, Teams, OneDrive and the SSO extensions get their

@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// com.microsoft.identity.broker1's requestJson as the Microsoft front reads it: bounded in size and
 /// depth, with accessors whose errors name the field the caller got wrong.
 /// A parsed requestJson, with accessors whose errors name the field (`authParameters.clientId`).

@@ -1,3 +1,5 @@
+import TesseraInterface
+
 /// A signed-in identity, owned by the broker and shown to every caller.
 public struct Account: Codable, Sendable, Equatable {
   /// Stable home account id: `uid.utid` from Entra's client_info, else derived from issuer and `sub`.

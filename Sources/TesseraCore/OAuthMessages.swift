@@ -1,4 +1,11 @@
 import Crypto
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// Base64url without padding (RFC 7515 §2).
 public enum Base64URL {

@@ -1,5 +1,12 @@
 // The ports through which the core reaches the outside world. TesseraPlatform implements them
 // with sd-bus, libsecret, libcurl, sockets and processes; unit tests implement them with fakes.
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// Forwards of tesserad's socket (`tessera forward`, issue 24): listeners of their own that the
 /// bus layer runs, each of whose callers is the app `forward:NAME`.

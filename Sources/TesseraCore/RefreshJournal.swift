@@ -1,3 +1,5 @@
+import TesseraInterface
+
 #if canImport(FoundationEssentials)
   import FoundationEssentials
 #else

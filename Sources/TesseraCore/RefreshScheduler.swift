@@ -1,3 +1,9 @@
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// What a silent request is for: one account, authority, realm, client and scope set.
 struct SilentTarget: Sendable {
   var account: Account

@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// The configuration in force, and its reload without a restart (issue 26): tesserad reads the
 /// files again on SIGHUP (`systemctl --user reload tessera`) and hands the result here. Cached

@@ -1,5 +1,6 @@
-/// Requests as the core sees them, parsed and validated from D-Bus arguments.
+import TesseraInterface
 
+/// Requests as the core sees them, parsed and validated from D-Bus arguments.
 public enum Prompt: String, Sendable, CaseIterable {
   case selectAccount = "select_account"
   case login

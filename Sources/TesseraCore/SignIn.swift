@@ -1,4 +1,11 @@
 import Logging
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 extension Broker {
   // MARK: - AcquireToken (interactive)

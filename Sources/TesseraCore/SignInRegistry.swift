@@ -1,3 +1,5 @@
+import TesseraInterface
+
 /// The interactive sign-ins under way: who started each, the caps on how many may run, Cancel, and
 /// callers that left the bus. Owned by the token actor; every change happens without suspension, so
 /// a sign-in is visible to the caps, to Cancel and to a caller leaving from its first moment.

@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// AcquireTokenSilent: served from the cache, or by redeeming the account's refresh token through
 /// the refresh scheduler (single flight, lanes, refresh-ahead, backoff, throttling).

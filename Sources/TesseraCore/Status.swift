@@ -1,3 +1,5 @@
+import TesseraInterface
+
 /// Account health (AccountHealth) as the broker records it, and the status report
 /// (org.tessera.Broker1.GetStatus, `tessera status --json`).
 extension Broker {

@@ -1,4 +1,5 @@
 import Logging
+import TesseraInterface
 
 /// org.tessera.Broker1: turns a D-Bus method call into an engine operation and its typed result
 /// into the reply's values (the wire mapping of TesseraInterface), and logs every request:

@@ -1,3 +1,11 @@
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// The broker's accounts and tokens in memory, and their mapping to Secret Service items
 /// (schema documented in docs/storage.md).
 public struct TokenCache: Sendable {

@@ -2,6 +2,7 @@ import CTesseraSystemShim
 import Glibc
 import SystemPackage
 import TesseraCore
+import TesseraInterface
 import TesseraSystem
 
 /// Opens URLs with the configured command, else `$BROWSER`, else `xdg-open`. The URL is appended as

@@ -3,6 +3,7 @@ import Glibc
 import SystemPackage
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraSystem
 
 /// Tells which app a bus caller is (issue 11), from its process, as xdg-desktop-portal does:

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import TesseraCore
+import TesseraInterface
 
 /// The sealed-record format, pure: a record's name (a keyed hash of its attributes), its
 /// associated data, sealing and opening (AES-256-GCM). No file is touched here (FuzzStore reads it).

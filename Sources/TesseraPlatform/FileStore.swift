@@ -9,6 +9,12 @@ import TesseraCore
 import TesseraInterface
 import TesseraSystem
 
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// The store without a desktop keyring (config.toml `store = "file"`, or `auto` with no Secret
 /// Service): every item the keyring would hold (the same attributes and secret JSON,
 /// docs/storage.md) is a file `DIR/<name>.item`, sealed with AES-256-GCM.

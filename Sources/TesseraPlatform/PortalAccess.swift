@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraSystem
 
 /// Asks the user through the desktop's own permission dialog: the portal access-dialog backend

@@ -3,6 +3,13 @@ import CTesseraSystemShim
 import Dispatch
 import Glibc
 import TesseraCore
+import TesseraInterface
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// The Secret Service through libsecret. libsecret's `*_sync` calls block, so they run on one
 /// serial dispatch queue of their own, never on Swift's cooperative pool.

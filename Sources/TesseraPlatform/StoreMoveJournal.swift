@@ -1,6 +1,7 @@
 import Glibc
 import SystemPackage
 import TesseraCore
+import TesseraInterface
 import TesseraSystem
 
 /// The note of a store move under way, as a file: `$XDG_STATE_HOME/tessera/moving` (0600 in a

@@ -3,6 +3,7 @@ import CSystemd
 import Foundation
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraPlatform
 import TesseraSystem
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraSystem
 
 /// The fault suite's soak (issue 12, part 5): many connections, each making silent calls one after

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import TesseraBus
 import TesseraCore
+import TesseraInterface
 import TesseraPlatform
 import TesseraSystem
 

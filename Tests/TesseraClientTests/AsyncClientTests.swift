@@ -1,5 +1,6 @@
 import Synchronization
 import TesseraClient
+import TesseraInterface
 import TesseraTestSupport
 import Testing
 

@@ -1,7 +1,14 @@
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// The access rules as a value, without the token actor: what the grants and the mode decide,
 /// what the user's recent answers hold back, who may see and sign out what, and the audit.

@@ -1,7 +1,14 @@
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// Which accounts need attention, and when the user is told (one notification per account).
 final class AccountHealthTests: XCTestCase {

@@ -1,5 +1,6 @@
 import Logging
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore

@@ -1,8 +1,15 @@
 import Logging
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// com.microsoft.identity.broker1 over the engine (issue #9): the JSON each client needs, one
 /// cache with the native front, the status table, and bad input answered as the protocol's error.

@@ -1,7 +1,14 @@
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 final class RequestParserTests: XCTestCase {
   func testUnknownOptionNamesTheKey() {

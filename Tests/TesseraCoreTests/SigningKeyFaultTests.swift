@@ -1,5 +1,6 @@
 import Synchronization
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore

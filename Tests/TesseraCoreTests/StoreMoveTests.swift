@@ -4,6 +4,12 @@ import XCTest
 
 @testable import TesseraCore
 
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// A fake store that says which kind it is; optionally loads as the Secret Service does (only
 /// `tessera_schema` and `kind` as attributes), and fails every save after a number of them.
 final class KindStore: SecretStore, Sendable {

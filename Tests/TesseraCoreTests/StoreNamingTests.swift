@@ -1,8 +1,15 @@
 import Logging
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// Issue 37 §9: with the file store in use, what the user reads names the file store, never the
 /// Secret Service or "the keyring".

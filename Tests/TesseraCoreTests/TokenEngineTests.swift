@@ -1,8 +1,15 @@
 import Logging
 import TesseraEngineFakes
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
+
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
 
 /// The token engine's MSAL-grade behaviour (issue #3): lifetimes, refresh-ahead, families, throttling,
 /// cancellation, claims.

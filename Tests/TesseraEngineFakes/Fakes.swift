@@ -3,6 +3,12 @@ import Logging
 import TesseraCore
 import TesseraInterface
 
+#if canImport(FoundationEssentials)
+  import FoundationEssentials
+#else
+  import Foundation
+#endif
+
 /// The engine's fakes (the unit tests of TesseraCore and the fuzz targets use them): a clock,
 /// a keyring, signals, a redirect listener, a browser and a scripted identity provider, wired into
 /// a broker by Harness. For pure logic only: the e2e tests run the real parts.

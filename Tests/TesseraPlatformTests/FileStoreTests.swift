@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import TesseraCore
+import TesseraInterface
 import XCTest
 
 @testable import TesseraPlatform

@@ -1,3 +1,4 @@
+import TesseraInterface
 import XCTest
 
 @testable import TesseraCore
