@@ -250,8 +250,8 @@ extension Tessera {
       }
       if let problem = report.storeMessage {
         let what =
-          report.storeKind == StatusReport.StoreKind.file
-          ? StatusReport.StoreKind.name(report.storeKind, path: report.storePath) : "the keyring"
+          report.storeKind == StoreKind.file.rawValue
+          ? StoreKind.name(report.storeKind, path: report.storePath) : "the keyring"
         print(
           "tesserad \(report.version) is running, but cannot read \(what): \(SafeText.clip(problem, limit: 1000))")
       } else {
@@ -264,12 +264,12 @@ extension Tessera {
       } else if report.connection == "session_bus" {
         print("Reached over the session bus (\(BrokerInterface.busName)).")
       }
-      switch report.storeKind {
-      case StatusReport.StoreKind.file?:
+      switch report.storeKind.flatMap(StoreKind.init) {
+      case .file:
         print(
           "Store: sealed files in \(SafeText.clip(report.storePath ?? "", limit: 500)) (key: \(SafeText.clip(report.storeKey ?? "", limit: 500)))."
         )
-      case StatusReport.StoreKind.memory?:
+      case .memory:
         print("Store: memory only (store = \"memory\"): nothing is written; a restart of tesserad needs a new sign-in.")
       default:
         print("Store: the Secret Service (desktop keyring).")
@@ -314,8 +314,8 @@ extension Tessera {
       case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
       case "store_locked":
         line +=
-          report.storeKind == StatusReport.StoreKind.file
-          ? ": \(StatusReport.StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
+          report.storeKind == StoreKind.file.rawValue
+          ? ": \(StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
           : ": the keyring is locked: unlock it"
       case "idp_unreachable": line += ": the identity provider cannot be reached"
       default: line += ": ok"

@@ -139,8 +139,7 @@ public protocol SecretStore: Sendable {
 
 /// Which store tesserad uses, as `tessera status` shows it (GetStatus's `store`).
 public struct StoreDescription: Sendable, Equatable {
-  /// "secret-service", "file" or "memory" (StatusReport.StoreKind).
-  public var kind: String
+  public var kind: StoreKind
   /// The file store's directory; nil for the others.
   public var path: String?
   /// Where the file store's key comes from (a file, or a systemd credential); nil for the others.
@@ -148,20 +147,20 @@ public struct StoreDescription: Sendable, Equatable {
   /// What the store had to set aside (damaged records moved to NAME.corrupt), each said once.
   public var notes: [String]
 
-  /// The store as a sentence names it (StatusReport.StoreKind.name): every message a user reads
-  /// names the store in use, never the Secret Service when it is the file store.
-  public var name: String { StatusReport.StoreKind.name(kind, path: path) }
+  /// The store as a sentence names it (StoreKind.name): every message a user reads names the
+  /// store in use, never the Secret Service when it is the file store.
+  public var name: String { kind.name(path: path) }
   /// `name` at the start of a sentence.
   public var capitalizedName: String { name.prefix(1).uppercased() + name.dropFirst() }
 
-  public init(kind: String, path: String? = nil, key: String? = nil, notes: [String] = []) {
+  public init(kind: StoreKind, path: String? = nil, key: String? = nil, notes: [String] = []) {
     self.kind = kind
     self.path = path
     self.key = key
     self.notes = notes
   }
 
-  public static let secretService = StoreDescription(kind: StatusReport.StoreKind.secretService)
+  public static let secretService = StoreDescription(kind: .secretService)
 }
 
 /// A batch of store operations stopped part-way.

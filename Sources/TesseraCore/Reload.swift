@@ -83,7 +83,7 @@ extension Broker {
   /// stays until moved): what to run to move everything to an allowed one.
   func storeNotAllowed(by policy: ConfigPolicy) -> [String] {
     let kind = storeSlot.current.storeDescription.kind
-    guard let store = BrokerConfig.StoreChoice(rawValue: kind), !policy.allows(store) else { return [] }
+    guard !policy.allows(kind) else { return [] }
     let movable = (policy.allowedStores ?? []).filter { $0 != .memory }.map(\.rawValue)
     let next =
       movable.first.map { "`tessera store migrate --to \($0)` moves everything to an allowed one" }

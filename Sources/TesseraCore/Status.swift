@@ -111,7 +111,7 @@ extension Broker {
     let store = deps.store.storeDescription
     var report = StatusReport.Report(
       storeProblem: storeError.map { SafeText.clip($0.message, limit: 1000) }, accounts: accounts,
-      attentionNeeded: health.attentionNeeded, storeKind: store.kind, storePath: store.path,
+      attentionNeeded: health.attentionNeeded, storeKind: store.kind.rawValue, storePath: store.path,
       storeKeyLocation: store.key,
       storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) }, config: configNotes)
     report.sessionBus = sessionBus

@@ -1,22 +1,22 @@
 import Logging
 import TesseraInterface
 
-/// Opens the store of a kind ("file", "secret-service") other than the one in use, for a move
+/// Opens the store of a kind (file or Secret Service) other than the one in use, for a move
 /// (`tessera store migrate`). The daemon provides it, so the engine imports no C library.
 public protocol StoreOpener: Sendable {
-  func open(_ kind: String) throws -> any SecretStore
+  func open(_ kind: StoreKind) throws -> any SecretStore
 }
 
 /// What the move journal says: which move is under way, and whether it got to deleting the items
 /// from the source (every item is in the target by then).
 public struct StoreMoveNote: Sendable, Equatable {
-  public var from: String
-  public var to: String
+  public var from: StoreKind
+  public var to: StoreKind
   /// False while items are copied (the source still holds every item); true once every item is
   /// in the target and the source's copies are being deleted.
   public var deleting: Bool
 
-  public init(from: String, to: String, deleting: Bool = false) {
+  public init(from: StoreKind, to: StoreKind, deleting: Bool = false) {
     self.from = from
     self.to = to
     self.deleting = deleting
@@ -38,11 +38,11 @@ public protocol StoreMoveJournal: Sendable {
 
 /// What a move did: the store kinds and how many items went across.
 public struct StoreMoveResult: Sendable, Equatable {
-  public var from: String
-  public var to: String
+  public var from: StoreKind
+  public var to: StoreKind
   public var items: Int
 
-  public init(from: String, to: String, items: Int) {
+  public init(from: StoreKind, to: StoreKind, items: Int) {
     self.from = from
     self.to = to
     self.items = items
@@ -50,7 +50,7 @@ public struct StoreMoveResult: Sendable, Equatable {
 
   /// MoveStore's reply.
   public var busValue: [String: BusValue] {
-    ["from": .string(from), "to": .string(to), "items": .uint32(UInt32(clamping: items))]
+    ["from": .string(from.rawValue), "to": .string(to.rawValue), "items": .uint32(UInt32(clamping: items))]
   }
 }
 
@@ -88,8 +88,8 @@ public enum StoreMove {
   /// starts one (no journal). Returns how many items were copied (when copying), else deleted.
   @discardableResult
   public static func run(
-    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore, fromKind: String,
-    toKind: String
+    _ journal: any StoreMoveJournal, from source: any SecretStore, to target: any SecretStore, fromKind: StoreKind,
+    toKind: StoreKind
   ) async throws -> Int {
     let resumed = journal.pending()
     var note = resumed ?? StoreMoveNote(from: fromKind, to: toKind)
@@ -153,9 +153,8 @@ public enum StoreMove {
       "from": "\(move.from)", "to": "\(move.to)", "config": "\(configured.rawValue)",
       "phase": "\(move.deleting ? "deleting" : "copying")",
     ]
-    func allowed(_ kind: String) -> Bool { BrokerConfig.StoreChoice(rawValue: kind).map(policy.allows) ?? false }
-    let takeBack = !allowed(move.to)
-    if takeBack && !allowed(move.from) {
+    let takeBack = !policy.allows(move.to)
+    if takeBack && !policy.allows(move.from) {
       logger.error(
         "A store move (tessera store migrate) was interrupted, and the administrator's allowed_stores allow neither of its stores; Tessera's items stay where they are, unused",
         metadata: metadata)
@@ -233,10 +232,10 @@ extension TokenCache {
 }
 
 extension Broker {
-  /// Moves every item to the store of `kind` ("file" or "secret-service") and uses it from now on
+  /// Moves every item to the store of `kind` (StoreKind.movable) and uses it from now on
   /// (`tessera store migrate`, MoveStore). Serialized with the store writes; kill-safe through the
   /// move journal (see StoreMove).
-  public func moveStore(to kind: String, caller: CallerInfo?) async throws -> StoreMoveResult {
+  public func moveStore(to kind: StoreKind, caller: CallerInfo?) async throws -> StoreMoveResult {
     try checkMayManage(caller)
     // One move at a time. This actor takes other calls at each `await`: a second move started
     // while the first runs (its client gone after Ctrl-C, say) would still see the first's source
@@ -249,11 +248,7 @@ extension Broker {
     }
     storeMoveUnderWay = true
     defer { storeMoveUnderWay = false }
-    let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
-    guard kinds.contains(kind) else {
-      throw TesseraError.invalidArgument(
-        "There is no store '\(RequestOptions.clip(kind))' to move to; use one of: \(kinds.joined(separator: ", ")).")
-    }
+    guard StoreKind.movable.contains(kind) else { throw StoreKind.notMovable(kind.rawValue) }
     let from = storeSlot.current.storeDescription.kind
     if let journal = deps.moveJournal, let note = journal.pending(), note.deleting, note.to == from, note.to == kind,
       let opener = deps.storeOpener
@@ -319,20 +314,20 @@ extension Broker {
 
   /// What may refuse a move before any store is touched: the administrator's policy, config.toml
   /// naming another store, and the memory store (which has nothing to move).
-  private func checkMoveAllowed(to kind: String, from: String) throws {
-    if let target = BrokerConfig.StoreChoice(rawValue: kind), !adminPolicy.allows(target) {
+  private func checkMoveAllowed(to kind: StoreKind, from: StoreKind) throws {
+    if !adminPolicy.allows(kind) {
       throw TesseraError(
         .accessDenied,
         "The administrator's policy does not allow the \(kind) store (allowed_stores in [policy] of \(adminPolicy.files.joined(separator: ", "))): Tessera's items stay where they are."
       )
     }
-    if config.store != .auto && config.store.rawValue != kind {
+    if config.store != .auto && config.store != .only(kind) {
       throw TesseraError(
         .configuration,
         "config.toml says store = \"\(config.store.rawValue)\": set it to \"\(kind)\" or \"auto\" first, then run this again (otherwise the next start would open the \(config.store.rawValue) store)."
       )
     }
-    guard from != StatusReport.StoreKind.memory else {
+    guard from != .memory else {
       throw TesseraError.invalidArgument(
         "The memory store keeps nothing to move. Set store = \"\(kind)\" in config.toml, restart tesserad and sign in again."
       )
@@ -340,7 +335,7 @@ extension Broker {
   }
 
   /// The target store, opened and asked whether it can be used now.
-  private func openTarget(_ kind: String, _ opener: any StoreOpener) async throws -> any SecretStore {
+  private func openTarget(_ kind: StoreKind, _ opener: any StoreOpener) async throws -> any SecretStore {
     let target: any SecretStore
     do {
       target = try opener.open(kind)
@@ -357,7 +352,7 @@ extension Broker {
   /// finished first (at start); otherwise a target that already holds items of its own would mix
   /// them with these, and is refused.
   private func checkTargetTakesTheMove(
-    _ target: any SecretStore, _ kind: String, from: String, journal: any StoreMoveJournal
+    _ target: any SecretStore, _ kind: StoreKind, from: StoreKind, journal: any StoreMoveJournal
   ) async throws {
     if let note = journal.pending(), note.from != from || note.to != kind {
       throw TesseraError.invalidArgument(
@@ -373,7 +368,7 @@ extension Broker {
       }
       if already > 0 {
         let how =
-          kind == StatusReport.StoreKind.file
+          kind == .file
           ? "stop tesserad, remove \(target.storeDescription.path ?? "the file store's directory"), start it again"
           : "remove them (`secret-tool clear tessera_schema 1`: it removes only Tessera's items)"
         throw TesseraError.invalidArgument(

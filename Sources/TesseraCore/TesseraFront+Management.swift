@@ -52,7 +52,7 @@ extension TesseraFront {
         "MoveStore takes no option '\(RequestOptions.clip(key))': its options must be empty.")
     }
     metadata["to"] = "\(a.string(0))"
-    let result = try await broker.moveStore(to: a.string(0), caller: caller)
+    let result = try await broker.moveStore(to: StoreKind.movable(named: a.string(0)), caller: caller)
     metadata["from"] = "\(result.from)"
     metadata["items"] = "\(result.items)"
     return [.dict(result.busValue)]

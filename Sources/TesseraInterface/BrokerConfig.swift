@@ -52,16 +52,33 @@ public struct BrokerConfig: Sendable, Equatable {
     case store
   }
 
-  /// `store`: where tesserad keeps accounts and tokens.
-  public enum StoreChoice: String, CaseIterable, Sendable, Equatable {
+  /// `store`: where tesserad keeps accounts and tokens: `auto`, or one store.
+  public enum StoreChoice: Sendable, Equatable {
     /// The Secret Service when one answers at start with an unlocked default collection, else the
     /// file store (and the file store while it holds items: one store per start, never both).
     case auto
-    case secretService = "secret-service"
-    /// Sealed files under $XDG_STATE_HOME/tessera/store (FileStore).
-    case file
-    /// Nothing written: a restart needs a new sign-in.
-    case memory
+    /// This store and no other.
+    case only(StoreKind)
+
+    /// As config.toml writes it: "auto", or the store's name.
+    public init?(rawValue: String) {
+      if rawValue == "auto" {
+        self = .auto
+      } else if let kind = StoreKind(rawValue: rawValue) {
+        self = .only(kind)
+      } else {
+        return nil
+      }
+    }
+
+    public var rawValue: String { kind?.rawValue ?? "auto" }
+    /// The store chosen; nil for `auto`.
+    public var kind: StoreKind? {
+      if case .only(let kind) = self { return kind }
+      return nil
+    }
+    /// Every value config.toml may give `store`.
+    public static let names = ["auto"] + StoreKind.allCases.map(\.rawValue)
   }
 
   /// The top-level keys, in the table's order.
@@ -173,7 +190,7 @@ public struct BrokerConfig: Sendable, Equatable {
     case .notifyFirstUse: notifyFirstUse = try flag()
     case .store:
       guard let s = value.string, let choice = StoreChoice(rawValue: s) else {
-        throw fail("must be one of \(StoreChoice.allCases.map(\.rawValue).joined(separator: ", "))")
+        throw fail("must be one of \(StoreChoice.names.joined(separator: ", "))")
       }
       store = choice
     case .logLevel:

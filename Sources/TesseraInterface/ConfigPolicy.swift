@@ -45,7 +45,7 @@ public struct ConfigPolicy: Sendable, Equatable {
   /// Whether `tessera forward` may make forwards of the socket.
   public var allowForwarding = true
   /// The stores that may hold accounts and tokens; nil: any.
-  public var allowedStores: [BrokerConfig.StoreChoice]?
+  public var allowedStores: [StoreKind]?
   /// The files whose `[policy]` tables made this, in the order read.
   public var files: [String] = []
 
@@ -59,18 +59,16 @@ public struct ConfigPolicy: Sendable, Equatable {
     case allowedStores = "allowed_stores"
   }
 
-  /// The stores `allowed_stores` may name (`auto` is a choice among them, not a store).
-  public static let storeNames: [BrokerConfig.StoreChoice] = [.secretService, .file, .memory]
-
   /// Whether nothing is restricted.
   public var isEmpty: Bool {
     locked.isEmpty && minimumAccessMode == nil && allowForwarding && allowedStores == nil
   }
 
+  /// Whether the store may hold accounts and tokens.
+  public func allows(_ store: StoreKind) -> Bool { allowedStores?.contains(store) ?? true }
+
   /// Whether `store` may be configured: `auto` always (it chooses among the allowed ones).
-  public func allows(_ store: BrokerConfig.StoreChoice) -> Bool {
-    store == .auto || (allowedStores?.contains(store) ?? true)
-  }
+  public func allows(_ choice: BrokerConfig.StoreChoice) -> Bool { choice.kind.map(allows) ?? true }
 
   /// `mode` raised to the minimum.
   public func floor(_ mode: AccessMode) -> AccessMode {
@@ -153,14 +151,14 @@ public struct ConfigPolicy: Sendable, Equatable {
         }
         policy.allowForwarding = flag
       case .allowedStores:
-        let names = storeNames.map(\.rawValue).joined(separator: ", ")
+        let names = StoreKind.allCases.map(\.rawValue).joined(separator: ", ")
         guard let list = entry.value.strings, !list.isEmpty else {
           problem(entry, "must be a non-empty array of stores: \(names)")
           continue
         }
-        var stores: [BrokerConfig.StoreChoice] = []
+        var stores: [StoreKind] = []
         for name in list {
-          guard let store = BrokerConfig.StoreChoice(rawValue: name), store != .auto else {
+          guard let store = StoreKind(rawValue: name) else {
             problem(entry, "'\(SafeText.clip(name, limit: 200))' is not a store; the stores are \(names)")
             continue
           }

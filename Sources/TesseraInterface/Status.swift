@@ -102,25 +102,6 @@ public enum StatusReport {
     }
   }
 
-  /// The stores tesserad can use (config.toml's `store`, resolved at start).
-  public enum StoreKind {
-    public static let secretService = "secret-service"
-    public static let file = "file"
-    public static let memory = "memory"
-
-    /// The store of this kind as a sentence names it, for every message a user reads: "the
-    /// Secret Service", "the file store /path" (or "the file store" without a path), "the memory
-    /// store"; an unknown kind (a newer broker's) by its name.
-    public static func name(_ kind: String?, path: String? = nil) -> String {
-      switch kind ?? secretService {
-      case secretService: "the Secret Service"
-      case file: path.map { "the file store \($0)" } ?? "the file store"
-      case memory: "the memory store"
-      case let other: "the store \(other)"
-      }
-    }
-  }
-
   public enum Account {
     public static let id = "id"
     public static let username = "username"
@@ -298,7 +279,8 @@ public enum StatusReport {
 
     public init(
       storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
-      version: String = BrokerInterface.version, storeKind: String = StoreKind.secretService, storePath: String? = nil,
+      version: String = BrokerInterface.version, storeKind: String = StoreKind.secretService.rawValue,
+      storePath: String? = nil,
       storeKeyLocation: String? = nil, storeNotes: [String] = [], config: ConfigStatus? = nil
     ) {
       self.config = config
@@ -336,7 +318,7 @@ public enum StatusReport {
 
     public init(busValue report: [String: BusValue]) {
       storeProblem = nil
-      storeKind = StoreKind.secretService
+      storeKind = StoreKind.secretService.rawValue
       storeNotes = []
       if case .dict(let store)? = report[storeKey] {
         if store[Store.state]?.stringValue == "unavailable" {

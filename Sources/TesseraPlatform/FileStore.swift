@@ -127,7 +127,7 @@ public final class FileStore: SecretStore, @unchecked Sendable {
 
   public var storeDescription: StoreDescription {
     StoreDescription(
-      kind: StatusReport.StoreKind.file, path: directory, key: keySource.description,
+      kind: .file, path: directory, key: keySource.description,
       notes: shared.withLock { $0.notes })
   }
 

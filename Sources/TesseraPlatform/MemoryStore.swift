@@ -8,7 +8,7 @@ public final class MemoryStore: SecretStore {
 
   public init() {}
 
-  public var storeDescription: StoreDescription { StoreDescription(kind: StatusReport.StoreKind.memory) }
+  public var storeDescription: StoreDescription { StoreDescription(kind: .memory) }
 
   public func loadAll() async throws -> [StoredItem] { items.withLock { Array($0.values) } }
 

@@ -23,8 +23,6 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
     return home + "/.local/state/tessera/moving"
   }
 
-  static let kinds = [StatusReport.StoreKind.file, StatusReport.StoreKind.secretService]
-
   public func write(_ note: StoreMoveNote) throws {
     let text = "from=\(note.from)\nto=\(note.to)\nphase=\(note.deleting ? "deleting" : "copying")\n"
     do {
@@ -51,8 +49,8 @@ public final class FileStoreMoveJournal: StoreMoveJournal {
       guard let equals = line.firstIndex(of: "=") else { continue }
       fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
     }
-    guard let from = fields["from"], let to = fields["to"], from != to, Self.kinds.contains(from),
-      Self.kinds.contains(to)
+    guard let from = fields["from"].flatMap(StoreKind.init), let to = fields["to"].flatMap(StoreKind.init), from != to,
+      StoreKind.movable.contains(from), StoreKind.movable.contains(to)
     else { return nil }
     return StoreMoveNote(from: from, to: to, deleting: fields["phase"] == "deleting")
   }

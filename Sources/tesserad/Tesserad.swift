@@ -276,9 +276,10 @@ func chooseStore(
     return .success(store)
   }
   switch choice {
-  case .secretService: return chosen(SecretServiceStore(), "config.toml says so")
-  case .memory: return chosen(MemoryStore(), "config.toml says so; nothing is written, a restart needs a new sign-in")
-  case .file:
+  case .only(.secretService): return chosen(SecretServiceStore(), "config.toml says so")
+  case .only(.memory):
+    return chosen(MemoryStore(), "config.toml says so; nothing is written, a restart needs a new sign-in")
+  case .only(.file):
     guard let file = fileStore() else { return .failure(noHome) }
     return chosen(file, "config.toml says so")
   case .auto:
@@ -324,17 +325,16 @@ struct DaemonStoreOpener: StoreOpener {
   let environment: [String: String]
   let logger: Logger
 
-  func open(_ kind: String) throws -> any SecretStore {
+  func open(_ kind: StoreKind) throws -> any SecretStore {
     switch kind {
-    case StatusReport.StoreKind.secretService: return SecretServiceStore()
-    case StatusReport.StoreKind.file:
+    case .secretService: return SecretServiceStore()
+    case .file:
       guard let location = FileStore.defaultLocation(environment: environment) else {
         throw TesseraError(
           .configuration, "The file store needs a place: set HOME (or XDG_STATE_HOME and XDG_CONFIG_HOME).")
       }
       return FileStore(directory: location.directory, key: location.key, logger: logger)
-    default:
-      throw TesseraError.invalidArgument("There is no store '\(kind)' to move to; use file or secret-service.")
+    case .memory: throw StoreKind.notMovable(kind.rawValue)
     }
   }
 }

@@ -49,7 +49,7 @@ final class ReloadTests: XCTestCase {
     let started = await h.broker.config
     let outcome = await h.broker.reload(
       effective {
-        $0.store = .memory
+        $0.store = .only(.memory)
         $0.microsoftBroker = false
         $0.accessMode = .strict
       }, started: started)

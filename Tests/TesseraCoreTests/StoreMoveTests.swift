@@ -14,7 +14,7 @@ import XCTest
 /// `tessera_schema` and `kind` as attributes), and fails every save after a number of them.
 final class KindStore: SecretStore, Sendable {
   let base: FakeStore
-  let kind: String
+  let kind: StoreKind
   let stripsAttributes: Bool
   /// Saves left before every save fails as a locked keyring does; nil: never.
   let savesLeft = Locked<Int?>(nil)
@@ -23,7 +23,7 @@ final class KindStore: SecretStore, Sendable {
   /// Saves wait here while it is shut (a slow keyring): the move is under way meanwhile.
   let saveGate = Gate()
 
-  init(_ base: FakeStore = FakeStore(), kind: String, stripsAttributes: Bool = false) {
+  init(_ base: FakeStore = FakeStore(), kind: StoreKind, stripsAttributes: Bool = false) {
     self.base = base
     self.kind = kind
     self.stripsAttributes = stripsAttributes
@@ -80,8 +80,8 @@ final class MemoryMoveJournal: StoreMoveJournal, Sendable {
 }
 
 struct FakeOpener: StoreOpener {
-  let stores: [String: any SecretStore]
-  func open(_ kind: String) throws -> any SecretStore {
+  let stores: [StoreKind: any SecretStore]
+  func open(_ kind: StoreKind) throws -> any SecretStore {
     guard let store = stores[kind] else { throw TesseraError.invalidArgument("no \(kind) store") }
     return store
   }
@@ -110,8 +110,8 @@ final class StoreMoveTests: XCTestCase {
       AccessGrant(app: "exe:/usr/bin/git", clientID: "app1", accountID: "*", grantedAt: 1, via: "command"),
       caller: nil)
     await h.broker.finishStoreWrites()
-    let keyring = KindStore(h.store, kind: "secret-service", stripsAttributes: true)
-    let file = KindStore(kind: "file")
+    let keyring = KindStore(h.store, kind: .secretService, stripsAttributes: true)
+    let file = KindStore(kind: .file)
     let journal = MemoryMoveJournal()
     var cfg = await h.broker.config
     config?(&cfg)
@@ -119,7 +119,7 @@ final class StoreMoveTests: XCTestCase {
       config: cfg,
       dependencies: BrokerDependencies(
         http: h.idp, store: keyring, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock,
-        storeOpener: FakeOpener(stores: ["secret-service": keyring, "file": file]), moveJournal: journal),
+        storeOpener: FakeOpener(stores: [.secretService: keyring, .file: file]), moveJournal: journal),
       logger: .init(label: "t"))
     return Setup(h: h, keyring: keyring, file: file, journal: journal, broker: broker, before: keyring.contents)
   }
@@ -134,8 +134,8 @@ final class StoreMoveTests: XCTestCase {
     XCTAssertGreaterThanOrEqual(s.before.count, 8)
     _ = try await silent(s.broker)
     let requests = s.h.idp.tokenRequests.count
-    let result = try await s.broker.moveStore(to: "file", caller: nil)
-    XCTAssertEqual(result, StoreMoveResult(from: "secret-service", to: "file", items: s.before.count))
+    let result = try await s.broker.moveStore(to: .file, caller: nil)
+    XCTAssertEqual(result, StoreMoveResult(from: .secretService, to: .file, items: s.before.count))
     // Every item, with every attribute and its secret byte for byte, in the target alone.
     XCTAssertEqual(s.file.contents, s.before)
     XCTAssertTrue(s.keyring.contents.isEmpty)
@@ -154,8 +154,8 @@ final class StoreMoveTests: XCTestCase {
     XCTAssertTrue(s.keyring.contents.isEmpty)
     XCTAssertNotEqual(s.file.contents, s.before)
     // And back.
-    let back = try await s.broker.moveStore(to: "secret-service", caller: nil)
-    XCTAssertEqual(back.from, "file")
+    let back = try await s.broker.moveStore(to: .secretService, caller: nil)
+    XCTAssertEqual(back.from, .file)
     XCTAssertTrue(s.file.contents.isEmpty)
     XCTAssertEqual(s.keyring.contents.count, back.items)
   }
@@ -163,11 +163,11 @@ final class StoreMoveTests: XCTestCase {
   func testRefusalsSayWhatToDoAndMoveNothing() async throws {
     let s = try await prepare()
     await XCTAssertThrowsTessera(.invalidArgument) {
-      _ = try await s.broker.moveStore(to: "secret-service", caller: nil)
+      _ = try await s.broker.moveStore(to: .secretService, caller: nil)
     }
-    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await s.broker.moveStore(to: "memory", caller: nil) }
+    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await s.broker.moveStore(to: .memory, caller: nil) }
     s.file.base.locked.withLock { $0 = true }
-    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: "file", caller: nil) }
+    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: .file, caller: nil) }
     s.file.base.locked.withLock { $0 = false }
     // A target that holds items of its own is not mixed with these.
     try await s.file.save(
@@ -175,7 +175,7 @@ final class StoreMoveTests: XCTestCase {
         attributes: ["tessera_schema": "1", "kind": "app_use", "app": "x", "account_id": "y"],
         secret: #"{"accountID":"y","app":"x","firstUsedAt":1}"#, label: ""))
     do {
-      _ = try await s.broker.moveStore(to: "file", caller: nil)
+      _ = try await s.broker.moveStore(to: .file, caller: nil)
       XCTFail("moved into a store holding items")
     } catch let error as TesseraError {
       XCTAssertEqual(error.code, .invalidArgument)
@@ -184,9 +184,9 @@ final class StoreMoveTests: XCTestCase {
     XCTAssertEqual(s.keyring.contents, s.before)
     XCTAssertNil(s.journal.pending())
 
-    let pinned = try await prepare { $0.store = .secretService }
+    let pinned = try await prepare { $0.store = .only(.secretService) }
     do {
-      _ = try await pinned.broker.moveStore(to: "file", caller: nil)
+      _ = try await pinned.broker.moveStore(to: .file, caller: nil)
       XCTFail("moved against config.toml")
     } catch let error as TesseraError {
       XCTAssertEqual(error.code, .configuration)
@@ -206,11 +206,11 @@ final class StoreMoveTests: XCTestCase {
     // no window of time for the second to land in.
     s.file.saveGate.shut()
     let broker = s.broker
-    let first = Task { try await broker.moveStore(to: "file", caller: nil) }
+    let first = Task { try await broker.moveStore(to: .file, caller: nil) }
     let held = await s.file.saveGate.held()
     XCTAssertTrue(held, "the first move never saved into the target")
     do {
-      _ = try await broker.moveStore(to: "file", caller: nil)
+      _ = try await broker.moveStore(to: .file, caller: nil)
       XCTFail("a second move was started while one ran")
     } catch {
       let error = TesseraError.wrap(error)
@@ -224,7 +224,7 @@ final class StoreMoveTests: XCTestCase {
     XCTAssertTrue(s.keyring.contents.isEmpty)
     XCTAssertNil(s.journal.pending())
     // Once it has ended, the store in use is the target: there is nothing more to move.
-    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await broker.moveStore(to: "file", caller: nil) }
+    await XCTAssertThrowsTessera(.invalidArgument) { _ = try await broker.moveStore(to: .file, caller: nil) }
     XCTAssertEqual(s.file.contents, s.before)
   }
 
@@ -239,7 +239,7 @@ final class StoreMoveTests: XCTestCase {
     let source = s.keyring.contents
     let targetsOwn = s.file.contents
     XCTAssertEqual(targetsOwn.count, 1)
-    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: "secret-service", toKind: "file")
+    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: .secretService, toKind: .file)
     XCTAssertEqual(s.file.contents, source.union(targetsOwn), "the source's items, and the target's own item kept")
     XCTAssertTrue(s.file.contents.contains { $0["(secret)"] == extra.secret }, "the target's own item is kept")
 
@@ -248,26 +248,26 @@ final class StoreMoveTests: XCTestCase {
     for item in all { try await s.keyring.base.save(item) }
     try await s.keyring.base.delete(matching: extra.attributes)
     try await s.file.base.save(extra)
-    s.journal.note.withLock { $0 = StoreMoveNote(from: "secret-service", to: "file") }
-    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: "secret-service", toKind: "file")
+    s.journal.note.withLock { $0 = StoreMoveNote(from: .secretService, to: .file) }
+    try await StoreMove.run(s.journal, from: s.keyring, to: s.file, fromKind: .secretService, toKind: .file)
     XCTAssertFalse(s.file.contents.contains { $0["(secret)"] == extra.secret }, "the stale copy is deleted")
   }
 
   func testATargetFailingMidWayLosesNothingKeepsTheJournalAndARetryFinishes() async throws {
     let s = try await prepare()
     s.file.savesLeft.withLock { $0 = 3 }
-    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: "file", caller: nil) }
+    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: .file, caller: nil) }
     // Nothing lost: the source holds everything and is still in use; the journal says what to finish.
     XCTAssertEqual(s.keyring.contents, s.before)
     XCTAssertEqual(s.file.contents.count, 3)
-    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: "secret-service", to: "file", deleting: false))
+    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: .secretService, to: .file, deleting: false))
     let status = try await s.broker.status()
     XCTAssertEqual(status.storeKind, "secret-service")
     _ = try await silent(s.broker)
 
     // A retry finishes it (the target's partial copies are replaced, not doubled).
     s.file.savesLeft.withLock { $0 = nil }
-    let result = try await s.broker.moveStore(to: "file", caller: nil)
+    let result = try await s.broker.moveStore(to: .file, caller: nil)
     XCTAssertEqual(result.items, s.before.count)
     XCTAssertEqual(s.file.contents, s.before)
     XCTAssertTrue(s.keyring.contents.isEmpty)
@@ -277,17 +277,17 @@ final class StoreMoveTests: XCTestCase {
   func testASourceFailingWhileDeletingSwitchesToTheTargetAndARetryFinishes() async throws {
     let s = try await prepare()
     s.keyring.deletesLeft.withLock { $0 = 2 }
-    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: "file", caller: nil) }
+    await XCTAssertThrowsTessera(.storeUnavailable) { _ = try await s.broker.moveStore(to: .file, caller: nil) }
     // Every item is in the target, which is used now; the source's leftovers wait for the retry.
     XCTAssertEqual(s.file.contents, s.before)
-    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: "secret-service", to: "file", deleting: true))
+    XCTAssertEqual(s.journal.pending(), StoreMoveNote(from: .secretService, to: .file, deleting: true))
     let status = try await s.broker.status()
     XCTAssertEqual(status.storeKind, "file")
     _ = try await silent(s.broker)
     XCTAssertFalse(s.keyring.contents.isEmpty)
     s.keyring.deletesLeft.withLock { $0 = nil }
-    let result = try await s.broker.moveStore(to: "file", caller: nil)
-    XCTAssertEqual(result.from, "secret-service")
+    let result = try await s.broker.moveStore(to: .file, caller: nil)
+    XCTAssertEqual(result.from, .secretService)
     XCTAssertTrue(s.keyring.contents.isEmpty)
     XCTAssertEqual(s.file.contents, s.before)
     XCTAssertNil(s.journal.pending())
@@ -298,19 +298,19 @@ final class StoreMoveTests: XCTestCase {
     let all = s.h.store.items.withLock { $0 }
     let items = s.before.count
     func stores() -> (KindStore, KindStore) {
-      let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
+      let keyring = KindStore(kind: .secretService, stripsAttributes: true)
       keyring.base.items.withLock { $0 = all }
-      return (keyring, KindStore(kind: "file"))
+      return (keyring, KindStore(kind: .file))
     }
     // Killed while copying, after k copies: the copy is done again, nothing doubled.
     for copied in [0, 1, items / 2, items] {
       let (keyring, file) = stores()
       let journal = MemoryMoveJournal()
-      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
+      try journal.write(StoreMoveNote(from: .secretService, to: .file))
       let movable = TokenCache.movable(try await keyring.loadAll())
       for item in movable.prefix(copied) { try await file.save(item) }
       let moved = try await StoreMove.run(
-        journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
+        journal, from: keyring, to: file, fromKind: .secretService, toKind: .file)
       XCTAssertEqual(file.contents, s.before, "killed after \(copied) copies")
       XCTAssertTrue(keyring.contents.isEmpty)
       XCTAssertNil(journal.pending())
@@ -322,11 +322,11 @@ final class StoreMoveTests: XCTestCase {
     do {
       let (keyring, file) = stores()
       let journal = MemoryMoveJournal()
-      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
+      try journal.write(StoreMoveNote(from: .secretService, to: .file))
       for item in TokenCache.movable(try await keyring.loadAll()) { try await file.save(item) }
       let dropped = try XCTUnwrap(all.first { $0.attributes["kind"] == "access_token" })
       try await keyring.delete(matching: dropped.attributes)
-      try await StoreMove.run(journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
+      try await StoreMove.run(journal, from: keyring, to: file, fromKind: .secretService, toKind: .file)
       XCTAssertEqual(file.contents, s.before.filter { $0["(secret)"] != dropped.secret })
       XCTAssertEqual(file.contents.count, items - 1)
       XCTAssertTrue(keyring.contents.isEmpty)
@@ -338,13 +338,13 @@ final class StoreMoveTests: XCTestCase {
       let journal = MemoryMoveJournal()
       let movable = TokenCache.movable(try await keyring.loadAll())
       for item in movable { try await file.save(item) }
-      try journal.write(StoreMoveNote(from: "secret-service", to: "file", deleting: true))
+      try journal.write(StoreMoveNote(from: .secretService, to: .file, deleting: true))
       for item in movable.prefix(items / 2) { try await keyring.delete(matching: item.attributes) }
       var newer = movable[movable.count - 1]
       newer.secret = newer.secret.replacingOccurrences(of: "}", with: #","note":"newer"}"#)
       try await file.save(newer)
       let after = file.contents
-      try await StoreMove.run(journal, from: keyring, to: file, fromKind: "secret-service", toKind: "file")
+      try await StoreMove.run(journal, from: keyring, to: file, fromKind: .secretService, toKind: .file)
       XCTAssertEqual(file.contents, after)
       XCTAssertTrue(keyring.contents.isEmpty)
       XCTAssertNil(journal.pending())
@@ -360,15 +360,15 @@ final class StoreMoveTests: XCTestCase {
     let s = try await prepare()
     let all = s.h.store.items.withLock { $0 }
     func stores() -> (KindStore, KindStore) {
-      let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
+      let keyring = KindStore(kind: .secretService, stripsAttributes: true)
       keyring.base.items.withLock { $0 = all }
-      return (keyring, KindStore(kind: "file"))
+      return (keyring, KindStore(kind: .file))
     }
     // Killed while copying: the copies go, the source is as it was.
     do {
       let (keyring, file) = stores()
       let journal = MemoryMoveJournal()
-      let note = StoreMoveNote(from: "secret-service", to: "file")
+      let note = StoreMoveNote(from: .secretService, to: .file)
       try journal.write(note)
       for item in TokenCache.movable(try await keyring.loadAll()).prefix(3) { try await file.save(item) }
       let undone = try await StoreMove.undo(journal, note, source: keyring, target: file)
@@ -383,7 +383,7 @@ final class StoreMoveTests: XCTestCase {
       let journal = MemoryMoveJournal()
       let movable = TokenCache.movable(try await keyring.loadAll())
       for item in movable { try await file.save(item) }
-      let note = StoreMoveNote(from: "secret-service", to: "file", deleting: true)
+      let note = StoreMoveNote(from: .secretService, to: .file, deleting: true)
       try journal.write(note)
       for item in movable.prefix(movable.count / 2) { try await keyring.delete(matching: item.attributes) }
       try await StoreMove.undo(journal, note, source: keyring, target: file)
@@ -401,29 +401,29 @@ final class StoreMoveTests: XCTestCase {
     let s = try await prepare()
     let all = s.h.store.items.withLock { $0 }
     func interrupted() async throws -> (KindStore, KindStore, MemoryMoveJournal) {
-      let keyring = KindStore(kind: "secret-service", stripsAttributes: true)
+      let keyring = KindStore(kind: .secretService, stripsAttributes: true)
       keyring.base.items.withLock { $0 = all }
-      let file = KindStore(kind: "file")
+      let file = KindStore(kind: .file)
       let journal = MemoryMoveJournal()
-      try journal.write(StoreMoveNote(from: "secret-service", to: "file"))
+      try journal.write(StoreMoveNote(from: .secretService, to: .file))
       for item in TokenCache.movable(try await keyring.loadAll()).prefix(2) { try await file.save(item) }
       return (keyring, file, journal)
     }
     // No policy: finished into the target.
     var (keyring, file, journal) = try await interrupted()
     var used = await StoreMove.finishInterrupted(
-      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      journal, opener: FakeOpener(stores: [.secretService: keyring, .file: file]), configured: .auto,
       probeSeconds: 0.5, logger: .init(label: "t"))
-    XCTAssertEqual(used?.storeDescription.kind, "file")
+    XCTAssertEqual(used?.storeDescription.kind, .file)
     XCTAssertEqual(file.contents, s.before)
     // The policy allows only the Secret Service now: taken back, the source used.
     (keyring, file, journal) = try await interrupted()
     var policy = ConfigPolicy()
     policy.allowedStores = [.secretService]
     used = await StoreMove.finishInterrupted(
-      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      journal, opener: FakeOpener(stores: [.secretService: keyring, .file: file]), configured: .auto,
       policy: policy, probeSeconds: 0.5, logger: .init(label: "t"))
-    XCTAssertEqual(used?.storeDescription.kind, "secret-service")
+    XCTAssertEqual(used?.storeDescription.kind, .secretService)
     XCTAssertEqual(keyring.contents, s.before)
     XCTAssertTrue(file.contents.isEmpty)
     XCTAssertNil(journal.pending())
@@ -431,7 +431,7 @@ final class StoreMoveTests: XCTestCase {
     (keyring, file, journal) = try await interrupted()
     policy.allowedStores = [.memory]
     used = await StoreMove.finishInterrupted(
-      journal, opener: FakeOpener(stores: ["secret-service": keyring, "file": file]), configured: .auto,
+      journal, opener: FakeOpener(stores: [.secretService: keyring, .file: file]), configured: .auto,
       policy: policy, probeSeconds: 0.5, logger: .init(label: "t"))
     XCTAssertNil(used)
     XCTAssertEqual(keyring.contents, s.before)

@@ -36,7 +36,7 @@ final class StoreNamingTests: XCTestCase {
   final class FileKindStore: SecretStore, Sendable {
     let base = FakeStore()
     var storeDescription: StoreDescription {
-      StoreDescription(kind: "file", path: "/home/ann/.local/state/tessera/store")
+      StoreDescription(kind: .file, path: "/home/ann/.local/state/tessera/store")
     }
     func loadAll() async throws -> [StoredItem] { try await base.loadAll() }
     func save(_ item: StoredItem) async throws { try await base.save(item) }
@@ -45,10 +45,35 @@ final class StoreNamingTests: XCTestCase {
   }
 
   func testTheNamesOfEachStore() {
-    XCTAssertEqual(StatusReport.StoreKind.name("secret-service"), "the Secret Service")
-    XCTAssertEqual(StatusReport.StoreKind.name("file", path: "/s"), "the file store /s")
-    XCTAssertEqual(StatusReport.StoreKind.name(nil), "the Secret Service", "an older broker's report")
-    XCTAssertEqual(StoreDescription(kind: "file", path: "/s").capitalizedName, "The file store /s")
+    XCTAssertEqual(StoreKind.secretService.name(), "the Secret Service")
+    XCTAssertEqual(StoreKind.file.name(path: "/s"), "the file store /s")
+    XCTAssertEqual(StoreKind.memory.name(), "the memory store")
+    XCTAssertEqual(StoreKind.name("file", path: "/s"), "the file store /s", "as GetStatus names it")
+    XCTAssertEqual(StoreKind.name(nil), "the Secret Service", "an older broker's report")
+    XCTAssertEqual(StoreKind.name("tpm"), "the store tpm", "a newer broker's store")
+    XCTAssertEqual(
+      "Using the \(StoreKind.secretService) store", "Using the secret-service store", "as config.toml writes it")
+    XCTAssertEqual(StoreDescription(kind: .file, path: "/s").capitalizedName, "The file store /s")
+  }
+
+  func testAMoveNamesOnlyAStoreThatKeepsItems() throws {
+    XCTAssertEqual(try StoreKind.movable(named: "file"), .file)
+    XCTAssertEqual(try StoreKind.movable(named: "secret-service"), .secretService)
+    for name in ["memory", "auto", "keyring", ""] {
+      XCTAssertThrowsError(try StoreKind.movable(named: name)) { error in
+        let e = error as? TesseraError
+        XCTAssertEqual(e?.code, .invalidArgument)
+        XCTAssertTrue(e?.message.contains("use one of: file, secret-service.") == true, e?.message ?? "")
+      }
+    }
+  }
+
+  func testAStoreChoiceReadsAsConfigTomlWritesIt() {
+    XCTAssertEqual(BrokerConfig.StoreChoice(rawValue: "auto"), .auto)
+    XCTAssertEqual(BrokerConfig.StoreChoice(rawValue: "secret-service"), .only(.secretService))
+    XCTAssertNil(BrokerConfig.StoreChoice(rawValue: "secretService"))
+    XCTAssertEqual(BrokerConfig.StoreChoice.only(.file).rawValue, "file")
+    XCTAssertEqual(BrokerConfig.StoreChoice.names, ["auto", "secret-service", "file", "memory"])
   }
 
   func testAFileStoreThatFailsIsNamedInTheLogNotTheSecretService() async throws {

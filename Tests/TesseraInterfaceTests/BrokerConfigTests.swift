@@ -52,7 +52,7 @@ final class BrokerConfigTests: XCTestCase {
     expected.microsoftBroker = false
     expected.accessMode = .strict
     expected.notifyFirstUse = false
-    expected.store = .file
+    expected.store = .only(.file)
     var rule = GitCredentialRule(host: "git.example.com", pathPrefix: "team", line: 17)
     rule.file = "config.toml"
     expected.gitRules = [rule]

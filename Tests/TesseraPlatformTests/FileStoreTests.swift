@@ -92,7 +92,7 @@ final class FileStoreTests: XCTestCase {
     let got2 = try await store().loadAll()
     XCTAssertEqual(got2, [bob])
     XCTAssertEqual(records().count, 1)
-    XCTAssertEqual(second.storeDescription.kind, "file")
+    XCTAssertEqual(second.storeDescription.kind, .file)
     XCTAssertEqual(second.storeDescription.path, directory)
   }
 
@@ -420,7 +420,7 @@ final class FileStoreTests: XCTestCase {
     try await memory.delete(matching: ["account_id": "alice"])
     let got9 = try await memory.loadAll().map(\.secret)
     XCTAssertEqual(got9, ["{\"secret\":\"c\"}"])
-    XCTAssertEqual(memory.storeDescription.kind, "memory")
+    XCTAssertEqual(memory.storeDescription.kind, .memory)
     let got10 = try await MemoryStore().loadAll()
     XCTAssertEqual(got10, [])
   }

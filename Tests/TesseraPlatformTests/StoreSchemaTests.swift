@@ -86,10 +86,10 @@ final class StoreSchemaTests: XCTestCase {
     let firstNames = try names(root + "/first")
     let keyring = KindOnlyStore()
     let journal = FileStoreMoveJournal(path: root + "/moving")
-    let across = try await StoreMove.run(journal, from: first, to: keyring, fromKind: "file", toKind: "secret-service")
+    let across = try await StoreMove.run(journal, from: first, to: keyring, fromKind: .file, toKind: .secretService)
     XCTAssertEqual(across, written.count)
     let second = FileStore(directory: root + "/second", key: key)
-    let back = try await StoreMove.run(journal, from: keyring, to: second, fromKind: "secret-service", toKind: "file")
+    let back = try await StoreMove.run(journal, from: keyring, to: second, fromKind: .secretService, toKind: .file)
     XCTAssertEqual(back, written.count)
     let arrived = try await second.loadAll()
     func identity(_ items: [StoredItem]) -> Set<[String: String]> {
