@@ -57,7 +57,7 @@ extension Tessera.Config {
     @Flag(
       name: .long,
       help:
-        "Print JSON: {\"files\", \"settings\": {KEY: {\"value\", \"source\", \"locked\"}}, \"git\", \"policy\", \"warnings\"}."
+        "Print JSON: {\"files\", \"settings\": {KEY: {\"value\", \"source\", \"locked\"}}, \"git\", \"providers\", \"policy\", \"warnings\"}."
     )
     var json = false
 
@@ -65,6 +65,7 @@ extension Tessera.Config {
       var files: [String]
       var settings: [String: Setting]
       var git: [GitEntry]
+      var providers: [Tessera.Provider.Entry]
       var policy: [String: JSONValue]
       var warnings: [String]
 
@@ -123,7 +124,8 @@ extension Tessera.Config {
               .init(
                 url: $0.host + ($0.pathPrefix.isEmpty ? "" : "/" + $0.pathPrefix), clientID: $0.clientID,
                 source: "\($0.file):\($0.line)")
-            }, policy: policy, warnings: effective.warnings))
+            }, providers: effective.config.providers.map(Tessera.Provider.Entry.init), policy: policy,
+            warnings: effective.warnings))
       } else {
         print(Self.text(effective))
       }
@@ -160,6 +162,10 @@ extension Tessera.Config {
         }
         if let username = rule.username { lines.append("username = \(ConfigFile.Value.string(username).toml)") }
         if let account = rule.account { lines.append("account = \(ConfigFile.Value.string(account).toml)") }
+      }
+      for provider in effective.config.providers {
+        lines.append("")
+        lines += Tessera.Provider.tableLines(provider)
       }
       if !effective.policy.isEmpty {
         lines.append("")

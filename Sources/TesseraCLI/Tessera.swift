@@ -35,7 +35,7 @@ struct Tessera: ParsableCommand {
     version: BrokerInterface.version,
     subcommands: [
       Login.self, Token.self, Accounts.self, Account.self, Logout.self, Status.self, GitCredential.self,
-      KubeCredential.self, Sasl.self, Exec.self, Access.self, Config.self, Store.self, Forward.self,
+      KubeCredential.self, Sasl.self, Exec.self, Access.self, Config.self, Store.self, Forward.self, Provider.self,
     ])
 }
 

@@ -27,6 +27,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var notifyFirstUse = true
   /// The `[[git]]` tables: which git hosts get tokens, for which client (tessera git-credential).
   public var gitRules: [GitCredentialRule] = []
+  /// The `[[provider]]` tables: identity providers by name, from a profile or written out.
+  public var providers: [ProviderConfig] = []
   /// Where accounts and tokens are kept (docs/storage.md): chosen once, when tesserad starts.
   public var store: StoreChoice = .auto
 
@@ -84,7 +86,7 @@ public struct BrokerConfig: Sendable, Equatable {
   /// The top-level keys, in the table's order.
   public static let keys: [String] = Key.allCases.map(\.rawValue)
   /// The `[[name]]` tables config.toml may hold.
-  public static let tableNames = ["git"]
+  public static let tableNames = ["git", "provider"]
   /// The `[name]` tables: `[policy]`, in the administrator's files only.
   public static let sectionNames = ["policy"]
   public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]

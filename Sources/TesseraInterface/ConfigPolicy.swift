@@ -46,6 +46,11 @@ public struct ConfigPolicy: Sendable, Equatable {
   public var allowForwarding = true
   /// The stores that may hold accounts and tokens; nil: any.
   public var allowedStores: [StoreKind]?
+  /// The providers (`[[provider]]` names) that may be used; nil: any.
+  public var allowedProviders: [String]?
+  /// Whether a user's `[[provider]]` tables are ignored (`locked = ["provider"]`): only the
+  /// administrator's providers are used.
+  public var providersLocked = false
   /// The files whose `[policy]` tables made this, in the order read.
   public var files: [String] = []
 
@@ -57,11 +62,13 @@ public struct ConfigPolicy: Sendable, Equatable {
     case minimumAccessMode = "minimum_access_mode"
     case allowForwarding = "allow_forwarding"
     case allowedStores = "allowed_stores"
+    case allowedProviders = "allowed_providers"
   }
 
   /// Whether nothing is restricted.
   public var isEmpty: Bool {
-    locked.isEmpty && minimumAccessMode == nil && allowForwarding && allowedStores == nil
+    locked.isEmpty && minimumAccessMode == nil && allowForwarding && allowedStores == nil && allowedProviders == nil
+      && !providersLocked
   }
 
   /// Whether the store may hold accounts and tokens.
@@ -87,6 +94,10 @@ public struct ConfigPolicy: Sendable, Equatable {
     if let theirs = other.allowedStores {
       allowedStores = allowedStores.map { mine in mine.filter(theirs.contains) } ?? theirs
     }
+    if let theirs = other.allowedProviders {
+      allowedProviders = allowedProviders.map { mine in mine.filter(theirs.contains) } ?? theirs
+    }
+    providersLocked = providersLocked || other.providersLocked
     files += other.files
   }
 
@@ -97,6 +108,7 @@ public struct ConfigPolicy: Sendable, Equatable {
     case .minimumAccessMode: minimumAccessMode.map { .string($0.rawValue) }
     case .allowForwarding: .bool(allowForwarding)
     case .allowedStores: allowedStores.map { .array($0.map { .string($0.rawValue) }) }
+    case .allowedProviders: allowedProviders.map { .array($0.map { .string($0) }) }
     }
   }
 
@@ -128,6 +140,10 @@ public struct ConfigPolicy: Sendable, Equatable {
           continue
         }
         for name in names {
+          if name == "provider" {
+            policy.providersLocked = true
+            continue
+          }
           guard let locked = BrokerConfig.Key(rawValue: name) else {
             problem(
               entry,
@@ -165,6 +181,12 @@ public struct ConfigPolicy: Sendable, Equatable {
           if !stores.contains(store) { stores.append(store) }
         }
         policy.allowedStores = stores
+      case .allowedProviders:
+        guard let list = entry.value.strings, list.allSatisfy(ProviderConfig.isName) else {
+          problem(entry, "must be an array of provider names (the name = of [[provider]] tables)")
+          continue
+        }
+        policy.allowedProviders = list
       }
     }
     return (policy, problems)
@@ -196,6 +218,7 @@ public struct ConfigLayer: Sendable, Equatable {
   public var isSystem: Bool
   public var settings: [Setting] = []
   public var gitRules: [GitCredentialRule] = []
+  public var providers: [ProviderConfig] = []
   public var policy: ConfigPolicy?
 
   /// Checks a file's bytes: every problem it has, each with its line (a TOML syntax error stops
@@ -265,6 +288,11 @@ public struct ConfigLayer: Sendable, Equatable {
           ConfigProblem(path: path, line: error.line, key: error.key, kind: .inTable("git"), reason: error.reason))
       }
     }
+    let (providers, providerProblems) = ProviderConfig.providers(in: file, path: path)
+    layer.providers = providers
+    problems += providerProblems.map {
+      ConfigProblem(path: path, line: $0.line, key: $0.key, kind: .inTable("provider"), reason: $0.reason)
+    }
     if isSystem, let table = file.tables.first(where: { $0.name == "policy" && !$0.isArray }) {
       let (policy, found) = ConfigPolicy.parse(table, path: path)
       layer.policy = policy
@@ -327,6 +355,7 @@ public struct EffectiveConfig: Sendable, Equatable {
         effective.apply(setting, from: layer.path)
       }
       effective.config.gitRules += layer.gitRules
+      effective.addProviders(layer.providers, isSystem: true)
     }
     guard problems.isEmpty else { throw ConfigProblems(problems) }
     if let user {
@@ -351,6 +380,7 @@ public struct EffectiveConfig: Sendable, Equatable {
         effective.apply(setting, from: user.path)
       }
       effective.config.gitRules += user.gitRules
+      effective.addProviders(user.providers, isSystem: false)
     }
     // The default, or a file's, raised to the minimum: then the minimum is where it comes from.
     let raised = policy.floor(effective.config.accessMode)
@@ -360,6 +390,34 @@ public struct EffectiveConfig: Sendable, Equatable {
         path: policy.minimumAccessModeFile ?? "", line: 0, note: "[policy] minimum_access_mode")
     }
     return effective
+  }
+
+  /// A file's providers, under the policy: a user's are ignored when the administrator locked
+  /// them, a provider the policy does not allow is ignored, and a user's provider may not take
+  /// the name of the administrator's; each with a warning naming the file and line.
+  mutating func addProviders(_ providers: [ProviderConfig], isSystem: Bool) {
+    for provider in providers {
+      let source = ConfigSource(path: provider.file, line: provider.line)
+      if !isSystem && policy.providersLocked {
+        warnings.append(
+          "\(source): [[provider]] '\(provider.name)' is ignored: the administrator's [policy] (\(policy.files.joined(separator: ", "))) locks providers; use theirs (`tessera provider list`)"
+        )
+        continue
+      }
+      if let allowed = policy.allowedProviders, !allowed.contains(provider.name) {
+        warnings.append(
+          "\(source): [[provider]] '\(provider.name)' is ignored: it is not among the administrator's allowed_providers (\(allowed.joined(separator: ", ")))"
+        )
+        continue
+      }
+      if let taken = config.providers.first(where: { $0.name == provider.name }) {
+        warnings.append(
+          "\(source): [[provider]] '\(provider.name)' is ignored: the administrator's provider of that name (\(taken.file):\(taken.line)) is used; give yours another name"
+        )
+        continue
+      }
+      config.providers.append(provider)
+    }
   }
 
   /// Why the policy does not allow `setting`'s value; nil when it does.

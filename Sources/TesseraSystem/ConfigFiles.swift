@@ -86,11 +86,40 @@ public enum ConfigFiles {
     case .failure(let found): problems += found.problems
     }
     guard problems.isEmpty else { return .problems(problems) }
+    let effective: EffectiveConfig
     do {
-      return .loaded(try EffectiveConfig.combine(system: system, user: user))
+      effective = try EffectiveConfig.combine(system: system, user: user)
     } catch {
       return .problems(error.problems)
     }
+    let secrets = effective.config.providers.compactMap(secretFileProblem)
+    return secrets.isEmpty ? .loaded(effective) : .problems(secrets)
+  }
+
+  /// Why a provider's client_secret_file cannot be used, or nil: it must be a regular file of the
+  /// user's that no one else can read, in a directory no one else can write.
+  static func secretFileProblem(_ provider: ProviderConfig) -> ConfigProblem? {
+    guard let path = provider.clientSecretFile else { return nil }
+    let advice: String
+    do {
+      try CheckedFile.inspect(path, rules: .secret)
+      return nil
+    } catch {
+      switch error {
+      case .system(.noSuchFileOrDirectory):
+        advice = "does not exist; write the client secret there (`tessera provider add` does), or fix the path"
+      case .system(let code): advice = "cannot be read: \(String(cString: strerror(code.rawValue)))"
+      case .mode:
+        advice = "\(error): a client secret must be yours alone; run `chmod 600 \(path)`"
+      case .owner: advice = "\(error): a client secret must be yours alone; `chown` it to yourself and `chmod 600` it"
+      case .notRegular: advice = "\(error); make it a regular file with the secret in it"
+      case .directoryOwner(let directory, _), .directoryMode(let directory, _):
+        advice = "\(error), who could replace it; keep it in a directory only you can write (`chmod go-w \(directory)`)"
+      }
+    }
+    return ConfigProblem(
+      path: provider.file, line: provider.clientSecretFileLine, key: "client_secret_file",
+      kind: .inTable("provider"), reason: "\(path) \(advice)")
   }
 
   /// One file, checked; nil when it does not exist and need not.

@@ -171,6 +171,18 @@ public enum CheckedFile {
     do { return try Syscall.readAll(fd, limit: limit) } catch { throw .system(error.errno) }
   }
 
+  /// The checks of `read`, without reading: whether the file may be read when it is needed (a
+  /// client secret that `tessera config check` vets, and tesserad alone reads).
+  public static func inspect(_ path: String, rules: Rules) throws(Problem) {
+    let fd: FileDescriptor
+    do {
+      fd = try FileDescriptor.open(
+        FilePath(path), .readOnly, options: [.closeOnExec, .nonBlocking, .init(rawValue: O_NOCTTY)])
+    } catch { throw .system(error as? Errno ?? .ioError) }
+    defer { try? fd.close() }
+    try check(fd, rules: rules)
+  }
+
   /// The checks of `read`, on an open descriptor.
   public static func check(_ fd: FileDescriptor, rules: Rules) throws(Problem) {
     var info = stat()

@@ -143,4 +143,35 @@ import Testing
     #expect(text.contains("which is writable by other users"))
     #expect(text.contains("chmod go-w \(shared)"))
   }
+
+  /// A provider's client secret must be the user's alone (issue 38 §7): one others can read, one
+  /// that is missing, or one in a directory others can write is a problem of the table's
+  /// client_secret_file line, with what to do; the secret itself is never in the message.
+  @Test func aClientSecretFileOthersCanReadIsAProblemOfItsLine() throws {
+    let scratch = try Scratch()
+    let secret = scratch.write("gh.secret", "s3cr3t-value", mode: 0o644)
+    let shared = scratch.directory("shared", mode: 0o777)
+    let inShared = shared + "/other.secret"
+    close(open(inShared, O_WRONLY | O_CREAT, 0o600))
+    chmod(inShared, 0o600)
+    func load(_ secretPath: String) -> [String] {
+      let config = scratch.write(
+        "config.toml",
+        "log_level = \"info\"\n\n[[provider]]\nname = \"gh\"\nprofile = \"github\"\nclient_id = \"x\"\nclient_secret_file = \"\(secretPath)\"\n"
+      )
+      let reading = ConfigFiles.load(option: config, environment: ["TESSERA_SYSTEM_CONFIG_DIR": scratch.path + "/none"])
+      guard case .problems(let problems) = reading else { return [] }
+      return problems.map(\.description)
+    }
+    let readable = load(secret)
+    #expect(readable.count == 1)
+    #expect(readable.first?.hasPrefix(scratch.path + "/config.toml:7: [[provider]] key 'client_secret_file': ") == true)
+    #expect(readable.first?.contains("can be read by other users (mode 644)") == true)
+    #expect(readable.first?.contains("chmod 600 \(secret)") == true)
+    #expect(readable.allSatisfy { !$0.contains("s3cr3t") })
+    #expect(load(scratch.path + "/missing.secret").first?.contains("does not exist") == true)
+    #expect(load(inShared).first?.contains("chmod go-w \(shared)") == true)
+    chmod(secret, 0o600)
+    #expect(load(secret) == [], "a 0600 secret of the user's own")
+  }
 }
