@@ -94,11 +94,29 @@ public struct TokenResponse: Sendable {
     var ext_expires_in: FlexibleInt?
     var refresh_in: FlexibleInt?
     var foci: String?
+    /// An OAuth error in a 200 answer (GitHub's token endpoint answers its errors so).
+    var error: String?
+
+    /// A form-encoded answer's fields, as the JSON form would carry them.
+    init(form fields: [String: String]) {
+      access_token = fields["access_token"]
+      token_type = fields["token_type"]
+      expires_in = fields["expires_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
+      scope = fields["scope"]
+      refresh_token = fields["refresh_token"]
+      id_token = fields["id_token"]
+      client_info = fields["client_info"]
+      ext_expires_in = fields["ext_expires_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
+      refresh_in = fields["refresh_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
+      foci = fields["foci"]
+      error = fields["error"]
+    }
   }
 
   /// Entra sends some numbers as strings.
   struct FlexibleInt: Decodable {
     var value: Int64
+    init(_ value: Int64) { self.value = value }
     init(from decoder: any Decoder) throws {
       let c = try decoder.singleValueContainer()
       if let n = try? c.decode(Int64.self) {
@@ -117,11 +135,35 @@ public struct TokenResponse: Sendable {
     return (try? JSONDecoder().decode(Only.self, from: Data(body)))?.refresh_token.flatMap { $0.isEmpty ? nil : $0 }
   }
 
+  /// The fields of a token endpoint's answer: a JSON object, or form-encoded (RFC 6749 §5.1 asks
+  /// for JSON; GitHub answers form-encoded unless asked for JSON, and an answer is read either way).
+  /// nil when it is neither.
+  static func fields<T: Decodable>(_ body: [UInt8], as type: T.Type, form: ([String: String]) -> T) -> T? {
+    let first = body.first { $0 != 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D }
+    if first == UInt8(ascii: "{") { return try? JSONDecoder().decode(T.self, from: Data(body)) }
+    // Form-encoded: printable ASCII, with at least one name=value pair.
+    guard !body.isEmpty, body.count <= 1 << 20, body.allSatisfy({ $0 > 0x20 && $0 < 0x7F }),
+      body.contains(UInt8(ascii: "="))
+    else { return nil }
+    return form(FormEncoding.decode(String(decoding: body, as: UTF8.self)))
+  }
+
+  /// Scopes as RFC 6749 §3.3 writes them (space-separated), from an answer that may separate them
+  /// with commas (GitHub: "repo,gist").
+  static func normalizedScopes(_ scope: String?) -> String? {
+    guard let scope, scope.contains(",") else { return scope }
+    return scope.split(whereSeparator: { $0 == "," || $0 == " " }).joined(separator: " ")
+  }
+
   public static func parse(_ body: [UInt8], endpoint: String) throws -> TokenResponse {
-    guard let wire = try? JSONDecoder().decode(Wire.self, from: Data(body)) else {
+    guard let wire = fields(body, as: Wire.self, form: Wire.init(form:)) else {
       throw TesseraError.provider(
-        "The token endpoint \(endpoint) answered with something that is not a token response (not JSON). Check the authority."
+        "The token endpoint \(endpoint) answered with something that is not a token response (neither JSON nor form-encoded). Check the authority."
       )
+    }
+    if wire.error != nil {
+      // An error with HTTP 200: the same error as with 400.
+      throw OAuthErrorResponse.map(status: 400, body: body, endpoint: endpoint, retryAfter: nil)
     }
     guard let token = wire.access_token, !token.isEmpty else {
       throw TesseraError.provider(
@@ -133,7 +175,8 @@ public struct TokenResponse: Sendable {
         "The token endpoint \(endpoint) answered with an invalid expires_in. Check the authority.")
     }
     return TokenResponse(
-      accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: expiresIn, scope: wire.scope,
+      accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: expiresIn,
+      scope: normalizedScopes(wire.scope),
       refreshToken: wire.refresh_token, idToken: wire.id_token, clientInfo: wire.client_info,
       extExpiresIn: wire.ext_expires_in?.value, refreshIn: wire.refresh_in?.value,
       foci: wire.foci.flatMap { $0.isEmpty ? nil : $0 })
@@ -150,6 +193,30 @@ public struct OAuthErrorResponse: Decodable, Sendable {
   public var claims: String?
   public var correlation_id: String?
   public var trace_id: String?
+  /// RFC 8628 §3.5: a `slow_down` answer may give the new polling interval (GitHub's does).
+  var interval: TokenResponse.FlexibleInt?
+  /// The new polling interval a `slow_down` answer gave, in seconds.
+  public var intervalSeconds: Int64? { interval?.value }
+
+  public init(error: String) { self.error = error }
+
+  /// A form-encoded error answer's fields.
+  init(form fields: [String: String]) {
+    error = fields["error"] ?? ""
+    error_description = fields["error_description"]
+    suberror = fields["suberror"]
+    correlation_id = fields["correlation_id"]
+    trace_id = fields["trace_id"]
+    interval = fields["interval"].flatMap { Int64($0) }.map(TokenResponse.FlexibleInt.init)
+  }
+
+  /// The OAuth error of an answer, JSON or form-encoded; nil when it carries none.
+  public static func decode(_ body: [UInt8]) -> OAuthErrorResponse? {
+    guard let parsed = TokenResponse.fields(body, as: OAuthErrorResponse.self, form: OAuthErrorResponse.init(form:)),
+      !parsed.error.isEmpty
+    else { return nil }
+    return parsed
+  }
 
   static let interactionErrors: Set<String> = [
     "invalid_grant", "interaction_required", "consent_required", "login_required",
@@ -185,7 +252,7 @@ public struct OAuthErrorResponse: Decodable, Sendable {
         .network, "The identity provider at \(endpoint) is unavailable (HTTP \(status)).\(wait)",
         detail: ErrorDetail(httpStatus: status))
     }
-    guard let parsed = try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(body)) else {
+    guard let parsed = decode(body) else {
       return .provider(
         "The token endpoint \(endpoint) answered HTTP \(status) with no OAuth error. Check the authority.")
     }

@@ -214,6 +214,18 @@ extension Broker {
     var expires_in: TokenResponse.FlexibleInt
     var interval: TokenResponse.FlexibleInt?
     var message: String?
+
+    /// A form-encoded answer (GitHub's, unless asked for JSON): nil without a code or lifetime.
+    init(form fields: [String: String]) {
+      device_code = fields["device_code"] ?? ""
+      user_code = fields["user_code"] ?? ""
+      verification_uri = fields["verification_uri"]
+      verification_url = fields["verification_url"]
+      verification_uri_complete = fields["verification_uri_complete"]
+      expires_in = TokenResponse.FlexibleInt(fields["expires_in"].flatMap { Int64($0) } ?? 0)
+      interval = fields["interval"].flatMap { Int64($0) }.map(TokenResponse.FlexibleInt.init)
+      message = fields["message"]
+    }
   }
 
   /// RFC 8628: show the code to the caller, then poll politely.
@@ -230,12 +242,15 @@ extension Broker {
         endpoint,
         [("client_id", clientID), ("scope", Self.requestScopes(scopes))]
           + ((try claimsParameter(request.claims)).map { [("claims", $0)] } ?? []),
-        headers: [("client-request-id", request.correlationID)]))
+        headers: [("client-request-id", request.correlationID), ("Accept", "application/json")]))
     guard response.status == 200 else {
       throw OAuthErrorResponse.map(
         status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
     }
-    guard let device = try? JSONDecoder().decode(DeviceAuthorization.self, from: Data(response.body)),
+    guard
+      let device = TokenResponse.fields(
+        response.body, as: DeviceAuthorization.self, form: DeviceAuthorization.init(form:)),
+      !device.device_code.isEmpty, !device.user_code.isEmpty, device.expires_in.value > 0,
       let verificationURI = device.verification_uri ?? device.verification_url
     else {
       throw TesseraError.provider(
@@ -276,17 +291,21 @@ extension Broker {
             ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
             ("device_code", device.device_code), ("client_info", "1"),
           ],
-          headers: [("client-request-id", request.correlationID)]))
-      if poll.status == 200 {
+          headers: [("client-request-id", request.correlationID), ("Accept", "application/json")]))
+      // Read whatever the status: GitHub answers authorization_pending and slow_down with HTTP 200.
+      let error = OAuthErrorResponse.decode(poll.body)
+      if poll.status == 200 && error == nil {
         let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
         return try await accept(
           token, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes, nonce: nil,
           knownAccount: nil)
       }
-      let error = (try? JSONDecoder().decode(OAuthErrorResponse.self, from: Data(poll.body)))?.error
-      switch error {
+      switch error?.error {
       case "authorization_pending": continue
-      case "slow_down": interval = min(interval + 5, 120)
+      case "slow_down":
+        // RFC 8628 §3.5: 5 s more for this and every later poll, or the new interval the answer
+        // gives when that is longer; at most 2 minutes.
+        interval = min(max(interval + 5, Double(error?.intervalSeconds ?? 0)), 120)
       case "expired_token": throw TesseraError.timedOut("The device code expired before sign-in finished. Start again.")
       default:
         throw OAuthErrorResponse.map(

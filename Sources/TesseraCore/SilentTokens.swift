@@ -260,7 +260,11 @@ extension Broker {
     }
     // No cancellation check after this: a refresh token the IdP has rotated must be stored.
     let response = try await deps.http.send(
-      .form(endpoint, fields, headers: [("client-request-id", correlationID), ("return-client-request-id", "true")]))
+      .form(
+        endpoint, fields,
+        headers: [
+          ("client-request-id", correlationID), ("return-client-request-id", "true"), ("Accept", "application/json"),
+        ]))
     guard response.status == 200 else {
       if response.status == 429 || response.status == 503,
         let seconds = OAuthErrorResponse.retryAfterSeconds(response.headers["retry-after"]), seconds > 0
