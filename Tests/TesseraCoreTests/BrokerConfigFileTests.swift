@@ -33,7 +33,7 @@ final class BrokerConfigFileTests: XCTestCase {
       XCTAssertTrue("\($0)".hasPrefix("c.toml:2: [[git]] has no url"), "\($0)")
     }
     XCTAssertThrowsError(try BrokerConfig.parse("[[mail]]\nurl = \"x\"\n", path: "c.toml")) {
-      XCTAssertEqual("\($0)", "c.toml:1: table [[mail]]: unknown table; the only table is [[git]]")
+      XCTAssertEqual("\($0)", "c.toml:1: table [[mail]]: unknown table; the only tables are [[git]], [[provider]]")
     }
     XCTAssertThrowsError(try BrokerConfig.parse("colour = 1\n[[git]]\nurl = \"h\"\n"))
   }

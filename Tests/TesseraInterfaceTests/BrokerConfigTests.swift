@@ -86,7 +86,7 @@ final class BrokerConfigTests: XCTestCase {
       ["c.toml:3: table [[gti]]: unknown table; did you mean [[git]]?"])
     XCTAssertEqual(
       problems("[[kubernetes]]\nserver = \"x\"\n"),
-      ["c.toml:1: table [[kubernetes]]: unknown table; the only table is [[git]]"])
+      ["c.toml:1: table [[kubernetes]]: unknown table; the only tables are [[git]], [[provider]]"])
   }
 
   func testMistakesInGitEntriesAreErrorsNamingTheirLine() {
