@@ -39,7 +39,8 @@ struct TokenTarget: ParsableArguments {
   {
     try helperToken(
       broker: broker, clientID: target.clientId, scopes: target.scopes, authority: target.authority,
-      account: account, minValidity: minValidity, interactive: interactive, deviceCode: deviceCode)
+      provider: target.provider, account: account, minValidity: minValidity, interactive: interactive,
+      deviceCode: deviceCode)
   }
 
   /// Never prompting: for helpers run by other programs (sasl, exec).
@@ -64,11 +65,13 @@ func showInteraction(_ interaction: TesseraInteraction) {
 /// in, through the browser (or a device code). Never a prompt otherwise: a helper run by a
 /// background program must not open browser tabs.
 func helperToken(
-  broker: TesseraBroker, clientID: String, scopes: [String], authority: String?, account: String?,
-  minValidity: UInt32? = nil, rejectedToken: String? = nil, interactive: Bool, deviceCode: Bool = false
+  broker: TesseraBroker, clientID: String, scopes: [String], authority: String?, provider: String? = nil,
+  account: String?, minValidity: UInt32? = nil, rejectedToken: String? = nil, interactive: Bool,
+  deviceCode: Bool = false
 ) throws(TesseraClientError) -> TesseraToken {
   var options = TesseraTokenOptions()
   options.authority = authority
+  options.provider = provider
   options.minValidity = minValidity
   options.rejectedToken = rejectedToken
   let accountID: String
@@ -82,6 +85,7 @@ func helperToken(
   } catch .broker(let e) where interactive && (e.code == .interactionRequired || e.code == .noSuchAccount) {
     var sign = TesseraTokenOptions()
     sign.authority = authority
+    sign.provider = provider
     sign.deviceCode = deviceCode
     if let account, !account.isEmpty, account.contains("@") || accountID.isEmpty { sign.loginHint = account }
     return try broker.acquireToken(clientID: clientID, scopes: scopes, options: sign, onInteraction: showInteraction)

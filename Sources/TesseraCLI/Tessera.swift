@@ -52,6 +52,13 @@ struct Target: ParsableArguments {
   var authority: String?
 
   @Option(
+    name: .long,
+    help: ArgumentHelp(
+      "A provider of config.toml by name (`tessera provider list`): its issuer, client id and scopes.",
+      valueName: "name"))
+  var provider: String?
+
+  @Option(
     name: .customLong("scope"),
     help: ArgumentHelp("A scope to request; repeat for several (default: default_scopes).", valueName: "scope"))
   var scopes: [String] = []

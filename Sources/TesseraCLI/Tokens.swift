@@ -37,6 +37,7 @@ extension Tessera {
     func run() throws {
       var options = TesseraTokenOptions()
       options.authority = target.authority
+      options.provider = target.provider
       options.deviceCode = deviceCode
       options.prompt = prompt
       options.loginHint = loginHint
@@ -73,6 +74,7 @@ extension Tessera {
     func run() throws {
       var options = TesseraTokenOptions()
       options.authority = request.target.authority
+      options.provider = request.target.provider
       options.forceRefresh = forceRefresh
       options.minValidity = request.minValidity
       let token = try withBroker { broker throws(TesseraClientError) in

@@ -14,6 +14,8 @@ public typealias TesseraInteraction = InteractionInfo
 /// broker's own option table, so a bad value fails here, with the broker's message, before the call.
 public struct TesseraTokenOptions: Sendable {
   public var authority: String?
+  /// A `[[provider]]` of config.toml by name: its issuer, client id and scopes by default.
+  public var provider: String?
   public var loginHint: String?
   public var domainHint: String?
   public var prompt: String?
@@ -33,6 +35,7 @@ public struct TesseraTokenOptions: Sendable {
     typealias O = RequestOptions
     var d: [String: BusValue] = [:]
     if let authority { d[O.authority.key] = .string(authority) }
+    if let provider { d[O.provider.key] = .string(provider) }
     if let loginHint { d[O.loginHint.key] = .string(loginHint) }
     if let domainHint { d[O.domainHint.key] = .string(domainHint) }
     if let prompt { d[O.prompt.key] = .string(prompt) }

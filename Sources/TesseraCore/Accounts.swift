@@ -154,16 +154,19 @@ extension Broker {
           metadata: ["correlation_id": "\(correlationID)", "authority": "\(authority.url)"])
         return
       }
-      guard let endpoint = try await directory.metadata(for: authority, policy: policy).revocationEndpoint else {
+      guard let endpoint = try await metadata(for: authority, clientID: record.clientID).revocationEndpoint else {
         logger.info(
           "The identity provider has no revocation endpoint; removing the token locally",
           metadata: ["correlation_id": "\(correlationID)"])
         return
       }
+      let client = try clientCredentials(for: authority, clientID: record.clientID)
       let response = try await deps.http.send(
         .form(
-          endpoint, [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)],
-          headers: [("client-request-id", correlationID)]))
+          endpoint,
+          [("token", record.secret), ("token_type_hint", "refresh_token"), ("client_id", record.clientID)]
+            + client.fields,
+          headers: [("client-request-id", correlationID)] + client.headers))
       if response.status != 200 {
         logger.warning(
           "The identity provider refused to revoke a refresh token",

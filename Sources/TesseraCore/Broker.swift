@@ -28,14 +28,18 @@ public struct BrokerDependencies: Sendable {
   public var moveJournal: (any StoreMoveJournal)?
   /// Forwards of the socket (`tessera forward`); nil: none can be made.
   public var forwards: (any ForwardListeners)?
+  /// Providers' client secrets (`[[provider]]` client_secret_file); nil: none can be read.
+  public var secrets: (any ClientSecretSource)?
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,
     events: any BrokerEvents, clock: any BrokerClock,
     afterLoad: @escaping @Sendable () -> Void = {}, prompter: (any AccessPrompter)? = nil,
     journal: (any RefreshJournal)? = nil, storeOpener: (any StoreOpener)? = nil,
-    moveJournal: (any StoreMoveJournal)? = nil, forwards: (any ForwardListeners)? = nil
+    moveJournal: (any StoreMoveJournal)? = nil, forwards: (any ForwardListeners)? = nil,
+    secrets: (any ClientSecretSource)? = nil
   ) {
+    self.secrets = secrets
     self.forwards = forwards
     self.storeOpener = storeOpener
     self.moveJournal = moveJournal
@@ -358,10 +362,12 @@ public actor Broker {
   /// without an id_token cannot say who signed in, and is refused.
   func identify(
     _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, nonce: String?,
-    knownAccount: Account?
+    knownAccount: Account?, hint: String? = nil
   ) async throws -> (Account, IDTokenClaims?) {
     var claims: IDTokenClaims?
-    if let idToken = response.idToken {
+    // Without signing keys (a provider written out, or RFC 8414 metadata naming none) an id_token
+    // cannot be checked, and is not trusted to name anyone.
+    if let idToken = response.idToken, metadata.hasSigningKeys {
       claims = try await directory.validate(idToken: idToken, metadata: metadata, clientID: clientID, nonce: nonce)
     }
     var account: Account
@@ -380,6 +386,10 @@ public actor Broker {
       if let knownAccount { account = knownAccount }
     } else if let knownAccount {
       account = knownAccount
+    } else if let named = try await accountWithoutIDToken(
+      response, metadata: metadata, authority: authority, clientID: clientID, hint: hint)
+    {
+      account = named
     } else {
       throw TesseraError.provider(
         "The identity provider returned no id_token, so the account cannot be identified. Make sure the 'openid' scope is allowed for this client."
@@ -393,11 +403,12 @@ public actor Broker {
   /// `requestedScopes` what the caller asked.
   func accept(
     _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
-    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil
+    requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil,
+    hint: String? = nil
   ) async throws -> TokenResult {
     let (account, claims) = try await identify(
       response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
-      knownAccount: knownAccount)
+      knownAccount: knownAccount, hint: hint)
     // A refresh that finishes after the account was signed out must not bring it back.
     if let knownAccount, cache.accounts[knownAccount.id] == nil {
       if let issued = response.refreshToken {  // the IdP just rotated it: revoke, do not keep

@@ -39,7 +39,7 @@ public actor OIDCDirectory {
   static let metadataLifetime: Double = 24 * 3600
   static let jwksMinRefetchInterval: Double = 60
 
-  private var metadata: [String: (OIDCMetadata, Date)] = [:]
+  var metadata: [String: (OIDCMetadata, Date)] = [:]
   private var keys: [String: (JWTKeyCollection, Date)] = [:]
 
   public init(http: any HTTPClient, clock: any BrokerClock) {
@@ -49,10 +49,12 @@ public actor OIDCDirectory {
 
   /// The discovery document for `authority`: `{authority}/v2.0/.well-known/openid-configuration` (as Entra
   /// serves it) or `{authority}/.well-known/openid-configuration`.
-  public func metadata(for authority: Authority, policy: AuthorityPolicy) async throws -> OIDCMetadata {
+  public func metadata(
+    for authority: Authority, policy: AuthorityPolicy, anyHTTPSEndpoint: Bool = false
+  ) async throws -> OIDCMetadata {
     if let (cached, fetched) = metadata[authority.url], clock.now().timeIntervalSince(fetched) < Self.metadataLifetime {
       // Checked again under today's policy: a reload may have stopped trusting a host it names.
-      try Self.check(cached, of: authority, policy: policy)
+      try Self.check(cached, of: authority, policy: policy, anyHTTPSEndpoint: anyHTTPSEndpoint)
       return cached
     }
     let suffixes = ["/v2.0/.well-known/openid-configuration", "/.well-known/openid-configuration"]
@@ -79,7 +81,7 @@ public actor OIDCDirectory {
         throw TesseraError.provider(
           "The discovery document at \(url) is not valid OpenID Connect metadata. Check the authority.")
       }
-      try Self.check(document, of: authority, policy: policy)
+      try Self.check(document, of: authority, policy: policy, anyHTTPSEndpoint: anyHTTPSEndpoint)
       metadata[authority.url] = (document, clock.now())
       return document
     }
@@ -92,7 +94,11 @@ public actor OIDCDirectory {
   /// endpoints on Microsoft hosts; otherwise the authority's own host or a trusted authority, over
   /// https (http only for a loopback authority with allow_insecure_loopback). Its issuer must be
   /// the authority (OIDC Discovery §4.3; Entra's multi-tenant issuer template excepted).
-  static func check(_ document: OIDCMetadata, of authority: Authority, policy: AuthorityPolicy) throws {
+  /// A provider of config.toml (`anyHTTPSEndpoint`) may name https endpoints on any host (Google's
+  /// token endpoint is not on accounts.google.com): the user named its issuer.
+  static func check(
+    _ document: OIDCMetadata, of authority: Authority, policy: AuthorityPolicy, anyHTTPSEndpoint: Bool = false
+  ) throws {
     let refuse = { (why: String) in
       TesseraError.untrustedAuthority("The discovery document of \(authority.url) \(why); refusing to use it.")
     }
@@ -107,17 +113,20 @@ public actor OIDCDirectory {
       }
     }
     let endpoints =
-      [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI]
+      [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI].filter { !$0.isEmpty }
       + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap { $0 }
+      // userinfo is used for providers of config.toml alone (Entra's is on graph.microsoft.com).
+      + (anyHTTPSEndpoint ? [document.userinfoEndpoint].compactMap { $0 } : [])
     for endpoint in endpoints {
       guard let target = try? Authority(parsing: endpoint) else { throw refuse("names an unusable endpoint") }
       let schemeAllowed =
         target.scheme == "https"
         || (target.isLoopback && authority.isLoopback && authority.scheme == "http" && policy.allowInsecureLoopback)
       let hostAllowed =
-        authority.isMicrosoft
-        ? target.isMicrosoft
-        : target.environment == authority.environment || policy.trusted.contains { target.isWithin($0) }
+        (anyHTTPSEndpoint && target.scheme == "https")
+        || (authority.isMicrosoft
+          ? target.isMicrosoft
+          : target.environment == authority.environment || policy.trusted.contains { target.isWithin($0) })
       guard schemeAllowed, hostAllowed else {
         throw refuse("names an endpoint outside the trusted authorities (\(target.scheme)://\(target.environment))")
       }

@@ -55,6 +55,50 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
   public var revocationEndpoint: String?
   /// RFC 9207: the IdP sends `iss` with every authorization response.
   public var authorizationResponseIssParameterSupported: Bool? = nil
+  /// OpenID Connect's userinfo endpoint: who the token's user is, without an id_token.
+  public var userinfoEndpoint: String? = nil
+
+  /// Whether id_tokens can be checked: a provider without discovery, or with RFC 8414 metadata
+  /// naming no keys, has none (its id_tokens are not trusted, and the account comes from userinfo
+  /// or the provider's user API).
+  public var hasSigningKeys: Bool { !jwksURI.isEmpty }
+
+  public init(
+    issuer: String, authorizationEndpoint: String, tokenEndpoint: String, jwksURI: String,
+    deviceAuthorizationEndpoint: String? = nil, revocationEndpoint: String? = nil,
+    authorizationResponseIssParameterSupported: Bool? = nil, userinfoEndpoint: String? = nil
+  ) {
+    self.issuer = issuer
+    self.authorizationEndpoint = authorizationEndpoint
+    self.tokenEndpoint = tokenEndpoint
+    self.jwksURI = jwksURI
+    self.deviceAuthorizationEndpoint = deviceAuthorizationEndpoint
+    self.revocationEndpoint = revocationEndpoint
+    self.authorizationResponseIssParameterSupported = authorizationResponseIssParameterSupported
+    self.userinfoEndpoint = userinfoEndpoint
+  }
+
+  /// RFC 8414 metadata, where only the issuer and the token endpoint are required of a server
+  /// (no keys without OpenID, no authorization endpoint for a device-only server).
+  struct OAuthServer: Decodable {
+    var issuer: String
+    var authorization_endpoint: String?
+    var token_endpoint: String
+    var jwks_uri: String?
+    var device_authorization_endpoint: String?
+    var revocation_endpoint: String?
+    var userinfo_endpoint: String?
+    var authorization_response_iss_parameter_supported: Bool?
+
+    var metadata: OIDCMetadata {
+      OIDCMetadata(
+        issuer: issuer, authorizationEndpoint: authorization_endpoint ?? "", tokenEndpoint: token_endpoint,
+        jwksURI: jwks_uri ?? "", deviceAuthorizationEndpoint: device_authorization_endpoint,
+        revocationEndpoint: revocation_endpoint,
+        authorizationResponseIssParameterSupported: authorization_response_iss_parameter_supported,
+        userinfoEndpoint: userinfo_endpoint)
+    }
+  }
 
   enum CodingKeys: String, CodingKey {
     case issuer
@@ -64,6 +108,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     case deviceAuthorizationEndpoint = "device_authorization_endpoint"
     case revocationEndpoint = "revocation_endpoint"
     case authorizationResponseIssParameterSupported = "authorization_response_iss_parameter_supported"
+    case userinfoEndpoint = "userinfo_endpoint"
   }
 }
 

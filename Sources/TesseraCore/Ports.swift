@@ -202,6 +202,13 @@ extension SecretStore {
   }
 }
 
+/// Reads a provider's client secret (its `client_secret_file`) when a request needs it: the
+/// daemon's reads the file through its checked descriptor (the user's alone, no one else may read
+/// it). Never logged, never returned to a caller.
+public protocol ClientSecretSource: Sendable {
+  func secret(at path: String) throws -> String
+}
+
 /// Opens a URL in the user's browser.
 public protocol BrowserLauncher: Sendable {
   func open(_ url: String) throws

@@ -19,6 +19,8 @@ public struct TokenRequest: Sendable, Equatable {
   public var accountID: String
   public var authority: String?
   public var loginHint: String?
+  /// A `[[provider]]` of config.toml by name (Broker.applyingProvider fills in the rest).
+  public var provider: String?
   public var domainHint: String?
   public var prompt: Prompt?
   public var flow: InteractiveFlow = .browser
@@ -121,6 +123,7 @@ public enum RequestParser {
     }
     request.authority = string(options, RequestOptions.authority)
     request.loginHint = string(options, RequestOptions.loginHint)
+    request.provider = string(options, RequestOptions.provider)
     request.prompt = string(options, RequestOptions.prompt).flatMap(Prompt.init(rawValue:))
     request.flow = string(options, RequestOptions.flow).flatMap(InteractiveFlow.init(rawValue:)) ?? .browser
     request.domainHint = string(options, RequestOptions.domainHint)

@@ -11,11 +11,12 @@ extension Broker {
   // MARK: - AcquireToken (interactive)
 
   /// An interactive sign-in (browser or device code), for any front.
-  public func signIn(_ request: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
+  public func signIn(_ asked: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
     // Visible to Cancel (and to the caller leaving) from here, before the first suspension.
-    signIns.announce(correlationID: request.correlationID, caller: caller.busName)
+    signIns.announce(correlationID: asked.correlationID, caller: caller.busName)
     var registered = false
-    defer { if !registered { signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) } }
+    defer { if !registered { signIns.withdraw(correlationID: asked.correlationID, caller: caller.busName) } }
+    let request = try applyingProvider(asked)
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -55,7 +56,7 @@ extension Broker {
           hints.domain = String(account.username[account.username.index(after: at)...])
         }
       }
-      let metadata = try await self.directory.metadata(for: authority, policy: self.policy)
+      let metadata = try await self.metadata(for: authority, clientID: clientID)
       try Task.checkCancellation()
       switch request.flow {
       case .browser:
@@ -130,7 +131,8 @@ extension Broker {
     defer { listener.close() }
     var query: [(String, String)] = [
       ("client_id", clientID), ("response_type", "code"), ("redirect_uri", listener.redirectURI),
-      ("scope", Self.requestScopes(scopes)), ("state", pkce.state), ("nonce", pkce.nonce),
+      ("scope", scopeParameter(scopes, authority: authority, clientID: clientID)), ("state", pkce.state),
+      ("nonce", pkce.nonce),
       ("code_challenge", pkce.challenge), ("code_challenge_method", "S256"), ("client_info", "1"),
       ("client-request-id", request.correlationID),
     ]
@@ -138,7 +140,13 @@ extension Broker {
     if let login = hints.login { query.append(("login_hint", login)) }
     if let domain = hints.domain { query.append(("domain_hint", domain)) }
     if let claims = try claimsParameter(request.claims) { query.append(("claims", claims)) }
+    query += providerParameters(for: authority, clientID: clientID, request: request)
     query += request.extraQuery.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    guard !metadata.authorizationEndpoint.isEmpty else {
+      throw TesseraError.invalidArgument(
+        "The identity provider at \(authority.url) has no authorization endpoint (browser sign-in). Use flow 'device_code'."
+      )
+    }
     let separator = metadata.authorizationEndpoint.contains(Character("?")) ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
     let timeout = request.timeout ?? InteractiveTimeouts.browser
@@ -180,13 +188,15 @@ extension Broker {
     var fields = [
       ("grant_type", "authorization_code"), ("client_id", clientID), ("code", code),
       ("redirect_uri", listener.redirectURI), ("code_verifier", pkce.verifier), ("client_info", "1"),
-      ("scope", Self.requestScopes(scopes)),
+      ("scope", scopeParameter(scopes, authority: authority, clientID: clientID)),
     ]
     if let claims = try claimsParameter(request.claims) { fields.append(("claims", claims)) }
-    let response = try await postToken(metadata.tokenEndpoint, fields, correlationID: request.correlationID)
+    let response = try await postToken(
+      metadata.tokenEndpoint, fields, correlationID: request.correlationID,
+      client: try clientCredentials(for: authority, clientID: clientID))
     return try await accept(
       response, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes,
-      nonce: pkce.nonce, knownAccount: nil)
+      nonce: pkce.nonce, knownAccount: nil, hint: hints.login)
   }
 
   /// RFC 9207: an authorization response's `iss` must be the issuer the request went to, and an
@@ -237,12 +247,13 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "The identity provider at \(authority.url) does not offer the device code flow. Use flow 'browser'.")
     }
+    let client = try clientCredentials(for: authority, clientID: clientID)
     let response = try await deps.http.send(
       .form(
         endpoint,
-        [("client_id", clientID), ("scope", Self.requestScopes(scopes))]
-          + ((try claimsParameter(request.claims)).map { [("claims", $0)] } ?? []),
-        headers: [("client-request-id", request.correlationID), ("Accept", "application/json")]))
+        [("client_id", clientID), ("scope", scopeParameter(scopes, authority: authority, clientID: clientID))]
+          + ((try claimsParameter(request.claims)).map { [("claims", $0)] } ?? []) + client.fields,
+        headers: [("client-request-id", request.correlationID), ("Accept", "application/json")] + client.headers))
     guard response.status == 200 else {
       throw OAuthErrorResponse.map(
         status: response.status, body: response.body, endpoint: endpoint, retryAfter: response.headers["retry-after"])
@@ -290,15 +301,15 @@ extension Broker {
           [
             ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
             ("device_code", device.device_code), ("client_info", "1"),
-          ],
-          headers: [("client-request-id", request.correlationID), ("Accept", "application/json")]))
+          ] + client.fields,
+          headers: [("client-request-id", request.correlationID), ("Accept", "application/json")] + client.headers))
       // Read whatever the status: GitHub answers authorization_pending and slow_down with HTTP 200.
       let error = OAuthErrorResponse.decode(poll.body)
       if poll.status == 200 && error == nil {
         let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
         return try await accept(
           token, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes, nonce: nil,
-          knownAccount: nil)
+          knownAccount: nil, hint: request.loginHint)
       }
       switch error?.error {
       case "authorization_pending": continue

@@ -29,6 +29,7 @@ extension Broker {
   {
     // The configuration this request is decided under: the defaults, the trust, the access mode.
     let generation = configGeneration
+    let request = try applyingProvider(request)
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -130,13 +131,14 @@ extension Broker {
       target.authority.isMicrosoft && target.authority.environment == record.environment
       ? target.authority : try Authority(parsing: record.authority)
     try checkStillTrusted(tokenAuthority, account: account)
-    let metadata = try await directory.metadata(for: tokenAuthority, policy: policy)
+    let metadata = try await self.metadata(for: tokenAuthority, clientID: target.clientID)
     // The keys that check the answer's id_token, fetched now if unknown: keys the IdP cannot serve
     // must fail the refresh before the token endpoint rotates the refresh token, not after.
-    try await directory.prepareKeys(for: metadata)
+    if metadata.hasSigningKeys { try await directory.prepareKeys(for: metadata) }
     var fields = [
       ("grant_type", "refresh_token"), ("client_id", target.clientID), ("refresh_token", record.secret),
-      ("scope", Self.requestScopes(target.scopes)), ("client_info", "1"),
+      ("scope", scopeParameter(target.scopes, authority: tokenAuthority, clientID: target.clientID)),
+      ("client_info", "1"),
     ]
     if let merged = try claimsParameter(claims) { fields.append(("claims", merged)) }
     let knownInFamily = cache.appMetadata(environment: environment, clientID: target.clientID)?.familyID != nil
@@ -174,6 +176,7 @@ extension Broker {
       do {
         let response = try await postToken(
           metadata.tokenEndpoint, fields, correlationID: correlationID,
+          client: try clientCredentials(for: tokenAuthority, clientID: target.clientID),
           unreadableAnswer: { rotated = TokenResponse.refreshToken(in: $0) })
         do {
           return try await accept(
@@ -250,7 +253,7 @@ extension Broker {
 
   /// POSTs to a token endpoint, honouring Retry-After from earlier answers.
   func postToken(
-    _ endpoint: String, _ fields: [(String, String)], correlationID: String,
+    _ endpoint: String, _ fields: [(String, String)], correlationID: String, client: ClientCredentials = .none,
     unreadableAnswer: (([UInt8]) -> Void)? = nil
   ) async throws -> TokenResponse {
     if let wait = scheduler.throttleRemaining(endpoint, now: deps.clock.now()) {
@@ -261,10 +264,10 @@ extension Broker {
     // No cancellation check after this: a refresh token the IdP has rotated must be stored.
     let response = try await deps.http.send(
       .form(
-        endpoint, fields,
+        endpoint, fields + client.fields,
         headers: [
           ("client-request-id", correlationID), ("return-client-request-id", "true"), ("Accept", "application/json"),
-        ]))
+        ] + client.headers))
     guard response.status == 200 else {
       if response.status == 429 || response.status == 503,
         let seconds = OAuthErrorResponse.retryAfterSeconds(response.headers["retry-after"]), seconds > 0

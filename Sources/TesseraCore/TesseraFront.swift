@@ -23,12 +23,14 @@ public struct TesseraFront: Sendable {
     var scopes: [String]
     var accountID: String
     var authority: String?
+    var provider: String?
 
     init(_ request: TokenRequest) {
       clientID = request.clientID
       scopes = request.scopes
       accountID = request.accountID
       authority = request.authority
+      provider = request.provider
     }
   }
 

@@ -138,6 +138,10 @@ public enum RequestOptions {
   /// call fetches a new one instead of returning it again.
   public static let rejectedToken = RequestOption(
     "rejected_token", .string, [.acquireTokenSilent], maxBytes: 16 * 1024, spaces: false, default: "none")
+  /// A `[[provider]]` of config.toml by name: its issuer, client id, scopes and parameters
+  /// unless the request gives its own.
+  public static let provider = RequestOption(
+    "provider", .string, tokenMethods, maxBytes: 64, spaces: false, default: "none (the authority's)")
   public static let clientID = RequestOption(
     "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
   public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")
@@ -147,7 +151,7 @@ public enum RequestOptions {
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, rejectedToken, clientID, username, revoke, lasting,
+    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, lasting,
   ]
 
   /// The default of `min_validity`, in seconds.

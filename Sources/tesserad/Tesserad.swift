@@ -100,7 +100,7 @@ struct Tesserad: AsyncParsableCommand {
         // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
         journal: store is MemoryStore
           ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
-        storeOpener: opener, moveJournal: moveJournal, forwards: forwards),
+        storeOpener: opener, moveJournal: moveJournal, forwards: forwards, secrets: FileClientSecrets()),
       logger: logger)
     await broker.noteConfiguration(effective)
     let reloader = ConfigReloader(

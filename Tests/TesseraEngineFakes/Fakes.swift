@@ -255,9 +255,13 @@ package final class FakeIdP: HTTPClient, Sendable {
   /// Nonce of the last authorization request (set by tests that drive the browser flow).
   package let lastNonce = Locked<String?>(nil)
 
+  /// Answers to GET requests by URL (a provider's user API, userinfo, RFC 8414 metadata).
+  package let scriptedGets = Locked<[String: HTTPResponse]>([:])
+
   package func send(_ request: HTTPRequest) async throws -> HTTPResponse {
     requests.withLock { $0.append(request) }
     let url = request.url
+    if request.method == "GET", let scripted = scriptedGets.withLock({ $0[url] }) { return scripted }
     if url.hasSuffix("/.well-known/openid-configuration"), url.hasPrefix("https://login.microsoftonline.com/") {
       let base = String(url.dropLast("/v2.0/.well-known/openid-configuration".count))
       return HTTPResponse(
@@ -285,7 +289,7 @@ package final class FakeIdP: HTTPClient, Sendable {
           #"{"device_code":"dc","user_code":"ABCD-EFGH","verification_uri":"https://idp.test/device","expires_in":600,"interval":5}"#
             .utf8))
     }
-    if url.hasSuffix("/token") {
+    if url.hasSuffix("/token") || url.hasSuffix("/access_token") {
       await tokenGate.pass()
       let delay = tokenDelay.withLock { $0 }
       if delay > 0 { try await Task.sleep(nanoseconds: UInt64(delay * 1e9)) }
@@ -324,7 +328,8 @@ package struct Harness {
   package init(
     config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
     prompter: (any AccessPrompter)? = nil, journal: (any RefreshJournal)? = nil,
-    redirect: (@Sendable (String) -> RedirectParameters)? = nil, logger: Logger = Logger(label: "test")
+    redirect: (@Sendable (String) -> RedirectParameters)? = nil, logger: Logger = Logger(label: "test"),
+    secrets: (any ClientSecretSource)? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
     let answer = redirect ?? { state in ["code": "the-code", "state": state] }
@@ -339,7 +344,7 @@ package struct Harness {
       dependencies: BrokerDependencies(
         http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
         events: events,
-        clock: clock, prompter: prompter, journal: journal),
+        clock: clock, prompter: prompter, journal: journal, secrets: secrets),
       logger: logger)
   }
 

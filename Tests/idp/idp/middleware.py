@@ -43,6 +43,10 @@ class RequestLogMiddleware:
                 "status": status,
                 "grant_type": request.POST.get("grant_type") if is_token else None,
                 "client_id": client_id,
+                # How a confidential client sent its secret (never the secret): for the providers'
+                # client_secret_basic and client_secret_post.
+                "client_auth": "basic" if request.META.get("HTTP_AUTHORIZATION", "").startswith("Basic ")
+                else "post" if request.method == "POST" and request.POST.get("client_secret") else None,
             }
         )
         with open(path, "a") as f:  # one write per line: lines from threads never interleave

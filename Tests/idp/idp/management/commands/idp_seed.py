@@ -22,6 +22,10 @@ APPS = [  # client_id, grant type, skip consent screen
     ("tessera-consent", AUTH_CODE, False),  # shows the consent screen
     ("tessera-device", DEVICE, True),  # DOT allows one grant type per application
 ]
+# Confidential clients (a [[provider]] with a client secret): client_id, grant type, secret.
+CONFIDENTIAL = [
+    ("tessera-confidential", AUTH_CODE, "conf-secret-1"),
+]
 
 
 class Command(BaseCommand):
@@ -46,4 +50,17 @@ class Command(BaseCommand):
                     algorithm=Application.RS256_ALGORITHM,
                 ),
             )
-        self.stdout.write(f"seeded {len(USERS)} users, {len(APPS)} applications")
+        for client_id, grant, secret in CONFIDENTIAL:
+            Application.objects.update_or_create(
+                client_id=client_id,
+                defaults=dict(
+                    name=client_id,
+                    client_type=Application.CLIENT_CONFIDENTIAL,
+                    client_secret=secret,  # DOT stores it hashed
+                    authorization_grant_type=grant,
+                    redirect_uris=LOOPBACK,
+                    skip_authorization=True,
+                    algorithm=Application.RS256_ALGORITHM,
+                ),
+            )
+        self.stdout.write(f"seeded {len(USERS)} users, {len(APPS) + len(CONFIDENTIAL)} applications")

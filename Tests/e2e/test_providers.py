@@ -1,0 +1,88 @@
+"""A [[provider]] of config.toml against the real test IdP (issue 38): its endpoints written out
+(no discovery), a confidential client whose secret tesserad reads from a 0600 file and sends as
+client_secret_post or client_secret_basic, exactly its scopes, and the account named by the
+userinfo endpoint (the id_token is not trusted without the provider's keys). The secret never
+reaches a log, and a wrong one is the IdP's refusal, not a lost account."""
+import json
+import os
+
+from conftest import IDP_URL, TENANT, run_cli
+
+
+def provider_config(write_config, tmp_path, method, secret="conf-secret-1"):
+    secret_file = tmp_path / "secrets" / "conf.secret"
+    secret_file.parent.mkdir(mode=0o700, exist_ok=True)
+    secret_file.write_text(secret + "\n")
+    os.chmod(secret_file, 0o600)
+    config = write_config()
+    base = f"{IDP_URL}/{TENANT}/o"
+    with open(config, "a") as f:
+        f.write(f"""
+[[provider]]
+name = "plain"
+discovery = "none"
+issuer = "{IDP_URL}/plain-oauth"
+authorization_endpoint = "{base}/authorize/"
+token_endpoint = "{base}/token/"
+userinfo_endpoint = "{base}/userinfo/"
+revocation_endpoint = "{base}/revoke_token/"
+client_id = "tessera-confidential"
+client_secret_file = "{secret_file}"
+client_authentication = "{method}"
+scopes = ["openid", "read"]
+""")
+    return config, secret_file
+
+
+def sign_in_and_check(idp, daemon, method):
+    mark = idp.mark()
+    login = run_cli("login", "--provider", "plain", timeout=120)
+    assert login.returncode == 0, login.stderr
+    assert "Signed in as alice" in login.stdout, login.stdout
+    token = json.loads(run_cli("token", "--provider", "plain", "--json", check_rc=0).stdout)
+    assert token["account"]["username"] == "alice", token
+    assert token["account"]["authority"] == f"{IDP_URL}/plain-oauth", token
+    exchanges = idp.token_posts(mark, grant_type="authorization_code", status=200)
+    assert [p["client_auth"] for p in exchanges] == [method], idp.requests(mark)
+    assert any(r["path"].endswith("/o/userinfo/") and r["status"] == 200 for r in idp.requests(mark))
+    # A refresh goes with the secret too.
+    refreshed = json.loads(run_cli("token", "--provider", "plain", "--force-refresh", "--json", check_rc=0).stdout)
+    assert refreshed["access_token"] != token["access_token"]
+    assert [p["client_auth"] for p in idp.token_posts(mark, grant_type="refresh_token", status=200)] == [method]
+    assert "conf-secret-1" not in daemon.log()
+    return token
+
+
+def test_a_provider_written_out_signs_in_with_its_secret_in_the_body(start_daemon, write_config, tmp_path, idp):
+    config, _ = provider_config(write_config, tmp_path, "client_secret_post")
+    daemon = start_daemon(config, log_level="trace")
+    sign_in_and_check(idp, daemon, "post")
+
+
+def test_a_provider_signs_in_with_http_basic_and_a_wrong_secret_is_refused_without_losing_the_account(
+        start_daemon, write_config, tmp_path, idp):
+    config, secret_file = provider_config(write_config, tmp_path, "client_secret_basic")
+    daemon = start_daemon(config, log_level="trace")
+    sign_in_and_check(idp, daemon, "basic")
+    # The secret is read when it is needed: a wrong one is the IdP's refusal, said as such.
+    secret_file.write_text("not-the-secret\n")
+    refused = run_cli("token", "--provider", "plain", "--force-refresh")
+    assert refused.returncode != 0
+    assert "rejected the client id" in refused.stderr, refused.stderr
+    # Nothing was lost: with the right secret again, the account refreshes.
+    secret_file.write_text("conf-secret-1\n")
+    assert run_cli("token", "--provider", "plain", "--force-refresh").returncode == 0
+    accounts = json.loads(run_cli("accounts", "--json", check_rc=0).stdout)
+    assert [a["username"] for a in accounts if a["authority"] == f"{IDP_URL}/plain-oauth"] == ["alice"]
+    # A secret file others can read is refused at start, naming its line.
+    os.chmod(secret_file, 0o644)
+    check = run_cli("config", "check", "--config", config)
+    assert check.returncode == 15 and "can be read by other users (mode 644)" in check.stderr, check.stderr
+
+
+def test_an_unknown_provider_is_named_with_the_nearest(start_daemon, write_config, tmp_path):
+    config, _ = provider_config(write_config, tmp_path, "client_secret_post")
+    start_daemon(config)
+    wrong = run_cli("token", "--provider", "plian")
+    assert wrong.returncode != 0
+    assert "There is no provider 'plian'; did you mean 'plain'?" in wrong.stderr, wrong.stderr
