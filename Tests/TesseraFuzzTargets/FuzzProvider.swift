@@ -12,7 +12,10 @@ import TesseraInterface
 /// 0. the discovery document; 1. the JWKS (empty: the fixed key's); 2. the device authorization;
 /// 3. the token endpoint's answer, where `ID_TOKEN` stands for the id_token; 4. the id_token: a
 /// JSON object of claims, signed with the fixed key (so that the claim checks are reached), or
-/// anything else, sent as it is; 5. the revocation endpoint's answer.
+/// anything else, sent as it is; 5. the revocation endpoint's answer; 6. when present, the
+/// answer of a provider's user API: the sign-in then goes through a `[[provider]]` (the github
+/// profile on a server of its own: endpoints written out, no id_token trusted, the account named
+/// by the user API, form-encoded answers read), issue 38.
 ///
 /// A part that starts with `HTTP 429\n` (any three digits) is sent with that status, else 200.
 /// Each input meets a fresh engine (fake clock, fake keyring), so inputs do not depend on each
@@ -55,6 +58,7 @@ enum FuzzProvider {
     let device: HTTPResponse
     let token: HTTPResponse
     let revocation: HTTPResponse
+    let userAPI: HTTPResponse
 
     init(_ parts: [[UInt8]], idToken: String) {
       func part(_ i: Int) -> [UInt8] { i < parts.count ? parts[i] : [] }
@@ -65,10 +69,12 @@ enum FuzzProvider {
       answer.body = Array(String(decoding: answer.body, as: UTF8.self).replacing("ID_TOKEN", with: idToken).utf8)
       token = answer
       revocation = response(part(5))
+      userAPI = response(part(6))
     }
 
     func send(_ request: HTTPRequest) async throws -> HTTPResponse {
       if request.method == "GET" {
+        if request.url.hasSuffix("/user") { return userAPI }
         return request.url.hasSuffix("/.well-known/openid-configuration") ? discovery : jwks
       }
       let form = FormEncoding.decode(String(decoding: request.body ?? [], as: UTF8.self))
@@ -86,6 +92,14 @@ enum FuzzProvider {
     return (try? await keys.sign(RawClaims(claims), kid: JWKIdentifier(string: kid))) ?? ""
   }
 
+  /// The provider inputs with a user API sign in through: GitHub's profile on a server of its own.
+  static let provider: [ProviderConfig] =
+    (try? ConfigLayer.parse(
+      bytes: Array(
+        "[[provider]]\nname = \"fuzz\"\nprofile = \"github\"\nhost = \"idp.test\"\nclient_id = \"app1\"\n".utf8),
+      path: "fuzz.toml", isSystem: false
+    ).providers) ?? []
+
   /// Whether the sign-in succeeded (the replay tests check that the seeds get that far).
   @discardableResult
   static func run(_ input: [UInt8]) async -> Bool {
@@ -95,6 +109,12 @@ enum FuzzProvider {
     var config = BrokerConfig.fakeIdP
     config.accessMode = .open
     config.notifyFirstUse = false
+    let throughProvider = parts.count > 6 && !parts[6].isEmpty
+    var options: [String: BusValue] = [:]
+    if throughProvider {
+      config.providers = provider
+      options[RequestOptions.provider.key] = .string("fuzz")
+    }
     let broker = Broker(
       config: config,
       dependencies: BrokerDependencies(
@@ -105,12 +125,14 @@ enum FuzzProvider {
     let caller = CallerInfo(busName: ":1.42")
     guard
       let signIn = try? RequestParser.tokenRequest(
-        clientID: "", scopes: [], accountID: "", options: [RequestOptions.flow.key: .string("device_code")]),
+        clientID: "", scopes: [], accountID: "",
+        options: options.merging([RequestOptions.flow.key: .string("device_code")]) { $1 }),
       let result = try? await front.signIn(signIn, caller: caller),
       let accountID = result["account"]?.dictValue?["id"]?.stringValue
     else { return false }
-    for options: [String: BusValue] in [[:], [RequestOptions.forceRefresh.key: .bool(true)]] {
-      if let silent = try? RequestParser.tokenRequest(clientID: "", scopes: [], accountID: accountID, options: options)
+    for more: [String: BusValue] in [[:], [RequestOptions.forceRefresh.key: .bool(true)]] {
+      if let silent = try? RequestParser.tokenRequest(
+        clientID: "", scopes: [], accountID: accountID, options: options.merging(more) { $1 })
       {
         _ = try? await front.silentToken(silent)
       }
