@@ -135,4 +135,21 @@ extension GitCredentialRule {
     }
     return best
   }
+
+  /// With no [[git]] entry for the host: the provider whose git host it is (a github, gitlab,
+  /// bitbucket, gitea, forgejo or codeberg profile), as an entry: its issuer, client id and scopes,
+  /// and the username its host takes (GitLab's `oauth2`, Bitbucket's `x-token-auth`; GitHub and
+  /// Gitea take any, so the account's). Only over https.
+  public static func fromProviders(for request: GitCredentialRequest, in providers: [ProviderConfig])
+    -> GitCredentialRule?
+  {
+    guard request.protocol == "https" else { return nil }
+    let host = request.host.lowercased()
+    guard let provider = providers.first(where: { $0.gitHost == host }) else { return nil }
+    var rule = GitCredentialRule(
+      host: host, clientID: provider.clientID, authority: provider.issuer, scopes: provider.scopes,
+      username: provider.gitUsername, line: provider.line)
+    rule.file = provider.file
+    return rule
+  }
 }

@@ -212,7 +212,10 @@ extension Tessera {
     /// one line naming the file and the line.
     static func rule(for request: GitCredentialRequest, config: String?) throws -> GitCredentialRule? {
       switch checkConfig(option: config, environment: ProcessInfo.processInfo.environment) {
-      case .checked(let settings): return GitCredentialRule.best(for: request, in: settings.config.gitRules)
+      case .checked(let settings):
+        // A [[git]] entry first; else the provider whose git host it is (no configuration).
+        return GitCredentialRule.best(for: request, in: settings.config.gitRules)
+          ?? GitCredentialRule.fromProviders(for: request, in: settings.config.providers)
       case .problems(let problems):
         let more = problems.count > 1 ? " (and \(problems.count - 1) more: see `tessera config check`)" : ""
         printError("tessera git-credential: \(problems[0])\(more)")

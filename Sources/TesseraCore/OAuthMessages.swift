@@ -203,7 +203,7 @@ public struct TokenResponse: Sendable {
   public static func parse(_ body: [UInt8], endpoint: String) throws -> TokenResponse {
     guard let wire = fields(body, as: Wire.self, form: Wire.init(form:)) else {
       throw TesseraError.provider(
-        "The token endpoint \(endpoint) answered with something that is not a token response (neither JSON nor form-encoded). Check the authority."
+        "The token endpoint \(endpoint) answered with something that is not a token response (not JSON, nor form-encoded). Check the authority."
       )
     }
     if wire.error != nil {

@@ -85,6 +85,55 @@ final class GitCredentialTests: XCTestCase {
     XCTAssertEqual(try best("protocol=https\nhost=git.example.com\npath=team/tools/%2E%2E/x\n"), "host")
   }
 
+  /// Issue 38 §6: with no [[git]] entry, the provider whose git host it is answers, with the
+  /// username its host takes; a [[git]] entry for the host still wins.
+  func testAProvidersGitHostNeedsNoEntryAndAnEntryStillWins() throws {
+    let providers = try ConfigLayer.parse(
+      bytes: Array(
+        """
+        [[provider]]
+        name = "gh"
+        profile = "github"
+        client_id = "Iv1.a"
+
+        [[provider]]
+        name = "work"
+        profile = "gitlab"
+        host = "git.corp.example"
+        client_id = "gl"
+
+        [[provider]]
+        name = "bb"
+        profile = "bitbucket"
+        client_id = "b"
+        client_secret_file = "/s"
+
+        [[provider]]
+        name = "mail"
+        profile = "google"
+        client_id = "g"
+        client_secret_file = "/s"
+        """.utf8), path: "/c.toml", isSystem: false
+    ).providers
+    func rule(_ host: String, _ scheme: String = "https") throws -> GitCredentialRule? {
+      GitCredentialRule.fromProviders(for: try request("protocol=\(scheme)\nhost=\(host)\n"), in: providers)
+    }
+    let github = try XCTUnwrap(try rule("github.com"))
+    XCTAssertEqual(github.authority, "https://github.com")
+    XCTAssertEqual(github.clientID, "Iv1.a")
+    XCTAssertEqual(github.scopes, ["repo"])
+    XCTAssertNil(github.username, "GitHub takes any username: the account's")
+    XCTAssertEqual(try rule("GIT.corp.example")?.username, "oauth2")
+    XCTAssertEqual(try rule("git.corp.example")?.authority, "https://git.corp.example")
+    XCTAssertEqual(try rule("bitbucket.org")?.username, "x-token-auth")
+    XCTAssertNil(try rule("gitlab.com"), "the gitlab provider is for git.corp.example")
+    XCTAssertNil(try rule("accounts.google.com"), "Google is no git host")
+    XCTAssertNil(try rule("github.com", "http"), "never over plain http")
+    let entries = try rules("[[git]]\nurl = \"github.com\"\nclient_id = \"mine\"\n")
+    XCTAssertEqual(
+      GitCredentialRule.best(for: try request("protocol=https\nhost=github.com\n"), in: entries)?.clientID, "mine")
+  }
+
   func testAnswersAsGitReadsThem() throws {
     let answer = GitCredentialAnswer(username: "alice", accessToken: "at-1", expiresOn: 1_800_000_000)
     XCTAssertEqual(

@@ -55,7 +55,7 @@ final class TokenAnswerTests: XCTestCase {
     XCTAssertEqual(refusal(#"{"error":"invalid_grant"}"#)?.code, .interactionRequired, "a dead refresh token")
     let html = refusal("<html><body>Sign in</body></html>")
     XCTAssertEqual(html?.code, .provider)
-    XCTAssertTrue(html?.message.contains("neither JSON nor form-encoded") == true, html?.message ?? "")
+    XCTAssertTrue(html?.message.contains("not JSON, nor form-encoded") == true, html?.message ?? "")
     XCTAssertEqual(refusal("")?.code, .provider)
   }
 

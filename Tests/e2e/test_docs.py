@@ -79,6 +79,11 @@ SUBSTITUTIONS = [
 # The blocks, and who runs or covers each: (file, sha256 of the text [:10], first line, claim).
 
 DOC_BLOCKS = [
+    # Providers: `provider add` with the secret on stdin, `provider list`, `login --provider` and
+    # `token --provider` run against the test IdP's confidential client (GitHub itself cannot be
+    # reached here; ProviderCommandTests runs `provider add` from a profile).
+    ("README.md", "ce74f69890", "tessera provider add github --profile github --client-id Ov23liABCDEF --client-secret-stdin",
+     "Tests/e2e/test_providers.py::run_cli(\"login\", \"--provider\", \"plain\""),
     # SSH boxes and servers: the whole sequence with no session bus, through the socket and the
     # file store, is test_no_session_bus.py (a device-code sign-in, tokens across a restart).
     ("README.md", "8a3bf7eeab", "tesserad &                        # or once, with a user manager: systemctl --user enable --now tessera.socket",

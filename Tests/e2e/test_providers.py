@@ -5,8 +5,10 @@ userinfo endpoint (the id_token is not trusted without the provider's keys). The
 reaches a log, and a wrong one is the IdP's refusal, not a lost account."""
 import json
 import os
+import subprocess
 
-from conftest import IDP_URL, TENANT, run_cli
+from conftest import IDP_URL, TENANT, TESSERA, run_cli
+from test_integrations import git_server, helper_env  # noqa: F401 (fixtures)
 
 
 def provider_config(write_config, tmp_path, method, secret="conf-secret-1"):
@@ -86,3 +88,49 @@ def test_an_unknown_provider_is_named_with_the_nearest(start_daemon, write_confi
     wrong = run_cli("token", "--provider", "plian")
     assert wrong.returncode != 0
     assert "There is no provider 'plian'; did you mean 'plain'?" in wrong.stderr, wrong.stderr
+
+
+def test_git_gets_tokens_for_a_providers_host_with_no_git_entry(start_daemon, write_config, git_server, helper_env,
+                                                              tmp_path, idp):
+    """Issue 38 §6: a provider with a git profile makes its host a git host: git clones and pushes
+    through `credential.helper tessera` with no [[git]] entry, with the host's username (GitLab's
+    oauth2) and password_expiry_utc."""
+    from conftest import AUTHORITY, Broker
+    from test_integrations import git
+    host = git_server.url.split("://", 1)[1]
+    config = write_config()
+    with open(config, "a") as f:
+        f.write(f"""
+[[provider]]
+name = "our-gitlab"
+profile = "gitlab"
+host = "{host}"
+issuer = "{AUTHORITY}"
+client_id = "tessera-test"
+scopes = ["read"]
+""")
+    helper_env["TESSERA_CONFIG"] = config
+    start_daemon(config)
+    b = Broker()
+    signed_in = b.sign_in()
+    answer = subprocess.run([TESSERA, "git-credential", "get"], input=f"protocol=https\nhost={host}\n\n",
+                            capture_output=True, text=True, env=helper_env, timeout=60)
+    assert answer.returncode == 0, answer.stderr
+    lines = dict(line.split("=", 1) for line in answer.stdout.splitlines() if "=" in line)
+    assert lines["username"] == "oauth2", answer.stdout
+    assert lines["password"] == signed_in["access_token"]
+    assert int(lines["password_expiry_utc"]) == signed_in["expires_on"]
+    # Another host gets no answer (git asks its next helper).
+    other = subprocess.run([TESSERA, "git-credential", "get"], input="protocol=https\nhost=example.org\n\n",
+                           capture_output=True, text=True, env=helper_env, timeout=60)
+    assert other.returncode == 0 and other.stdout == "", other.stdout
+
+    work = tmp_path / "work"
+    git(helper_env, "clone", "-q", f"{git_server.url}/repo.git", str(work))
+    (work / "NEW").write_text("through the provider\n")
+    git(helper_env, "add", "NEW", cwd=work)
+    git(helper_env, "commit", "-qm", "provider push", cwd=work)
+    git(helper_env, "push", "-q", "origin", "main", cwd=work)
+    authorized = [r for r in git_server.requests if r[4] != 401]
+    assert authorized and {r[3] for r in authorized} == {"alice"}
+    b.close()
