@@ -114,8 +114,7 @@ extension Tessera.Provider {
         + Array(((before.isEmpty ? "" : "\n") + table).utf8)
       // Checked as tesserad checks the whole file, before anything is written.
       do {
-        let layer = try ConfigLayer.parse(bytes: after, path: path, isSystem: false)
-        _ = layer
+        _ = try ConfigLayer.parse(bytes: after, path: path, isSystem: false)
       } catch {
         for problem in error.problems where problem.line.map({ $0 > Tessera.Provider.lineCount(before) }) ?? true {
           printError(problem.description)
@@ -137,19 +136,15 @@ extension Tessera.Provider {
 
     /// The secret, from the file or standard input: one line, printable, at most 4 KiB.
     func readSecret() throws -> [UInt8]? {
+      guard let source = clientSecretFile ?? (clientSecretStdin ? "standard input" : nil) else { return nil }
       var bytes: [UInt8]
-      if let file = clientSecretFile {
-        do { bytes = try Syscall.readFile(file, limit: 4096) } catch {
-          printError("tessera: cannot read \(file): \(error)")
-          throw ExitCode(TesseraError.Code.invalidArgument.exitCode)
-        }
-      } else if clientSecretStdin {
-        do { bytes = try Syscall.readAll(FileDescriptor.standardInput, limit: 4096) } catch {
-          printError("tessera: cannot read the secret from standard input: \(error)")
-          throw ExitCode(TesseraError.Code.invalidArgument.exitCode)
-        }
-      } else {
-        return nil
+      do {
+        bytes =
+          try clientSecretFile.map { try Syscall.readFile($0, limit: 4096) }
+          ?? Syscall.readAll(FileDescriptor.standardInput, limit: 4096)
+      } catch {
+        printError("tessera: cannot read the client secret from \(source): \(error)")
+        throw ExitCode(TesseraError.Code.invalidArgument.exitCode)
       }
       while let last = bytes.last, last == UInt8(ascii: "\n") || last == UInt8(ascii: "\r") { bytes.removeLast() }
       guard !bytes.isEmpty, bytes.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {

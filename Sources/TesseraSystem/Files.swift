@@ -161,26 +161,30 @@ public enum CheckedFile {
   /// Reads the file at `path` (at most `limit` bytes) once `rules` hold for the file opened and
   /// its directory.
   public static func read(_ path: String, limit: Int, rules: Rules) throws(Problem) -> [UInt8] {
-    let fd: FileDescriptor
-    do {
-      fd = try FileDescriptor.open(
-        FilePath(path), .readOnly, options: [.closeOnExec, .nonBlocking, .init(rawValue: O_NOCTTY)])
-    } catch { throw .system(error as? Errno ?? .ioError) }
+    let fd = try open(path, rules: rules)
     defer { try? fd.close() }
-    try check(fd, rules: rules)
     do { return try Syscall.readAll(fd, limit: limit) } catch { throw .system(error.errno) }
   }
 
   /// The checks of `read`, without reading: whether the file may be read when it is needed (a
   /// client secret that `tessera config check` vets, and tesserad alone reads).
   public static func inspect(_ path: String, rules: Rules) throws(Problem) {
+    let fd = try open(path, rules: rules)
+    try? fd.close()
+  }
+
+  /// The file opened (non-blocking, close-on-exec, never as a controlling terminal) and checked.
+  static func open(_ path: String, rules: Rules) throws(Problem) -> FileDescriptor {
     let fd: FileDescriptor
     do {
       fd = try FileDescriptor.open(
         FilePath(path), .readOnly, options: [.closeOnExec, .nonBlocking, .init(rawValue: O_NOCTTY)])
     } catch { throw .system(error as? Errno ?? .ioError) }
-    defer { try? fd.close() }
-    try check(fd, rules: rules)
+    do { try check(fd, rules: rules) } catch {
+      try? fd.close()
+      throw error
+    }
+    return fd
   }
 
   /// The checks of `read`, on an open descriptor.

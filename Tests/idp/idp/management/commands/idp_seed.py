@@ -37,29 +37,18 @@ class Command(BaseCommand):
             user.first_name, user.last_name, user.email = first, last, email
             user.set_password(password)
             user.save()
-        for client_id, grant, skip in APPS:
+        apps = [(client_id, grant, skip, "") for client_id, grant, skip in APPS]
+        apps += [(client_id, grant, True, secret) for client_id, grant, secret in CONFIDENTIAL]
+        for client_id, grant, skip, secret in apps:
             Application.objects.update_or_create(
                 client_id=client_id,
                 defaults=dict(
                     name=client_id,
-                    client_type=Application.CLIENT_PUBLIC,
-                    client_secret="",
+                    client_type=Application.CLIENT_CONFIDENTIAL if secret else Application.CLIENT_PUBLIC,
+                    client_secret=secret,  # DOT stores it hashed
                     authorization_grant_type=grant,
                     redirect_uris=LOOPBACK if grant == AUTH_CODE else "",
                     skip_authorization=skip,
-                    algorithm=Application.RS256_ALGORITHM,
-                ),
-            )
-        for client_id, grant, secret in CONFIDENTIAL:
-            Application.objects.update_or_create(
-                client_id=client_id,
-                defaults=dict(
-                    name=client_id,
-                    client_type=Application.CLIENT_CONFIDENTIAL,
-                    client_secret=secret,  # DOT stores it hashed
-                    authorization_grant_type=grant,
-                    redirect_uris=LOOPBACK,
-                    skip_authorization=True,
                     algorithm=Application.RS256_ALGORITHM,
                 ),
             )
