@@ -3,6 +3,7 @@
 client_secret_post or client_secret_basic, exactly its scopes, and the account named by the
 userinfo endpoint (the id_token is not trusted without the provider's keys). The secret never
 reaches a log, and a wrong one is the IdP's refusal, not a lost account."""
+import base64
 import json
 import os
 import subprocess
@@ -51,7 +52,9 @@ def sign_in_and_check(idp, daemon, method):
     refreshed = json.loads(run_cli("token", "--provider", "plain", "--force-refresh", "--json", check_rc=0).stdout)
     assert refreshed["access_token"] != token["access_token"]
     assert [p["client_auth"] for p in idp.token_posts(mark, grant_type="refresh_token", status=200)] == [method]
-    assert "conf-secret-1" not in daemon.log()
+    log = daemon.log()
+    assert "conf-secret-1" not in log
+    assert base64.b64encode(b"tessera-confidential:conf-secret-1").decode() not in log, "nor as HTTP Basic"
     return token
 
 
