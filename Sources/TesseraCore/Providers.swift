@@ -226,11 +226,15 @@ extension Broker {
     return provider.authorizationParameters.filter { request.extraQuery[$0.name] == nil }.map { ($0.name, $0.value) }
   }
 
-  /// The `scope` parameter: a provider without OpenID discovery gets exactly its scopes (GitHub and
-  /// Bitbucket know no `openid`); every other authority the OpenID Connect ones too.
+  /// The `scope` parameter. Entra, and an authority that is no provider of config.toml, get the
+  /// OpenID Connect scopes added (`openid profile offline_access`). A provider gets its scopes as
+  /// they are, with `openid` added only where it speaks OpenID Connect: GitHub and Bitbucket know no
+  /// `openid`, and providers refuse scopes they do not know, such as `offline_access` (Google gives
+  /// refresh tokens for `access_type=offline` instead).
   func scopeParameter(_ scopes: [String], authority: Authority, clientID: String) -> String {
-    if let provider = config.provider(for: authority, clientID: clientID), provider.discovery != .openID {
-      return scopes.joined(separator: " ")
+    if let provider = config.provider(for: authority, clientID: clientID), !authority.isMicrosoft {
+      let openID = provider.discovery == .openID && !scopes.contains { $0.lowercased() == "openid" }
+      return (scopes + (openID ? ["openid"] : [])).joined(separator: " ")
     }
     return Self.requestScopes(scopes)
   }

@@ -88,6 +88,26 @@ final class ProviderSignInTests: XCTestCase {
     XCTAssertEqual(stored, ["ghr_2"], "the rotated refresh token replaces the first")
   }
 
+  /// An OpenID provider of config.toml is asked for its scopes and `openid`, never Entra's
+  /// `offline_access` (Google and GitLab do not know it); its id_token names the account.
+  func testAnOpenIDProviderIsAskedForItsScopesAndOpenIDOnly() async throws {
+    let h = try await harness(
+      """
+      [[provider]]
+      name = "oidc"
+      issuer = "https://idp.test/tenant1"
+      client_id = "app1"
+      scopes = ["email"]
+      authorization_parameters = ["access_type=offline"]
+      """)
+    let result = try await h.signIn(options: ["provider": .string("oidc")])
+    XCTAssertEqual(result["account"]?.dictValue?["username"], .string("alice@idp.test"), "from the id_token")
+    let url = try XCTUnwrap(h.listeners.lastAuthorizationURL.withLock { $0 })
+    XCTAssertTrue(url.contains("scope=email%20openid&"), url)
+    XCTAssertTrue(url.contains("access_type=offline"), url)
+    XCTAssertFalse(url.contains("offline_access"), url)
+  }
+
   func testBitbucketSendsTheSecretAsHTTPBasic() async throws {
     let h = try await harness(
       """
