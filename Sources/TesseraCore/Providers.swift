@@ -114,13 +114,18 @@ extension Broker {
         environment: authority.environment, realm: "", localAccountID: id)
     }
     if let userinfo = metadata.userinfoEndpoint {
-      let fields = try await userFields(userinfo, token: response.accessToken, provider: provider)
-      guard let sub = fields["sub"] else {
-        throw TesseraError.provider(
-          "The userinfo endpoint \(userinfo) answered without a sub, so the account cannot be named.")
+      do {
+        let fields = try await userFields(userinfo, token: response.accessToken, provider: provider)
+        guard let sub = fields["sub"] else {
+          throw TesseraError.provider(
+            "The userinfo endpoint \(userinfo) answered without a sub, so the account cannot be named.")
+        }
+        let username = fields["preferred_username"] ?? fields["email"] ?? fields["name"] ?? sub
+        return account(id: sub, username: username, name: fields["name"])
+      } catch {
+        // userinfo wants the openid scope (GitLab's, Gitea's): the profile's user API may still answer.
+        guard provider.userAPI != nil else { throw error }
       }
-      let username = fields["preferred_username"] ?? fields["email"] ?? fields["name"] ?? sub
-      return account(id: sub, username: username, name: fields["name"])
     }
     if let api = provider.userAPI {
       let fields = try await userFields(api.url, token: response.accessToken, provider: provider)

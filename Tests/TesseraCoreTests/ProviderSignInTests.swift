@@ -108,6 +108,43 @@ final class ProviderSignInTests: XCTestCase {
     XCTAssertFalse(url.contains("offline_access"), url)
   }
 
+  /// GitLab's userinfo wants the openid scope; a token without it is named by the user API.
+  func testAUserinfoEndpointThatRefusesTheTokenLeavesItToTheUserAPI() async throws {
+    let h = try await harness(
+      """
+      [[provider]]
+      name = "gl"
+      profile = "gitlab"
+      host = "gitlab.test"
+      client_id = "app1"
+      scopes = ["read_repository"]
+      """)
+    let jwks = h.idp.jwks.withLock { $0 }
+    h.idp.scriptedGets.withLock {
+      $0["https://gitlab.test/.well-known/openid-configuration"] = HTTPResponse(
+        status: 200,
+        body: Array(
+          #"{"issuer":"https://gitlab.test","authorization_endpoint":"https://gitlab.test/oauth/authorize","token_endpoint":"https://gitlab.test/oauth/token","jwks_uri":"https://gitlab.test/oauth/discovery/keys","userinfo_endpoint":"https://gitlab.test/oauth/userinfo"}"#
+            .utf8))
+      $0["https://gitlab.test/oauth/discovery/keys"] = HTTPResponse(status: 200, body: Array(jwks.utf8))
+      $0["https://gitlab.test/oauth/userinfo"] = HTTPResponse(
+        status: 403, body: Array(#"{"error":"insufficient_scope"}"#.utf8))
+      $0["https://gitlab.test/api/v4/user"] = HTTPResponse(
+        status: 200, body: Array(#"{"id":7,"username":"ann","name":"Ann"}"#.utf8))
+    }
+    h.idp.scriptedTokenAnswers.withLock {
+      $0 = [
+        HTTPResponse(
+          status: 200,
+          body: Array(#"{"access_token":"glpat","token_type":"Bearer","expires_in":7200,"refresh_token":"glr"}"#.utf8))
+      ]
+    }
+    let result = try await h.signIn(options: ["provider": .string("gl")])
+    XCTAssertEqual(result["account"]?.dictValue?["username"], .string("ann"))
+    XCTAssertTrue(result["account"]?.dictValue?["id"]?.stringValue?.hasPrefix("7.") == true)
+    XCTAssertTrue(h.idp.requests.withLock { $0 }.contains { $0.url == "https://gitlab.test/oauth/userinfo" })
+  }
+
   func testBitbucketSendsTheSecretAsHTTPBasic() async throws {
     let h = try await harness(
       """
