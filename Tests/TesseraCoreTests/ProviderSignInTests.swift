@@ -7,6 +7,14 @@ import XCTest
 /// Signing in through a `[[provider]]` of config.toml (issue 38): its endpoints, its client
 /// secret (in the body or as HTTP Basic), exactly its scopes, and an account named by its user
 /// API, its userinfo endpoint or the user when there is no id_token to check.
+///
+/// The scripted answers follow the providers' published documentation:
+/// - GitHub's token answer (form-encoded unless asked for JSON; `scope` comma-separated) and
+///   `GET /user` (`id`, `login`): https://docs.github.com/en/apps/oauth-apps/building-oauth-apps/authorizing-oauth-apps
+///   and https://docs.github.com/en/rest/users/users#get-the-authenticated-user
+/// - Bitbucket's client credentials as HTTP Basic and `GET /2.0/user` (`uuid`, `username`):
+///   https://developer.atlassian.com/cloud/bitbucket/oauth-2/
+/// - GitLab's `GET /api/v4/user` (`id`, `username`): https://docs.gitlab.com/ee/api/users.html
 final class ProviderSignInTests: XCTestCase {
   struct FixedSecret: ClientSecretSource {
     func secret(at path: String) throws -> String {
