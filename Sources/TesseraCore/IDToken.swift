@@ -113,7 +113,11 @@ public actor OIDCDirectory {
       }
     }
     let endpoints =
-      [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI].filter { !$0.isEmpty }
+      // A provider of config.toml may lack keys and an authorization endpoint (RFC 8414); any
+      // other authority's document names all three, or is refused as it always was.
+      [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI].filter {
+        !anyHTTPSEndpoint || !$0.isEmpty
+      }
       + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap { $0 }
       // userinfo is used for providers of config.toml alone (Entra's is on graph.microsoft.com).
       + (anyHTTPSEndpoint ? [document.userinfoEndpoint].compactMap { $0 } : [])

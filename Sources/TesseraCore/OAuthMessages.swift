@@ -177,7 +177,8 @@ public struct TokenResponse: Sendable {
   /// The `refresh_token` of a JSON object, whatever else it holds or lacks.
   public static func refreshToken(in body: [UInt8]) -> String? {
     struct Only: Decodable { var refresh_token: String? }
-    return (try? JSONDecoder().decode(Only.self, from: Data(body)))?.refresh_token.flatMap { $0.isEmpty ? nil : $0 }
+    let token = fields(body, as: Only.self) { Only(refresh_token: $0["refresh_token"]) }?.refresh_token
+    return token.flatMap { $0.isEmpty ? nil : $0 }
   }
 
   /// The fields of a token endpoint's answer: a JSON object, or form-encoded (RFC 6749 §5.1 asks
@@ -186,6 +187,8 @@ public struct TokenResponse: Sendable {
   static func fields<T: Decodable>(_ body: [UInt8], as type: T.Type, form: ([String: String]) -> T) -> T? {
     let first = body.first { $0 != 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D }
     if first == UInt8(ascii: "{") { return try? JSONDecoder().decode(T.self, from: Data(body)) }
+    // Any other JSON (a string, an array, a number) is no token answer, whatever it holds.
+    if (try? JSONDecoder().decode(JSONValue.self, from: Data(body))) != nil { return nil }
     // Form-encoded: printable ASCII, with at least one name=value pair.
     guard !body.isEmpty, body.count <= 1 << 20, body.allSatisfy({ $0 > 0x20 && $0 < 0x7F }),
       body.contains(UInt8(ascii: "="))
@@ -206,7 +209,7 @@ public struct TokenResponse: Sendable {
         "The token endpoint \(endpoint) answered with something that is not a token response (not JSON, nor form-encoded). Check the authority."
       )
     }
-    if wire.error != nil {
+    if let error = wire.error, !error.isEmpty {
       // An error with HTTP 200: the same error as with 400.
       throw OAuthErrorResponse.map(status: 400, body: body, endpoint: endpoint, retryAfter: nil)
     }

@@ -136,7 +136,9 @@ extension Broker {
       return account(id: id, username: username, name: fields["name"])
     }
     if let hint, !hint.isEmpty {
-      return account(id: hint, username: hint, name: nil)
+      // Named by the user, not by the provider: an id space of its own, so that it can never
+      // take the place of an account the provider named.
+      return account(id: "named-" + hint, username: hint, name: nil)
     }
     throw TesseraError.invalidArgument(
       "The provider '\(provider.name)' sent no id_token and has no userinfo endpoint or user API, so it cannot say who signed in. Sign in again naming the account: `tessera login --provider \(provider.name) --login-hint NAME`."
@@ -177,7 +179,9 @@ extension OIDCDirectory {
   /// RFC 8414 metadata: `/.well-known/oauth-authorization-server` inserted between the host and
   /// the issuer's path (§3.1), its issuer the authority, its endpoints https.
   public func serverMetadata(for authority: Authority, policy: AuthorityPolicy) async throws -> OIDCMetadata {
-    if let (cached, fetched) = metadata[authority.url], clock.now().timeIntervalSince(fetched) < Self.metadataLifetime {
+    let key = "rfc8414 " + authority.url  // never the OpenID document of the same authority
+    if let (cached, fetched) = metadata[key], clock.now().timeIntervalSince(fetched) < Self.metadataLifetime {
+      try Self.check(cached, of: authority, policy: policy, anyHTTPSEndpoint: true)
       return cached
     }
     let url =
@@ -199,7 +203,7 @@ extension OIDCDirectory {
     }
     let document = server.metadata
     try Self.check(document, of: authority, policy: policy, anyHTTPSEndpoint: true)
-    metadata[authority.url] = (document, clock.now())
+    metadata[key] = (document, clock.now())
     return document
   }
 }

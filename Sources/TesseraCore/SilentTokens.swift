@@ -24,12 +24,12 @@ extension Broker {
 
   /// `onCacheHit` runs when a fresh cached token answers: a front publishes its reply to the
   /// silent fast path there, for the bus thread to repeat while the token stays fresh.
-  func silentToken(_ request: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void) async throws
+  func silentToken(_ asked: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void) async throws
     -> TokenResult
   {
     // The configuration this request is decided under: the defaults, the trust, the access mode.
     let generation = configGeneration
-    let request = try applyingProvider(request)
+    let request = try applyingProvider(asked)
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -42,7 +42,7 @@ extension Broker {
       authority: authority.url, operation: .token)
     // A reload while this request waited (for the store, for the user's answer): decided again
     // under the new configuration, so nothing the old one allowed is answered or published.
-    guard generation == configGeneration else { return try await silentToken(request, onCacheHit: onCacheHit) }
+    guard generation == configGeneration else { return try await silentToken(asked, onCacheHit: onCacheHit) }
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
     // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.

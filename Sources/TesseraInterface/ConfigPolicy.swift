@@ -404,6 +404,16 @@ public struct EffectiveConfig: Sendable, Equatable {
         )
         continue
       }
+      // A provider is trusted as its issuer: where the administrator locked the trust, a user's
+      // provider may only name an issuer the administrator trusts.
+      if !isSystem, policy.locked.contains(.trustedAuthorities),
+        !Self.isWithin(provider.issuer, config.trustedAuthorities)
+      {
+        warnings.append(
+          "\(source): [[provider]] '\(provider.name)' is ignored: its issuer \(provider.issuer) is not among the administrator's trusted_authorities, which the [policy] locks"
+        )
+        continue
+      }
       if let allowed = policy.allowedProviders, !allowed.contains(provider.name) {
         warnings.append(
           "\(source): [[provider]] '\(provider.name)' is ignored: it is not among the administrator's allowed_providers (\(allowed.joined(separator: ", ")))"
@@ -418,6 +428,16 @@ public struct EffectiveConfig: Sendable, Equatable {
       }
       config.providers.append(provider)
     }
+  }
+
+  /// Whether `url` is one of `prefixes` or below one (scheme and host compared without case).
+  static func isWithin(_ url: String, _ prefixes: [String]) -> Bool {
+    func trimmed(_ s: String) -> String {
+      let lower = s.lowercased()
+      return lower.hasSuffix("/") ? String(lower.dropLast()) : lower
+    }
+    let target = trimmed(url)
+    return prefixes.map(trimmed).contains { target == $0 || target.hasPrefix($0 + "/") }
   }
 
   /// Why the policy does not allow `setting`'s value; nil when it does.

@@ -254,6 +254,30 @@ final class ProviderConfigTests: XCTestCase {
     XCTAssertTrue(
       effective.warnings[1].contains("'other' is ignored: it is not among the administrator's allowed_providers"))
 
+    // With the trust locked, a user's provider names only an issuer the administrator trusts.
+    let trust = try ConfigLayer.parse(
+      bytes: Array(
+        "trusted_authorities = [\"https://sso.corp.example/\"]\n\n[policy]\nlocked = [\"trusted_authorities\"]\n".utf8),
+      path: "/etc/tessera/config.toml", isSystem: true)
+    let users = try ConfigLayer.parse(
+      bytes: Array(
+        """
+        [[provider]]
+        name = "evil"
+        issuer = "https://evil.example"
+        client_id = "x"
+
+        [[provider]]
+        name = "sso"
+        issuer = "https://SSO.corp.example/realms/dev"
+        client_id = "x"
+
+        """.utf8), path: path, isSystem: false)
+    let trusted = try EffectiveConfig.combine(system: [trust], user: users)
+    XCTAssertEqual(trusted.config.providers.map(\.name), ["sso"])
+    XCTAssertTrue(
+      trusted.warnings.contains { $0.contains("'evil' is ignored: its issuer https://evil.example is not among") })
+
     let locking = try ConfigLayer.parse(
       bytes: Array("[policy]\nlocked = [\"provider\"]\n".utf8), path: "/etc/tessera/config.toml", isSystem: true)
     let locked = try EffectiveConfig.combine(system: [locking], user: mine)
