@@ -57,6 +57,12 @@ final class TokenAnswerTests: XCTestCase {
     XCTAssertEqual(html?.code, .provider)
     XCTAssertTrue(html?.message.contains("not JSON, nor form-encoded") == true, html?.message ?? "")
     XCTAssertEqual(refusal("")?.code, .provider)
+    // JSON that is not an object is no answer, even when its text reads as a form.
+    XCTAssertEqual(refusal(#""x&access_token=AT&expires_in=3600""#)?.code, .provider)
+    XCTAssertEqual(refusal(#"["access_token=AT"]"#)?.code, .provider)
+    // An empty error is no error: the token is read.
+    XCTAssertEqual(try parse(#"{"access_token":"a","error":""}"#).accessToken, "a")
+    XCTAssertEqual(TokenResponse.refreshToken(in: Array("error=server_error&refresh_token=r2".utf8)), "r2")
   }
 
   func testAFormEncodedErrorAnswerIsMappedLikeAJSONOne() {
