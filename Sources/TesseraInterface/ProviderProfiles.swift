@@ -65,7 +65,7 @@ public struct ProviderProfile: Sendable, Equatable {
       token: "https://bitbucket.org/site/oauth2/access_token"),
     apiHost: "api.bitbucket.org", clientAuthentication: .clientSecretBasic, secretRequired: true,
     defaultScopes: ["repository", "repository:write"], authorizationParameters: [],
-    userAPI: ProviderUserAPI(url: "https://api.bitbucket.org/2.0/user", idField: "uuid", usernameField: "username"),
+    userAPI: ProviderUserAPI(url: "https://api.bitbucket.org/2.0/user", idField: "uuid", usernameField: "nickname"),
     gitUsername: "x-token-auth", revokePage: "https://bitbucket.org/account/settings/app-authorizations/",
     takesHost: false)
 

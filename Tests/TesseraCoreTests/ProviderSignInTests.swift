@@ -12,7 +12,7 @@ import XCTest
 /// - GitHub's token answer (form-encoded unless asked for JSON; `scope` comma-separated) and
 ///   `GET /user` (`id`, `login`): https://docs.github.com/en/apps/oauth-apps/building-oauth-apps/authorizing-oauth-apps
 ///   and https://docs.github.com/en/rest/users/users#get-the-authenticated-user
-/// - Bitbucket's client credentials as HTTP Basic and `GET /2.0/user` (`uuid`, `username`):
+/// - Bitbucket's client credentials as HTTP Basic and `GET /2.0/user` (`uuid`, `nickname`; no `username` since 2019):
 ///   https://developer.atlassian.com/cloud/bitbucket/oauth-2/
 /// - GitLab's `GET /api/v4/user` (`id`, `username`): https://docs.gitlab.com/ee/api/users.html
 final class ProviderSignInTests: XCTestCase {
@@ -176,7 +176,10 @@ final class ProviderSignInTests: XCTestCase {
     }
     h.idp.scriptedGets.withLock {
       $0["https://api.bitbucket.org/2.0/user"] = HTTPResponse(
-        status: 200, body: Array(#"{"uuid":"{d301aafa-d676-4ee0-88be-962be7417567}","username":"evzijst"}"#.utf8))
+        status: 200,
+        body: Array(
+          #"{"uuid":"{d301aafa-d676-4ee0-88be-962be7417567}","nickname":"evzijst","account_id":"557058:c0b72ad0"}"#.utf8
+        ))
     }
     let result = try await h.signIn(options: ["provider": .string("bb")])
     XCTAssertEqual(result["account"]?.dictValue?["username"], .string("evzijst"))
