@@ -99,7 +99,8 @@ public struct GitCredentialAnswer: Sendable, Equatable {
       out += "username=\(username)\n"
       out += "password=\(accessToken)\n"
     }
-    out += "password_expiry_utc=\(expiresOn)\n"
+    // A token that does not expire: git keeps it until a server refuses it (then `erase`).
+    if !TokenExpiry.isNever(expiresOn) { out += "password_expiry_utc=\(expiresOn)\n" }
     return out
   }
 }

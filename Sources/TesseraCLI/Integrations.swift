@@ -264,7 +264,8 @@ extension Tessera {
       var status: Status
       struct Status: Encodable {
         var token: String
-        var expirationTimestamp: String
+        /// Left out for a token that does not expire: kubectl then keeps it until a 401.
+        var expirationTimestamp: String?
       }
     }
 
@@ -299,7 +300,10 @@ extension Tessera {
         }
       }
       let credential = ExecCredential(
-        apiVersion: version, status: .init(token: t.accessToken, expirationTimestamp: rfc3339(t.expiresOn)))
+        apiVersion: version,
+        status: .init(
+          token: t.accessToken,
+          expirationTimestamp: TokenExpiry.isNever(t.expiresOn) ? nil : rfc3339(t.expiresOn)))
       let encoder = JSONEncoder()
       encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
       let data = try encoder.encode(credential)
@@ -425,14 +429,7 @@ extension Tessera {
 }
 
 /// Unix seconds as RFC 3339 in UTC ("2026-11-23T10:00:00Z").
-func rfc3339(_ seconds: Int64) -> String {
-  var time = time_t(seconds)
-  var parts = tm()
-  gmtime_r(&time, &parts)
-  func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-  return
-    "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
-}
+func rfc3339(_ seconds: Int64) -> String { RFC3339.format(seconds) }
 
 /// KUBERNETES_EXEC_INFO, as kubectl sets it for `tessera kube-credential`: the ExecCredential
 /// apiVersion to answer with, and whether it may prompt.

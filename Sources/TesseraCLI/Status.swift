@@ -326,11 +326,20 @@ extension Tessera {
       }
       for t in h.tokens {
         let scopes = t.scopes.isEmpty ? "" : " (\(SafeText.clip(t.scopes.joined(separator: " "), limit: 200)))"
-        let life = t.expiresOn > now ? "expires \(when(t.expiresOn, now: now))" : "expired \(rfc3339(t.expiresOn))"
+        let life =
+          TokenExpiry.isNever(t.expiresOn)
+          ? "does not expire"
+          : t.expiresOn > now ? "expires \(when(t.expiresOn, now: now))" : "expired \(rfc3339(t.expiresOn))"
         print("    token for \(SafeText.clip(t.clientID, limit: 200))\(scopes): \(life)")
       }
       if let next = h.nextRefresh {
         print("    next refresh \(next > now ? when(next, now: now) : "now (due)")")
+      }
+      if let lapses = h.refreshTokenExpiresOn {
+        print(
+          lapses > now
+            ? "    the sign-in lapses when its refresh token expires, \(when(lapses, now: now))"
+            : "    the sign-in lapsed \(rfc3339(lapses)) (its refresh token expired)")
       }
       if let error = h.lastError {
         print("    last error \(rfc3339(error.at)): \(error.code): \(SafeText.clip(error.message, limit: 300))")

@@ -29,6 +29,16 @@ public struct AsyncTesseraBroker: Sendable {
     }
   }
 
+  /// Drops `token` when it is the broker's cached one (see TesseraBroker.rejectToken).
+  @discardableResult
+  public func rejectToken(
+    _ token: String, clientID: String = "", accountID: String = "", options: TesseraTokenOptions = .init()
+  ) async throws(TesseraClientError) -> Bool {
+    try await run { broker throws(TesseraClientError) in
+      try broker.rejectToken(token, clientID: clientID, accountID: accountID, options: options)
+    }
+  }
+
   public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
     async throws(TesseraClientError) -> [TesseraAccount]
   {

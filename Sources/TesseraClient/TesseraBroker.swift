@@ -397,6 +397,22 @@ public final class TesseraBroker {
     return TokenInfo(busValue: reply.first?.dictValue ?? [:])
   }
 
+  /// Tells the broker a resource refused `token` (an HTTP 401): when it is the broker's cached
+  /// token for this client and account, it is dropped, and the next request gets a new one (by a
+  /// refresh, or a sign-in when the provider gave no refresh token). Only `authority`, `provider`
+  /// and `correlationID` of `options` apply. Returns whether a cached token was dropped.
+  @discardableResult
+  public func rejectToken(
+    _ token: String, clientID: String = "", accountID: String = "", options: TesseraTokenOptions = .init()
+  ) throws(TesseraClientError) -> Bool {
+    let reply = try call(
+      .rejectToken,
+      [.string(clientID), .string(accountID), .string(token), .dict(encode(options, for: .rejectToken))],
+      timeout: Self.silentTimeout)
+    guard case .bool(let dropped)? = reply.first else { return false }
+    return dropped
+  }
+
   public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
     throws(TesseraClientError) -> [TesseraAccount]
   {

@@ -435,7 +435,8 @@ public actor Broker {
       operations += cache.upsert(
         refreshToken: RefreshTokenRecord(
           accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
-          secret: newRefreshToken, familyID: response.foci, scopes: grantScopes),
+          secret: newRefreshToken, familyID: response.foci, scopes: grantScopes,
+          expiresOn: response.refreshTokenExpiresIn.map { Int64(deps.clock.now().timeIntervalSince1970) + $0 }),
         replacing: redeemed)
     }
     // Family membership is remembered only where families exist (Entra answers `foci`).
@@ -466,8 +467,11 @@ public actor Broker {
         tid.lowercased()
     }
     let now = Int64(deps.clock.now().timeIntervalSince1970)
+    // No expires_in: a provider's token is valid until revoked (GitHub OAuth apps); an authority's
+    // is taken to last an hour, as before providers existed (Entra always says).
+    let expiresIn = response.expiresIn ?? (config.provider(for: authority, clientID: clientID) == nil ? 3600 : nil)
     let lifetimes = TokenLifetimes(
-      now: now, expiresIn: response.expiresIn, extExpiresIn: response.extExpiresIn, refreshIn: response.refreshIn)
+      now: now, expiresIn: expiresIn, extExpiresIn: response.extExpiresIn, refreshIn: response.refreshIn)
     let accessToken = AccessTokenRecord(
       accountID: account.id, environment: authority.environment, realm: realm, clientID: clientID,
       scopes: ScopeSet.storedScopes(granted: granted, requested: scopes), secret: response.accessToken,

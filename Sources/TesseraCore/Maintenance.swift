@@ -25,6 +25,32 @@ extension Broker {
       startBackgroundRefresh(target)
     }
     await waitForBackgroundRefreshes()
+    noteLapsingRefreshTokens(now: now)
+  }
+
+  /// How long before a refresh token lapses the user is told (AttentionNeeded, a notification).
+  static let lapseWarning: Int64 = 86_400
+
+  /// Refresh tokens with a lifetime of their own (`refresh_token_expires_in`: a GitHub App's lasts
+  /// about 6 months) that lapse within a day: the account needs a sign-in before then, or its
+  /// apps stop getting tokens. Told once per need; a sign-in (a new refresh token) clears it.
+  func noteLapsingRefreshTokens(now: Date) {
+    let seconds = Int64(now.timeIntervalSince1970)
+    for record in cache.refreshTokens {
+      guard let lapses = record.expiresOn, lapses - seconds <= Self.lapseWarning,
+        let account = cache.accounts[record.accountID]
+      else { continue }
+      let need = SignInNeed(
+        accountID: account.id, username: account.username, clientID: record.clientID, scopes: record.scopes ?? [],
+        authority: record.authority)
+      guard health.entry(account.id).needs[AccountHealth.NeedKey(need)] == nil else { continue }
+      let when = lapses > seconds ? "lapses at" : "lapsed at"
+      noteNeed(
+        need,
+        TesseraError.interactionRequired(
+          "\(account.username)'s sign-in at \(record.authority) \(when) \(RFC3339.format(lapses)), when its refresh token expires. Sign in again (`tessera login`) to keep tokens coming."
+        ))
+    }
   }
 
   /// The machine woke from suspend, or the network came back: every token in recent use is

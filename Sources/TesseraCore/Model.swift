@@ -53,12 +53,16 @@ public struct RefreshTokenRecord: Codable, Sendable, Equatable {
   /// scopes first granted (every one but Entra): normalized, without OpenID scopes. Nil for Entra's
   /// tokens, which serve any scope, and for tokens stored before scopes were recorded.
   public var scopes: [String]? = nil
+  /// When the token itself lapses (Unix seconds), from `refresh_token_expires_in` (a GitHub App's
+  /// lasts about 6 months); nil when the identity provider did not say.
+  public var expiresOn: Int64? = nil
 
   public init(
     accountID: String, environment: String, clientID: String, authority: String, secret: String,
     familyID: String? = nil,
-    scopes: [String]? = nil
+    scopes: [String]? = nil, expiresOn: Int64? = nil
   ) {
+    self.expiresOn = expiresOn
     self.accountID = accountID
     self.environment = environment
     self.clientID = clientID

@@ -116,7 +116,8 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
 public struct TokenResponse: Sendable {
   public var accessToken: String
   public var tokenType: String
-  public var expiresIn: Int64
+  /// nil when the answer has none (RFC 6749 §5.1 only recommends it): Broker decides what that means.
+  public var expiresIn: Int64?
   public var scope: String?
   public var refreshToken: String?
   public var idToken: String?
@@ -127,6 +128,8 @@ public struct TokenResponse: Sendable {
   public var refreshIn: Int64? = nil
   /// Entra: the family of client ids the refresh token belongs to ("1").
   public var foci: String? = nil
+  /// Seconds the refresh token itself lasts (GitHub Apps: about 6 months); nil when unsaid.
+  public var refreshTokenExpiresIn: Int64? = nil
 
   struct Wire: Decodable {
     var access_token: String?
@@ -139,6 +142,7 @@ public struct TokenResponse: Sendable {
     var ext_expires_in: FlexibleInt?
     var refresh_in: FlexibleInt?
     var foci: String?
+    var refresh_token_expires_in: FlexibleInt?
     /// An OAuth error in a 200 answer (GitHub's token endpoint answers its errors so).
     var error: String?
 
@@ -154,6 +158,7 @@ public struct TokenResponse: Sendable {
       ext_expires_in = fields["ext_expires_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
       refresh_in = fields["refresh_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
       foci = fields["foci"]
+      refresh_token_expires_in = fields["refresh_token_expires_in"].flatMap { Int64($0) }.map(FlexibleInt.init)
       error = fields["error"]
     }
   }
@@ -217,17 +222,22 @@ public struct TokenResponse: Sendable {
       throw TesseraError.provider(
         "The token endpoint \(endpoint) answered without an access_token. Check the authority and client id.")
     }
-    let expiresIn = wire.expires_in?.value ?? 3600
-    guard expiresIn > 0, expiresIn <= 366 * 86_400 else {
+    let expiresIn = wire.expires_in?.value
+    if let expiresIn, expiresIn <= 0 || expiresIn > 366 * 86_400 {
       throw TesseraError.provider(
         "The token endpoint \(endpoint) answered with an invalid expires_in. Check the authority.")
+    }
+    // A refresh token's own lifetime is advice for the user (a warning before it lapses): a value
+    // out of range is left out, not a reason to lose the answer's tokens.
+    let refreshLifetime = wire.refresh_token_expires_in.map(\.value).flatMap {
+      (1...(10 * 366 * 86_400)).contains($0) ? $0 : nil
     }
     return TokenResponse(
       accessToken: token, tokenType: wire.token_type ?? "Bearer", expiresIn: expiresIn,
       scope: normalizedScopes(wire.scope),
       refreshToken: wire.refresh_token, idToken: wire.id_token, clientInfo: wire.client_info,
       extExpiresIn: wire.ext_expires_in?.value, refreshIn: wire.refresh_in?.value,
-      foci: wire.foci.flatMap { $0.isEmpty ? nil : $0 })
+      foci: wire.foci.flatMap { $0.isEmpty ? nil : $0 }, refreshTokenExpiresIn: refreshLifetime)
   }
 }
 

@@ -143,6 +143,20 @@ public enum RequestParser {
     return request
   }
 
+  /// Parses RejectToken's arguments: the request naming the account and client, and the token.
+  public static func rejectTokenRequest(
+    clientID: String, accountID: String, token: String, options: [String: BusValue]
+  ) throws -> (TokenRequest, token: String) {
+    let request = try tokenRequest(
+      clientID: clientID, scopes: [], accountID: accountID, options: options, method: .rejectToken)
+    guard !token.isEmpty else {
+      throw TesseraError.invalidArgument("RejectToken needs the token the resource refused. Pass it as 'token'.")
+    }
+    try RequestOptions.checkText(
+      token, name: "token", max: RequestOptions.rejectedToken.maxBytes, allowSpaces: false)
+    return (request, token)
+  }
+
   public static func accountFilter(_ filter: [String: BusValue]) throws -> AccountFilter {
     try RequestOptions.validate(filter, for: .getAccounts)
     return AccountFilter(

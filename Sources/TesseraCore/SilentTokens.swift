@@ -45,8 +45,13 @@ extension Broker {
     guard generation == configGeneration else { return try await silentToken(asked, onCacheHit: onCacheHit) }
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
-    // The caller found the token it holds rejected (accessTokenToRenew): a new one, not the same.
-    if let renewing = request.accessTokenToRenew, cachedToken(target)?.secret == renewing { usesCache = false }
+    // The caller found the token it holds rejected (accessTokenToRenew): it is dropped, and a new
+    // one fetched, not the same (without a refresh token, the next request asks for a sign-in).
+    if let renewing = request.accessTokenToRenew, cachedToken(target)?.secret == renewing {
+      usesCache = false
+      _ = dropRejected(
+        renewing, account: account, authority: authority, clientID: clientID, correlationID: request.correlationID)
+    }
 
     if usesCache, let cached = cachedToken(target) {
       let remaining = Double(cached.expiresOn) - now.timeIntervalSince1970

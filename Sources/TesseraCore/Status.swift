@@ -29,9 +29,15 @@ extension Broker {
     // family's by the broker's own record) is the normal first step of every MSAL app: it signs in
     // next by itself. Only a refresh token the identity provider refused means the user must act.
     if error.code == .interactionRequired && error.detail?.oauthError == nil { return }
-    let need = SignInNeed(
-      accountID: target.account.id, username: target.account.username, clientID: target.clientID,
-      scopes: target.scopes, authority: target.authority.url)
+    noteNeed(
+      SignInNeed(
+        accountID: target.account.id, username: target.account.username, clientID: target.clientID,
+        scopes: target.scopes, authority: target.authority.url), error)
+  }
+
+  /// `need` is a sign-in only the user can do (`error` says why): AttentionNeeded, and a
+  /// notification unless the user was just told.
+  func noteNeed(_ need: SignInNeed, _ error: TesseraError) {
     let change = health.failed(need, error: error, now: deps.clock.now())
     if change.attentionChanged {
       logger.notice(
@@ -93,7 +99,7 @@ extension Broker {
       // The next refresh the daemon will make by itself: of the tokens in recent use, the earliest
       // refresh time (refresh-ahead), or expiry less the margin.
       let due = recent.filter { $0.account.id == account.id }.compactMap { target -> Int64? in
-        guard let token = cachedToken(target) else { return nil }
+        guard let token = cachedToken(target), !TokenExpiry.isNever(token.expiresOn) else { return nil }
         return token.refreshOn ?? (token.expiresOn - Int64(RequestOptions.defaultMinValidity))
       }
       let tokens = cache.accessTokens.filter { $0.accountID == account.id }.sorted {
@@ -103,10 +109,13 @@ extension Broker {
         id: account.id, username: account.username, authority: account.authority, state: entry.state.rawValue,
         lastError: lastError, nextRefresh: due.min(),
         tokens: tokens.map {
-          .init(clientID: $0.clientID, scopes: $0.scopes, expiresOn: $0.expiresOn, refreshOn: $0.refreshOn)
+          .init(
+            clientID: $0.clientID, scopes: $0.scopes, expiresOn: $0.expiresOn,
+            refreshOn: TokenExpiry.isNever($0.expiresOn) ? nil : $0.refreshOn)
         },
         refreshTokenClients: Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID)))
-          .sorted())
+          .sorted(),
+        refreshTokenExpiresOn: cache.refreshTokens.filter { $0.accountID == account.id }.compactMap(\.expiresOn).min())
     }
     let store = deps.store.storeDescription
     var report = StatusReport.Report(

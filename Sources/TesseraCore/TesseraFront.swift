@@ -178,6 +178,14 @@ public struct TesseraFront: Sendable {
       try await broker.checkMayManage(caller)
       let list = await broker.deps.forwards?.list() ?? []
       return [.dicts(list.map(\.busValue))]
+    case .rejectToken:
+      var (request, token) = try RequestParser.rejectTokenRequest(
+        clientID: a.string(0), accountID: a.string(1), token: a.string(2), options: a.dict(3))
+      request.caller = caller
+      describe(request, into: &metadata)
+      let dropped = try await broker.rejectToken(request, token: token)
+      metadata["dropped"] = "\(dropped)"
+      return [.bool(dropped)]
     case .cancel:
       metadata["correlation_id"] = "\(a.string(0))"
       try await broker.cancel(correlationID: a.string(0), caller: caller)

@@ -20,7 +20,7 @@ public struct TokenCache: Sendable {
   /// the writes that keep the keyring's copies in step.
   public mutating func clockSet(by delta: Double) -> [StoreOperation] {
     let shift = Int64(delta.rounded())
-    for index in accessTokens.indices {
+    for index in accessTokens.indices where !TokenExpiry.isNever(accessTokens[index].expiresOn) {
       accessTokens[index].expiresOn += shift
       accessTokens[index].refreshOn = accessTokens[index].refreshOn.map { $0 + shift }
       accessTokens[index].extExpiresOn = accessTokens[index].extExpiresOn.map { $0 + shift }
@@ -225,6 +225,23 @@ public struct TokenCache: Sendable {
     }
     accessTokens.append(record)
     operations.append(.save(Self.item(record)))
+    return operations
+  }
+
+  /// Removes the cached access tokens of one account and client whose value is `secret`: a
+  /// resource refused that token, so it is not served again. Returns the deletes (none when no
+  /// cached token has that value).
+  public mutating func removeAccessTokens(
+    accountID: String, environment: String, clientID: String, secret: String
+  ) -> [StoreOperation] {
+    var operations: [StoreOperation] = []
+    accessTokens.removeAll { record in
+      let rejected =
+        record.accountID == accountID && record.environment == environment && record.clientID == clientID
+        && record.secret == secret
+      if rejected { operations.append(.delete(Self.attributes(record))) }
+      return rejected
+    }
     return operations
   }
 

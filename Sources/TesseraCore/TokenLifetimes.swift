@@ -23,7 +23,14 @@ public struct TokenLifetimes: Sendable, Equatable {
     return min(standard, Double(lifetime) / 4)
   }
 
-  public init(now: Int64, expiresIn: Int64, extExpiresIn: Int64?, refreshIn: Int64?) {
+  /// `expiresIn` nil: the token does not expire (TokenExpiry.never); it is never refreshed ahead.
+  public init(now: Int64, expiresIn: Int64?, extExpiresIn: Int64?, refreshIn: Int64?) {
+    guard let expiresIn else {
+      expiresOn = TokenExpiry.never
+      extExpiresOn = nil
+      refreshOn = TokenExpiry.never
+      return
+    }
     expiresOn = now + expiresIn
     extExpiresOn = extExpiresIn.map { now + min(max($0, expiresIn), 366 * 86_400) }
     if let refreshIn, refreshIn > 0, refreshIn < expiresIn {

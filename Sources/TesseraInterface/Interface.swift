@@ -116,6 +116,8 @@ public enum BrokerInterface {
     case addForward = "AddForward"
     case removeForward = "RemoveForward"
     case listForwards = "ListForwards"
+    // Last: the fuzz seeds name methods by their place in this list.
+    case rejectToken = "RejectToken"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -132,6 +134,11 @@ public enum BrokerInterface {
       case .getAccounts: Method(rawValue, inputs: [Arg("filter", "a{sv}")], outputs: [Arg("accounts", "aa{sv}")])
       case .countHiddenAccounts: Method(rawValue, inputs: [], outputs: [Arg("hidden", "u")])
       case .signOut: Method(rawValue, inputs: [Arg("account_id", "s"), Arg("options", "a{sv}")], outputs: [])
+      case .rejectToken:
+        Method(
+          rawValue,
+          inputs: [Arg("client_id", "s"), Arg("account_id", "s"), Arg("token", "s"), Arg("options", "a{sv}")],
+          outputs: [Arg("dropped", "b")])
       case .cancel: Method(rawValue, inputs: [Arg("correlation_id", "s")], outputs: [])
       case .getStatus: Method(rawValue, inputs: [], outputs: [Arg("status", "a{sv}")])
       case .listGrants: Method(rawValue, inputs: [], outputs: [Arg("grants", "aa{sv}")])
@@ -172,12 +179,12 @@ public enum BrokerInterface {
   /// stopping: `tessera forward` then ends its ssh.
   public static let forwardEnded = "ForwardEnded"
 
-  /// What a caller that came through a forward may call (issue 24): tokens, the accounts it
-  /// holds a grant for, and cancelling its own call. Everything else is refused on the bus
+  /// What a caller that came through a forward may call (issue 24): tokens (and dropping one a
+  /// resource refused), the accounts it holds a grant for, and cancelling its own call. Everything else is refused on the bus
   /// thread, before the engine sees it, and again by the engine.
   public static let forwardedMethods: Set<String> = [
     MethodName.acquireTokenSilent.rawValue, MethodName.getAccounts.rawValue, MethodName.countHiddenAccounts.rawValue,
-    MethodName.cancel.rawValue,
+    MethodName.rejectToken.rawValue, MethodName.cancel.rawValue,
   ]
   /// The one property a forwarded caller may read.
   public static let forwardedProperties: Set<String> = ["Version"]

@@ -9,6 +9,7 @@ public enum OptionMethod: String, Sendable, CaseIterable {
   case acquireTokenSilent = "AcquireTokenSilent"
   case getAccounts = "GetAccounts"
   case signOut = "SignOut"
+  case rejectToken = "RejectToken"
   case addForward = "AddForward"
 
   /// What its `a{sv}` argument is called, in messages: GetAccounts takes a filter.
@@ -112,7 +113,7 @@ public enum RequestOptions {
   static let tokenMethods: Set<OptionMethod> = [.acquireToken, .acquireTokenSilent]
 
   public static let authority = RequestOption(
-    "authority", .string, [.acquireToken, .acquireTokenSilent, .getAccounts], maxBytes: 2048,
+    "authority", .string, [.acquireToken, .acquireTokenSilent, .getAccounts, .rejectToken], maxBytes: 2048,
     default: "default_authority")
   public static let accountID = RequestOption(
     "account_id", .string, tokenMethods, maxBytes: 512, spaces: false, default: "the account_id argument")
@@ -127,7 +128,8 @@ public enum RequestOptions {
   public static let extraQuery = RequestOption(
     "extra_query", .stringMap, tokenMethods, maxBytes: 2048, maxEntries: 32, maxKeyBytes: 256, default: "none")
   public static let correlationID = RequestOption(
-    "correlation_id", .string, [.acquireToken, .acquireTokenSilent, .signOut], maxBytes: 128, spaces: false,
+    "correlation_id", .string, [.acquireToken, .acquireTokenSilent, .signOut, .rejectToken], maxBytes: 128,
+    spaces: false,
     default: "a new UUID")
   public static let forceRefresh = RequestOption("force_refresh", .bool, tokenMethods, default: "false")
   public static let minValidity = RequestOption(
@@ -141,7 +143,8 @@ public enum RequestOptions {
   /// A `[[provider]]` of config.toml by name: its issuer, client id, scopes and parameters
   /// unless the request gives its own.
   public static let provider = RequestOption(
-    "provider", .string, tokenMethods, maxBytes: 64, spaces: false, default: "none (the authority's)")
+    "provider", .string, tokenMethods.union([.rejectToken]), maxBytes: 64, spaces: false,
+    default: "none (the authority's)")
   public static let clientID = RequestOption(
     "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
   public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")

@@ -114,9 +114,14 @@ public enum StatusReport {
     /// when none is planned.
     public static let nextRefresh = "next_refresh"
     /// The cached access tokens: {client_id, scopes, expires_on, refresh_on}; never their values.
+    /// A token that does not expire has expires_on 253402300799 (TokenExpiry.never) and no refresh_on.
     public static let tokens = "tokens"
     /// The client ids holding a refresh token for the account (never the token).
     public static let refreshTokenClients = "refresh_token_clients"
+    /// Unix seconds when the first of the account's refresh tokens with a lifetime of its own
+    /// (`refresh_token_expires_in`) lapses; absent when none has one. AttentionNeeded lists the
+    /// account from a day before.
+    public static let refreshTokenExpiresOn = "refresh_token_expires_on"
   }
 
   public enum LastError {
@@ -145,6 +150,9 @@ public enum StatusReport {
     public var nextRefresh: Int64?
     public var tokens: [TokenStatus]
     public var refreshTokenClients: [String]
+    /// When the first of the account's refresh tokens that has a lifetime of its own lapses
+    /// (`refresh_token_expires_in`); nil when none has one.
+    public var refreshTokenExpiresOn: Int64?
 
     public struct LastErrorInfo: Sendable, Equatable, Encodable {
       public var code: String
@@ -181,12 +189,15 @@ public enum StatusReport {
       case lastError = "last_error"
       case nextRefresh = "next_refresh"
       case refreshTokenClients = "refresh_token_clients"
+      case refreshTokenExpiresOn = "refresh_token_expires_on"
     }
 
     public init(
       id: String, username: String, authority: String, state: String, lastError: LastErrorInfo? = nil,
-      nextRefresh: Int64? = nil, tokens: [TokenStatus] = [], refreshTokenClients: [String] = []
+      nextRefresh: Int64? = nil, tokens: [TokenStatus] = [], refreshTokenClients: [String] = [],
+      refreshTokenExpiresOn: Int64? = nil
     ) {
+      self.refreshTokenExpiresOn = refreshTokenExpiresOn
       self.id = id
       self.username = username
       self.authority = authority
@@ -220,6 +231,7 @@ public enum StatusReport {
           return t
         })
       item[Account.refreshTokenClients] = .strings(refreshTokenClients)
+      if let refreshTokenExpiresOn { item[Account.refreshTokenExpiresOn] = .int64(refreshTokenExpiresOn) }
       return item
     }
 
@@ -254,6 +266,7 @@ public enum StatusReport {
       } else {
         refreshTokenClients = []
       }
+      refreshTokenExpiresOn = int(d, Account.refreshTokenExpiresOn)
     }
   }
 

@@ -234,3 +234,13 @@ final class ContractTests: XCTestCase {
     XCTAssertEqual(seen.count, 1000)
   }
 }
+
+final class RFC3339Tests: XCTestCase {
+  func testDatesAcrossEraLeapYearAndTheFarFuture() {
+    XCTAssertEqual(RFC3339.format(0), "1970-01-01T00:00:00Z")
+    XCTAssertEqual(RFC3339.format(951_782_400), "2000-02-29T00:00:00Z")
+    XCTAssertEqual(RFC3339.format(1_795_868_400), "2026-11-28T12:20:00Z")
+    XCTAssertEqual(RFC3339.format(TokenExpiry.never), "9999-12-31T23:59:59Z")
+    XCTAssertEqual(RFC3339.format(-1), "1969-12-31T23:59:59Z")
+  }
+}
