@@ -124,7 +124,7 @@ extension Tessera {
     @Flag(name: .long, help: "Do not revoke the refresh tokens at the identity provider.") var noRevoke = false
 
     func run() throws {
-      let (username, held) = try withBroker { broker throws(TesseraClientError) -> (String, Bool) in
+      let (signedOut, held) = try withBroker { broker throws(TesseraClientError) -> (TesseraAccount?, Bool) in
         var accountID = try resolveAccount(account, broker: broker, authority: nil)
         let all = try broker.accounts()
         if accountID.isEmpty {
@@ -149,14 +149,36 @@ extension Tessera {
           held = health.refreshTokenClients.contains(clientId) || health.tokens.contains { $0.clientID == clientId }
         }
         try broker.signOut(accountID: accountID, clientID: clientId, revoke: !noRevoke)
-        return (all.first { $0.id == accountID }?.username ?? accountID, held)
+        return (all.first { $0.id == accountID }, held)
       }
-      let who = SafeText.clip(username, limit: 200)
-      guard let clientId else { return print("Signed out \(who).") }
-      print(
-        held
-          ? "Removed the tokens of \(clientId) for \(who); the account stays signed in."
-          : "\(who) held no tokens of \(clientId): nothing to remove (`tessera status` lists each account's clients).")
+      let who = SafeText.clip(signedOut?.username ?? account ?? "the account", limit: 200)
+      if let clientId {
+        print(
+          held
+            ? "Removed the tokens of \(clientId) for \(who); the account stays signed in."
+            : "\(who) held no tokens of \(clientId): nothing to remove (`tessera status` lists each account's clients)."
+        )
+      } else {
+        print("Signed out \(who).")
+      }
+      if held, let signedOut, let hint = Self.revocationHint(for: signedOut, clientID: clientId) { print(hint) }
+    }
+
+    /// Where to revoke the grant by hand, for an account of a provider that has no revocation
+    /// endpoint (GitHub, Bitbucket, Gitea): signing out forgets the tokens here, but the provider
+    /// keeps the grant (and an OAuth app's token stays valid) until the user revokes it there.
+    static func revocationHint(for account: TesseraAccount, clientID: String?) -> String? {
+      guard case .checked(let settings) = checkConfig(option: nil, environment: ProcessInfo.processInfo.environment)
+      else { return nil }
+      let providers = settings.config.providers.filter {
+        $0.issuer == account.authority && (clientID == nil || $0.clientID == clientID)
+      }
+      return providers.compactMap { provider -> String? in
+        guard provider.endpoints.revocation == nil, let page = provider.revokePage else { return nil }
+        let url = page.replacing("{client_id}", with: provider.clientID)
+        return
+          "\(account.environment) keeps the grant to \(provider.clientID) (provider '\(provider.name)', which has no revocation endpoint) until you revoke it: \(url)"
+      }.first
     }
   }
 }

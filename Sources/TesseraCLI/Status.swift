@@ -109,6 +109,7 @@ extension Tessera {
         try c.encodeIfPresent(health.nextRefresh, forKey: .nextRefresh)
         try c.encode(health.tokens, forKey: .tokens)
         try c.encode(health.refreshTokenClients, forKey: .refreshTokenClients)
+        try c.encodeIfPresent(health.refreshTokenExpiresOn, forKey: .refreshTokenExpiresOn)
       }
 
       enum Keys: String, CodingKey {
@@ -116,6 +117,7 @@ extension Tessera {
         case lastError = "last_error"
         case nextRefresh = "next_refresh"
         case refreshTokenClients = "refresh_token_clients"
+        case refreshTokenExpiresOn = "refresh_token_expires_on"
       }
     }
 

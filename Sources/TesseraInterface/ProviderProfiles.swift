@@ -29,7 +29,8 @@ public struct ProviderProfile: Sendable, Equatable {
   /// What git sends as the username with the token as its password (nil: any name will do, and
   /// the account's username is sent).
   public var gitUsername: String?
-  /// Where a user revokes the grant by hand, for a provider with no revocation endpoint.
+  /// Where a user revokes the grant by hand, for a provider with no revocation endpoint
+  /// (`{client_id}`: the app's client id; `tessera logout` fills it in).
   public var revokePage: String?
   /// Whether the profile works with a host the user names (self-managed servers).
   public var takesHost: Bool
@@ -42,7 +43,7 @@ public struct ProviderProfile: Sendable, Equatable {
     apiHost: "{api}", clientAuthentication: .clientSecretPost, secretRequired: false, defaultScopes: ["repo"],
     authorizationParameters: [],
     userAPI: ProviderUserAPI(url: "https://{api}/user", idField: "id", usernameField: "login"), gitUsername: nil,
-    revokePage: "https://{host}/settings/applications", takesHost: true)
+    revokePage: "https://{host}/settings/connections/applications/{client_id}", takesHost: true)
 
   public static let gitlab = ProviderProfile(
     name: "gitlab", defaultHost: "gitlab.com", discovery: .openID, issuer: "https://{host}",

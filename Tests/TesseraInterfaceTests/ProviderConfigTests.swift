@@ -39,7 +39,7 @@ final class ProviderConfigTests: XCTestCase {
     XCTAssertEqual(github.endpoints.token, "https://github.com/login/oauth/access_token")
     XCTAssertEqual(github.endpoints.deviceAuthorization, "https://github.com/login/device/code")
     XCTAssertNil(github.endpoints.revocation, "GitHub has no RFC 7009 endpoint")
-    XCTAssertEqual(github.revokePage, "https://github.com/settings/applications")
+    XCTAssertEqual(github.revokePage, "https://github.com/settings/connections/applications/{client_id}")
     XCTAssertEqual(
       github.userAPI, ProviderUserAPI(url: "https://api.github.com/user", idField: "id", usernameField: "login"))
     XCTAssertEqual(github.clientAuthentication, .none, "no secret: a public client (the device flow needs none)")

@@ -143,7 +143,11 @@ DOC_BLOCKS = [
      "run::test_sasl_lines"),
     ("docs/integrations.md", "065ed2b617", "# printf is the shell's own, so the token reaches curl on a pipe, not in an argument.",
      "run::test_curl_and_tessera_exec_reach_an_api"),
-    ("docs/integrations.md", "ccbc6890a7", "{", "Tests/e2e/test_cli.py::def test_token_accounts_status"),
+    ("docs/integrations.md", "76785ea71d", "{", "Tests/e2e/test_cli.py::def test_token_accounts_status"),
+    # A refused token piped to `tessera token --reject`: the same command against the test IdP.
+    ("docs/integrations.md", "6540d7f4a7",
+     "# The token is piped in, never an argument; give the options the token was asked with.",
+     "Tests/e2e/test_providers.py::def test_a_rejected_token_is_dropped_and_only_by_an_app_that_may_have_it"),
     # tessera forward (issue 24): a real sshd and bubblewrap, as root (test_forward.py); the
     # commands there are these, with the test's ssh_config (-F) and the test's own paths.
     ("README.md", "a250d417d0",

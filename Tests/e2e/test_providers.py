@@ -6,6 +6,7 @@ reaches a log, and a wrong one is the IdP's refusal, not a lost account."""
 import base64
 import json
 import os
+import re
 import subprocess
 
 from conftest import IDP_URL, TENANT, TESSERA, run_cli
@@ -137,3 +138,46 @@ scopes = ["read"]
     authorized = [r for r in git_server.requests if r[4] != 401]
     assert authorized and {r[3] for r in authorized} == {"alice"}
     b.close()
+
+
+def reject_with_cli(token, *args):
+    return subprocess.run([TESSERA, "token", "--reject", *args], input=token + "\n", capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_rejected_token_is_dropped_and_only_by_an_app_that_may_have_it(start_daemon, write_config, idp):
+    """Issue 38 §5, over the session bus against the real IdP: the app that got a token drops it
+    with RejectToken and the next silent call refreshes; another program (the tessera command,
+    with no grant) cannot drop it; once granted, `tessera token --reject` does."""
+    import dbus
+    from conftest import Broker
+    start_daemon(write_config(access_mode="strict"))
+    b = Broker()
+    first = b.sign_in()["access_token"]
+    assert b.silent()["access_token"] == first
+
+    refused = reject_with_cli(first)
+    assert refused.returncode == 12, refused.stderr
+    assert "has no grant" in refused.stderr and first not in refused.stderr
+    assert b.silent()["access_token"] == first, "another app's attempt changed nothing"
+
+    mark = idp.mark()
+    reject = ("RejectToken", "sssa{sv}")
+    assert b.call(*reject, (dbus.String(""), dbus.String(""), dbus.String(first), dbus.Dictionary({}, "sv"))) == 1
+    second = b.silent()["access_token"]
+    assert second != first
+    assert len(idp.token_posts(mark, grant_type="refresh_token", status=200)) == 1, "replaced by a refresh"
+    again = b.call(*reject, (dbus.String(""), dbus.String(""), dbus.String(first), dbus.Dictionary({}, "sv")))
+    assert again == 0, "the old token is no longer cached: nothing to drop"
+
+    key = re.search(r"--app '([^']+)'", refused.stderr).group(1)
+    run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice", check_rc=0)
+    assert run_cli("token", check_rc=0).stdout.strip() == second
+    dropped = reject_with_cli(second, "--json")
+    assert dropped.returncode == 0 and json.loads(dropped.stdout) == {"dropped": True}, dropped.stderr
+    third = run_cli("token", check_rc=0).stdout.strip()
+    assert third not in (first, second)
+    stale = reject_with_cli(second)
+    assert stale.returncode == 0 and "nothing was dropped" in stale.stderr, stale.stderr
+    empty = subprocess.run([TESSERA, "token", "--reject"], input="", capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 64 and "no token on standard input" in empty.stderr, empty.stderr
