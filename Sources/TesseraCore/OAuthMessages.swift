@@ -363,9 +363,9 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     case "invalid_scope":
       return .invalidArgument(
         "The identity provider rejected the scopes (\(detail)). Check the scopes your app is allowed.")
-    case "invalid_client", "unauthorized_client":
+    case "invalid_client", "unauthorized_client", "incorrect_client_credentials":  // the last: GitHub's
       return .invalidArgument(
-        "The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant)."
+        "The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant), or the provider's client secret (its client_secret_file; GitHub's browser sign-in needs one)."
       )
     case "temporarily_unavailable", "server_error":
       return .network("The identity provider is temporarily unavailable (\(detail)). Try again in a moment.")
