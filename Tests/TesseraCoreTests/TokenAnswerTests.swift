@@ -48,7 +48,8 @@ final class TokenAnswerTests: XCTestCase {
     XCTAssertEqual(github?.detail?.oauthError, "bad_verification_code")
     let form = refusal(
       "error=incorrect_client_credentials&error_description=The+client_id+and%2For+client_secret+passed+are+incorrect.")
-    XCTAssertEqual(form?.code, .provider)
+    XCTAssertEqual(form?.code, .invalidArgument, "GitHub's name for invalid_client: the app registration or secret")
+    XCTAssertTrue(form?.message.contains("client_secret_file") == true, form?.message ?? "")
     XCTAssertTrue(
       form?.message.contains("incorrect_client_credentials: The client_id and/or client_secret passed are incorrect.")
         == true, form?.message ?? "")

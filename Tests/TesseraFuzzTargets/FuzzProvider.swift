@@ -15,7 +15,9 @@ import TesseraInterface
 /// anything else, sent as it is; 5. the revocation endpoint's answer; 6. when present, the
 /// answer of a provider's user API: the sign-in then goes through a `[[provider]]` (the github
 /// profile on a server of its own: endpoints written out, no id_token trusted, the account named
-/// by the user API, form-encoded answers read), issue 38.
+/// by the user API, form-encoded answers read), issue 38; 7. when it is `rfc8414`, the provider
+/// is instead a plain OAuth 2.0 server with RFC 8414 metadata (part 0, served at
+/// `/.well-known/oauth-authorization-server/as`), whose userinfo endpoint answers part 6.
 ///
 /// A part that starts with `HTTP 429\n` (any three digits) is sent with that status, else 200.
 /// Each input meets a fresh engine (fake clock, fake keyring), so inputs do not depend on each
@@ -74,8 +76,11 @@ enum FuzzProvider {
 
     func send(_ request: HTTPRequest) async throws -> HTTPResponse {
       if request.method == "GET" {
-        if request.url.hasSuffix("/user") { return userAPI }
-        return request.url.hasSuffix("/.well-known/openid-configuration") ? discovery : jwks
+        if request.url.hasSuffix("/user") || request.url.hasSuffix("/userinfo") { return userAPI }
+        let metadata =
+          request.url.hasSuffix("/.well-known/openid-configuration")
+          || request.url.contains("/.well-known/oauth-authorization-server")
+        return metadata ? discovery : jwks
       }
       let form = FormEncoding.decode(String(decoding: request.body ?? [], as: UTF8.self))
       if form["token"] != nil { return revocation }
@@ -100,6 +105,15 @@ enum FuzzProvider {
       path: "fuzz.toml", isSystem: false
     ).providers) ?? []
 
+  /// The provider of inputs whose part 7 is `rfc8414`: endpoints from RFC 8414 metadata.
+  static let rfc8414: [ProviderConfig] =
+    (try? ConfigLayer.parse(
+      bytes: Array(
+        "[[provider]]\nname = \"fuzz\"\ndiscovery = \"oauth\"\nissuer = \"https://idp.test/as\"\nclient_id = \"app1\"\n"
+          .utf8),
+      path: "fuzz.toml", isSystem: false
+    ).providers) ?? []
+
   /// Whether the sign-in succeeded (the replay tests check that the seeds get that far).
   @discardableResult
   static func run(_ input: [UInt8]) async -> Bool {
@@ -112,7 +126,7 @@ enum FuzzProvider {
     let throughProvider = parts.count > 6 && !parts[6].isEmpty
     var options: [String: BusValue] = [:]
     if throughProvider {
-      config.providers = provider
+      config.providers = parts.count > 7 && parts[7] == Array("rfc8414".utf8) ? rfc8414 : provider
       options[RequestOptions.provider.key] = .string("fuzz")
     }
     let broker = Broker(
