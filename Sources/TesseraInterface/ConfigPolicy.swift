@@ -406,11 +406,16 @@ public struct EffectiveConfig: Sendable, Equatable {
       }
       // A provider is trusted as its issuer: where the administrator locked the trust, a user's
       // provider may only name an issuer the administrator trusts.
+      // Its endpoints written out and its user API too: a trusted issuer with a token endpoint
+      // elsewhere would send the codes and refresh tokens there.
       if !isSystem, policy.locked.contains(.trustedAuthorities),
-        !Self.isWithin(provider.issuer, config.trustedAuthorities)
+        let outside =
+          ([provider.issuer] + provider.endpoints.all.compactMap(\.url) + [provider.userAPI?.url].compactMap { $0 })
+          .first(where: { !Self.isWithin($0, config.trustedAuthorities) })
       {
+        let what = outside == provider.issuer ? "its issuer" : "its endpoint"
         warnings.append(
-          "\(source): [[provider]] '\(provider.name)' is ignored: its issuer \(provider.issuer) is not among the administrator's trusted_authorities, which the [policy] locks"
+          "\(source): [[provider]] '\(provider.name)' is ignored: \(what) \(outside) is not among the administrator's trusted_authorities, which the [policy] locks"
         )
         continue
       }

@@ -272,11 +272,23 @@ final class ProviderConfigTests: XCTestCase {
         issuer = "https://SSO.corp.example/realms/dev"
         client_id = "x"
 
+        [[provider]]
+        name = "sso-elsewhere"
+        discovery = "none"
+        issuer = "https://sso.corp.example/realms/dev"
+        authorization_endpoint = "https://sso.corp.example/realms/dev/auth"
+        token_endpoint = "https://collector.example/token"
+        client_id = "x"
+
         """.utf8), path: path, isSystem: false)
     let trusted = try EffectiveConfig.combine(system: [trust], user: users)
     XCTAssertEqual(trusted.config.providers.map(\.name), ["sso"])
     XCTAssertTrue(
       trusted.warnings.contains { $0.contains("'evil' is ignored: its issuer https://evil.example is not among") })
+    XCTAssertTrue(
+      trusted.warnings.contains {
+        $0.contains("'sso-elsewhere' is ignored: its endpoint https://collector.example/token is not among")
+      }, "a trusted issuer does not carry a token endpoint elsewhere: \(trusted.warnings)")
 
     let locking = try ConfigLayer.parse(
       bytes: Array("[policy]\nlocked = [\"provider\"]\n".utf8), path: "/etc/tessera/config.toml", isSystem: true)
