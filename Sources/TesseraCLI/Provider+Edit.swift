@@ -215,8 +215,11 @@ extension Tessera.Provider {
       var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
       if lines.last?.isEmpty == true { lines.removeLast() }  // the file's last newline, put back below
       let first = table.line - 1
-      let last = min(end - 1, lines.count) - 1
-      let secret = table.entries.first { $0.key == "client_secret_file" }?.value.string
+      var last = min(end - 1, lines.count) - 1
+      // Comments and blank lines just before the next table are that table's: they stay.
+      if end != Int.max {
+        while last > first, Self.isCommentOrBlank(lines[last]) { last -= 1 }
+      }
       lines.removeSubrange(first...max(first, last))
       // The blank line `add` put before the table.
       if first > 0, first <= lines.count, lines[first - 1].isEmpty { lines.remove(at: first - 1) }
@@ -224,6 +227,19 @@ extension Tessera.Provider {
       if after.allSatisfy({ $0 == UInt8(ascii: "\n") }) { after = [] } else { after.append(UInt8(ascii: "\n")) }
       try Tessera.Provider.writeUserFile(path, after)
       print("Removed provider \(name) from \(path).")
+      removeSecret(table)
+    }
+
+    static func isCommentOrBlank(_ line: ArraySlice<UInt8>) -> Bool {
+      let text = line.drop { $0 == 0x20 || $0 == 0x09 }
+      return text.isEmpty || text.first == UInt8(ascii: "#")
+    }
+
+    /// The table's secret file, when `add` made it (beside config.toml); another is left alone.
+    func removeSecret(_ table: ConfigFile.Table) {
+      let environment = ProcessInfo.processInfo.environment
+      let path = ConfigLocation.path(option: config, environment: environment)
+      let secret = table.entries.first { $0.key == "client_secret_file" }?.value.string
       if let secret, secret == Tessera.Provider.secretPath(name, configPath: path) {
         if unlink(secret) == 0 { print("Removed its client secret \(secret).") }
       } else if let secret {
@@ -255,8 +271,11 @@ extension Tessera.Provider {
     }
   }
 
-  /// Replaces config.toml whole (a kill leaves the old file or the new one), 0600.
-  static func writeUserFile(_ path: String, _ bytes: [UInt8]) throws {
+  /// Replaces config.toml whole (a kill leaves the old file or the new one), 0600. A config.toml
+  /// that is a symbolic link (dotfiles kept in a repository) stays one: the file it points to is
+  /// replaced.
+  static func writeUserFile(_ link: String, _ bytes: [UInt8]) throws {
+    let path = URL(fileURLWithPath: link).resolvingSymlinksInPath().path
     do {
       _ = try Files.makeDirectories(Files.directory(of: path))
       let temporary = path + ".tessera-\(getpid()).tmp"

@@ -56,6 +56,41 @@ extension BinaryTests {
     #expect(gone.status == TesseraError.Code.invalidArgument.exitCode)
   }
 
+  /// `remove` takes its table and nothing else: the comments that head the next table stay; a
+  /// config.toml that is a symbolic link (dotfiles in a repository) stays a link.
+  @Test func removingAProviderKeepsTheNextTablesCommentsAndASymlinkedConfig() throws {
+    let real = home + "/dotfiles-tessera.toml"
+    try """
+    log_level = "info"
+
+    [[provider]]
+    name = "work"
+    profile = "github"
+    client_id = "Ov23li"
+
+    # The team's GitLab: ask Dana for the app.
+    [[provider]]
+    name = "team"
+    profile = "gitlab"
+    client_id = "gl-app"
+
+    """.write(toFile: real, atomically: true, encoding: .utf8)
+    try? FileManager.default.removeItem(atPath: configPath)
+    try FileManager.default.createSymbolicLink(atPath: configPath, withDestinationPath: real)
+    defer {
+      try? FileManager.default.removeItem(atPath: configPath)
+      try? FileManager.default.removeItem(atPath: real)
+    }
+    let removed = try run(["provider", "remove", "work"])
+    #expect(removed.status == 0, "\(removed.stderr)")
+    #expect(
+      contents(real)
+        == "log_level = \"info\"\n\n# The team's GitLab: ask Dana for the app.\n[[provider]]\nname = \"team\"\nprofile = \"gitlab\"\nclient_id = \"gl-app\"\n",
+      "\(contents(real) ?? "")")
+    #expect(
+      (try? FileManager.default.destinationOfSymbolicLink(atPath: configPath)) == real, "still a link to the dotfile")
+  }
+
   @Test func aProviderWithAMistakeWritesNothingAndSaysWhatToDo() throws {
     let before = "default_client_id = \"app\"\n"
     try before.write(toFile: configPath, atomically: true, encoding: .utf8)
