@@ -13,9 +13,15 @@ import TesseraInterface
 /// out, a client secret (HTTP Basic or in the body), authorization parameters, and an account
 /// named by userinfo, the provider's user API or the user when there is no id_token.
 extension BrokerConfig {
-  /// The provider named `name`, or InvalidArgument naming the ones there are.
-  public func provider(named name: String) throws -> ProviderConfig {
+  /// The provider named `name`, or InvalidArgument naming the ones there are (`listingOthers`:
+  /// never to a caller on another machine, which is not told what this one is set up with).
+  public func provider(named name: String, listingOthers: Bool = true) throws -> ProviderConfig {
     guard let provider = providers.first(where: { $0.name == name }) else {
+      guard listingOthers else {
+        throw TesseraError.invalidArgument(
+          "There is no provider '\(RequestOptions.clip(name))' on the machine this forward leads to. Ask its user for the name (`tessera provider list` there)."
+        )
+      }
       throw TesseraError.invalidArgument(
         "There is no provider '\(RequestOptions.clip(name))'; "
           + NearestName.suggestion(for: name, among: providers.map(\.name), known: "the providers are")
@@ -82,9 +88,13 @@ extension Broker {
     }
     let secret: String
     do { secret = try source.secret(at: path) } catch {
+      // Where the file is and what is wrong with it goes to the log, not to the caller.
+      logger.warning(
+        "A provider's client secret cannot be read",
+        metadata: ["provider": "\(provider.name)", "error": "\(TesseraError.wrap(error).message)"])
       throw TesseraError(
         .configuration,
-        "The client secret of the provider '\(provider.name)' cannot be read (\(TesseraError.wrap(error).message)). `tessera config check` says what to fix."
+        "The client secret of the provider '\(provider.name)' cannot be read. `tessera config check` says what to fix, and tesserad's log why."
       )
     }
     switch provider.clientAuthentication {
@@ -213,7 +223,7 @@ extension Broker {
   /// client id, scopes and authorization parameters where the request gives none of its own.
   func applyingProvider(_ request: TokenRequest) throws -> TokenRequest {
     guard let name = request.provider else { return request }
-    let provider = try config.provider(named: name)
+    let provider = try config.provider(named: name, listingOthers: request.caller?.app?.kind != .forward)
     if let authority = request.authority,
       (try? Authority(parsing: authority))?.url != (try? Authority(parsing: provider.issuer))?.url
     {

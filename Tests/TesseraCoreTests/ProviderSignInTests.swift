@@ -257,4 +257,36 @@ final class ProviderSignInTests: XCTestCase {
       XCTAssertTrue(error.message.contains("There is no provider 'mial'; did you mean 'mail'?"), error.message)
     }
   }
+
+  /// A caller through a forward (a remote host) is not told which providers this machine has,
+  /// and no caller is told where a provider's secret file is or what is wrong with it: that goes
+  /// to the log.
+  func testForwardsAreNotToldTheProvidersAndNoCallerTheSecretFilesPath() async throws {
+    struct Unreadable: ClientSecretSource {
+      func secret(at path: String) throws -> String {
+        throw TesseraError(.configuration, "\(path) can be read by other users (mode 644)")
+      }
+    }
+    var config = BrokerConfig.fakeIdP
+    config.providers = try ConfigLayer.parse(bytes: Array(Self.github.utf8), path: "/c.toml", isSystem: false).providers
+    let h = await Harness(config: config, secrets: Unreadable())
+    var remote = try h.request(options: ["provider": .string("gj")])
+    remote.caller = CallerInfo(
+      busName: ":1.7", app: AppIdentity.forward("build01", host: "ann@build01.example", path: "/run/f/build01"))
+    do {
+      _ = try await h.broker.acquireTokenSilent(remote)
+      XCTFail("an unknown provider answered")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .invalidArgument)
+      XCTAssertFalse(error.message.contains("gh"), "no provider named to the forward: \(error.message)")
+    }
+    do {
+      _ = try await h.signIn(options: ["provider": .string("gh")])
+      XCTFail("signed in without the secret")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .configuration)
+      XCTAssertTrue(error.message.contains("client secret of the provider 'gh' cannot be read"), error.message)
+      XCTAssertFalse(error.message.contains("/secrets/"), "the path stays in the log: \(error.message)")
+    }
+  }
 }
