@@ -41,14 +41,24 @@ extension Broker {
       ])
     if !refreshable {
       // No refresh token (a GitHub OAuth app's tokens): only a sign-in gives a new token.
+      let login = config.provider(for: authority, clientID: clientID).map { "tessera login --provider \($0.name)" }
       noteNeed(
         SignInNeed(
           accountID: account.id, username: account.username, clientID: clientID, scopes: [],
           authority: authority.url),
         TesseraError.interactionRequired(
-          "A resource refused \(account.username)'s token from client \(clientID), and the identity provider gave no refresh token to get another. Sign in again (`tessera login`)."
+          "A resource refused \(account.username)'s token from client \(clientID), and the identity provider gave no refresh token to get another. Sign in again (`\(login ?? "tessera login --client-id \(clientID)")`)."
         ))
     }
     return true
+  }
+
+  /// Why a request for `target` needs a sign-in when a refused token was dropped and there was
+  /// no refresh token to replace it: the error noted then (nil when that is not the case).
+  func rejectionNeed(_ target: SilentTarget) -> TesseraError? {
+    let entry = health.entry(target.account.id)
+    let key = AccountHealth.NeedKey(clientID: target.clientID, authority: target.authority.url, scopes: [])
+    guard entry.needs[key] != nil, let error = entry.lastError, error.code == .interactionRequired else { return nil }
+    return error
   }
 }

@@ -126,6 +126,7 @@ extension Broker {
       let record = cache.refreshToken(
         accountID: account.id, environment: environment, clientID: target.clientID, scopes: target.scopes)
     else {
+      if let refused = rejectionNeed(target) { throw refused }
       throw TesseraError.interactionRequired(
         "\(account.username) has not signed in to client \(target.clientID) yet. Run an interactive sign-in (AcquireToken with this account, or `tessera login --client-id \(target.clientID)`): at most a click is needed."
       )

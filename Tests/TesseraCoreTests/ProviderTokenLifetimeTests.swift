@@ -89,8 +89,15 @@ final class ProviderTokenLifetimeTests: XCTestCase {
     XCTAssertEqual(cached, 0)
     await h.broker.finishStoreWrites()
     XCTAssertEqual(h.store.secrets(kind: "access_token"), [], "gone from the store too")
-    await XCTAssertThrowsTessera(.interactionRequired) {
-      _ = try await h.broker.acquireTokenSilent(try h.request(options: self.provider))
+    do {
+      _ = try await h.broker.acquireTokenSilent(try h.request(options: provider))
+      XCTFail("a token without a refresh token to get it")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .interactionRequired)
+      XCTAssertTrue(
+        error.message.contains("A resource refused octocat's token")
+          && error.message.contains("tessera login --provider gh"),
+        "says what happened and what to run: \(error.message)")
     }
     let ids = await h.broker.cache.accounts.keys
     let accountID = try XCTUnwrap(ids.first)

@@ -144,6 +144,7 @@ def test_github_oauth_app_token_that_never_expires_until_github_refuses_it(start
     assert refused.returncode != 0
     needs = run_cli("token", "--provider", "github")
     assert needs.returncode == 4, needs.stderr
+    assert "refused octocat's token" in needs.stderr and "tessera login --provider github" in needs.stderr, needs.stderr
     status = json.loads(run_cli("status", "--json").stdout)
     assert status["needs_attention"] and status["accounts"][0]["state"] == "needs_sign_in", status
     assert "Signed in as octocat" in login("--provider", "github")
