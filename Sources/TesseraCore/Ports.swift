@@ -204,9 +204,10 @@ extension SecretStore {
 
 /// Reads a provider's client secret (its `client_secret_file`) when a request needs it: the
 /// daemon's reads the file through its checked descriptor (the user's alone, no one else may read
-/// it). Never logged, never returned to a caller.
+/// it; `shared`: an administrator's provider, whose file root may own and the users it serves may
+/// read, but no one else may write). Never logged, never returned to a caller.
 public protocol ClientSecretSource: Sendable {
-  func secret(at path: String) throws -> String
+  func secret(at path: String, shared: Bool) throws -> String
 }
 
 /// Opens a URL in the user's browser.

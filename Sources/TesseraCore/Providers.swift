@@ -87,7 +87,7 @@ extension Broker {
       throw TesseraError(.environment, "This tesserad cannot read client secrets (the provider '\(provider.name)').")
     }
     let secret: String
-    do { secret = try source.secret(at: path) } catch {
+    do { secret = try source.secret(at: path, shared: provider.fromAdministrator) } catch {
       // Where the file is and what is wrong with it goes to the log, not to the caller.
       logger.warning(
         "A provider's client secret cannot be read",

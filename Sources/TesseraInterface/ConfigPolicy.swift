@@ -431,6 +431,8 @@ public struct EffectiveConfig: Sendable, Equatable {
         )
         continue
       }
+      var provider = provider
+      provider.fromAdministrator = isSystem
       config.providers.append(provider)
     }
   }

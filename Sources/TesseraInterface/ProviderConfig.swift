@@ -41,6 +41,8 @@ public struct ProviderConfig: Sendable, Equatable {
   public var revokePage: String?
   /// Where the table is.
   public var file: String = ""
+  /// Whether it comes from the administrator's file (its secret file may be root's and shared).
+  public var fromAdministrator = false
   public var line: Int = 0
 
   public static let keys = [

@@ -4,14 +4,14 @@ import TesseraSystem
 
 /// Providers' client secrets, read from their `client_secret_file` through the descriptor that
 /// was checked: a regular file of this user's that no one else can read, in a directory no one
-/// else can write. One line; what follows its first line break is not part of it.
+/// else can write (an administrator's: root's or this user's, that no one else can write). One line; what follows its first line break is not part of it.
 public struct FileClientSecrets: ClientSecretSource {
   public init() {}
 
-  public func secret(at path: String) throws -> String {
+  public func secret(at path: String, shared: Bool) throws -> String {
     var bytes: [UInt8]
     do {
-      bytes = try CheckedFile.read(path, limit: 4096, rules: .secret)
+      bytes = try CheckedFile.read(path, limit: 4096, rules: shared ? .sharedSecret : .secret)
     } catch {
       throw TesseraError(.configuration, "\(path) \(error)")
     }

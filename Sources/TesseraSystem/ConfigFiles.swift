@@ -97,18 +97,21 @@ public enum ConfigFiles {
   }
 
   /// Why a provider's client_secret_file cannot be used, or nil: it must be a regular file of the
-  /// user's that no one else can read, in a directory no one else can write.
+  /// user's that no one else can read, in a directory no one else can write (the administrator's
+  /// providers: root's or the user's, that no one else can write, as config.toml itself).
   static func secretFileProblem(_ provider: ProviderConfig) -> ConfigProblem? {
     guard let path = provider.clientSecretFile else { return nil }
     let advice: String
     do {
-      try CheckedFile.inspect(path, rules: .secret)
+      try CheckedFile.inspect(path, rules: provider.fromAdministrator ? .sharedSecret : .secret)
       return nil
     } catch {
       switch error {
       case .system(.noSuchFileOrDirectory):
         advice = "does not exist; write the client secret there (`tessera provider add` does), or fix the path"
       case .system(let code): advice = "cannot be read: \(String(cString: strerror(code.rawValue)))"
+      case .mode where provider.fromAdministrator:
+        advice = "\(error): a client secret no one else may change; run `chmod go-w \(path)`"
       case .mode:
         advice = "\(error): a client secret must be yours alone; run `chmod 600 \(path)`"
       case .owner: advice = "\(error): a client secret must be yours alone; `chown` it to yourself and `chmod 600` it"

@@ -122,6 +122,9 @@ public enum CheckedFile {
     public static let configuration = Rules(rootMayOwn: true, forbiddenModeBits: mode_t(S_IWGRP | S_IWOTH))
     /// A secret: this user's alone, readable by no one else.
     public static let secret = Rules(rootMayOwn: false, forbiddenModeBits: 0o077)
+    /// An administrator's client secret for the users of the machine (a desktop app's, which
+    /// RFC 8252 §8.5 says protects nothing): root's or this user's, writable by no one else.
+    public static let sharedSecret = configuration
   }
 
   /// Why a file was not read.

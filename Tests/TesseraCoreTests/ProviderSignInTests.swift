@@ -17,7 +17,7 @@ import XCTest
 /// - GitLab's `GET /api/v4/user` (`id`, `username`): https://docs.gitlab.com/ee/api/users.html
 final class ProviderSignInTests: XCTestCase {
   struct FixedSecret: ClientSecretSource {
-    func secret(at path: String) throws -> String {
+    func secret(at path: String, shared: Bool) throws -> String {
       guard path == "/secrets/app.secret" else { throw TesseraError(.configuration, "\(path) does not exist") }
       return "s3cr3t/+="
     }
@@ -263,7 +263,7 @@ final class ProviderSignInTests: XCTestCase {
   /// to the log.
   func testForwardsAreNotToldTheProvidersAndNoCallerTheSecretFilesPath() async throws {
     struct Unreadable: ClientSecretSource {
-      func secret(at path: String) throws -> String {
+      func secret(at path: String, shared: Bool) throws -> String {
         throw TesseraError(.configuration, "\(path) can be read by other users (mode 644)")
       }
     }

@@ -13,7 +13,7 @@ import XCTest
 /// `refresh_token_expires_in` 15811200 (https://docs.github.com/en/apps/creating-github-apps/authenticating-with-a-github-app/refreshing-user-access-tokens).
 final class ProviderTokenLifetimeTests: XCTestCase {
   struct FixedSecret: ClientSecretSource {
-    func secret(at path: String) throws -> String { "s3cr3t" }
+    func secret(at path: String, shared: Bool) throws -> String { "s3cr3t" }
   }
 
   let provider: [String: BusValue] = ["provider": .string("gh")]

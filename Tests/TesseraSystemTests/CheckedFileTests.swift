@@ -174,4 +174,32 @@ import Testing
     chmod(secret, 0o600)
     #expect(load(secret) == [], "a 0600 secret of the user's own")
   }
+
+  /// The administrator's provider may share its secret with the users it serves (a desktop app's
+  /// secret protects nothing, RFC 8252 §8.5): root's or the user's, readable by them, but no one
+  /// else may change it. A user's own provider with the same file is still refused.
+  @Test func anAdministratorsClientSecretMayBeReadByTheUsersButChangedByNoOne() throws {
+    let scratch = try Scratch()
+    let system = scratch.directory("etc-tessera", mode: 0o755)
+    let secret = scratch.write("site.secret", "site-secret", mode: 0o644)
+    let table =
+      "[[provider]]\nname = \"site\"\nprofile = \"github\"\nclient_id = \"x\"\nclient_secret_file = \"\(secret)\"\n"
+    _ = scratch.write("etc-tessera/config.toml", table, mode: 0o644)
+    let user = scratch.write("config.toml", "log_level = \"info\"\n")
+    func load() -> [String] {
+      switch ConfigFiles.load(option: user, environment: ["TESSERA_SYSTEM_CONFIG_DIR": system]) {
+      case .problems(let problems): return problems.map(\.description)
+      case .loaded(let effective): return effective.config.providers.map { "loaded \($0.name)" }
+      }
+    }
+    #expect(load() == ["loaded site"], "readable by the users it serves")
+    chmod(secret, 0o666)
+    let writable = load()
+    #expect(writable.first?.contains("chmod go-w \(secret)") == true, "\(writable)")
+    chmod(secret, 0o644)
+    // The same file in the user's own table: theirs alone, or refused.
+    _ = scratch.write(
+      "config.toml", "log_level = \"info\"\n\n" + table.replacing("name = \"site\"", with: "name = \"mine\""))
+    #expect(load().first?.contains("chmod 600 \(secret)") == true)
+  }
 }
