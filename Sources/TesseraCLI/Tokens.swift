@@ -26,7 +26,11 @@ extension Tessera {
         "select_account, login, consent or none.", valueName: "prompt"),
       completion: .list(["select_account", "login", "consent", "none"]))
     var prompt: String?
-    @Option(name: .long, help: ArgumentHelp("Pre-fill the username at the identity provider.", valueName: "username"))
+    @Option(
+      name: [.long, .customLong("username")],
+      help: ArgumentHelp(
+        "Pre-fill the username at the identity provider; at a provider that cannot say who signed in (no id_token, userinfo or user API), the account's name.",
+        valueName: "username"))
     var loginHint: String?
     @Option(
       name: .long,

@@ -104,4 +104,28 @@ extension BinaryTests {
       #expect(out.stdout == "Signed out alice@idp.test.\n", "\(out.stdout)")
     }
   }
+
+  /// `tessera login --username NAME` (issue 38 §3) is --login-hint by the name a user of a plain
+  /// OAuth 2.0 provider looks for: the account is named by it when the provider cannot say.
+  @Test func loginUsernameIsSentAsTheLoginHint() async throws {
+    try await ScriptedBroker.with({ call in
+      switch call.member {
+      case "AcquireToken":
+        return .success([
+          .dict(
+            TokenInfo(
+              accessToken: "t", tokenType: "Bearer", expiresOn: TokenExpiry.never, scopes: ["read"],
+              account: Self.octocat, idToken: nil, correlationID: "c"
+            ).busValue)
+        ])
+      default: return .failure(.internal("unexpected \(call.member)"))
+      }
+    }) { broker in
+      let login = try run(["login", "--provider", "plain", "--username", "ann"])
+      #expect(login.status == 0, "\(login.stderr)")
+      let options = try #require(broker.calls.last?.arguments.last?.dictValue)
+      #expect(options["login_hint"] == .string("ann"))
+      #expect(options["provider"] == .string("plain"))
+    }
+  }
 }
