@@ -113,33 +113,53 @@ class GitServer(HTTPSResource):
     def serve(self, handler, user):
         path, _, query = handler.path.partition("?")
         length = int(handler.headers.get("Content-Length") or 0)
-        body = handler.rfile.read(length) if length else b""
-        env = {
-            "PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": self.root, "GIT_HTTP_EXPORT_ALL": "1",
-            "REQUEST_METHOD": handler.command, "PATH_INFO": path, "QUERY_STRING": query,
-            "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-            "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1",
-            "HTTP_GIT_PROTOCOL": handler.headers.get("Git-Protocol", ""),
-        }
-        if handler.headers.get("Content-Encoding"):
-            env["HTTP_CONTENT_ENCODING"] = handler.headers["Content-Encoding"]
-        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=60).stdout
-        head, _, payload = out.partition(b"\r\n\r\n")
-        status = 200
-        headers = []
-        for line in head.decode().split("\r\n"):
-            name, _, value = line.partition(":")
-            if name.lower() == "status":
-                status = int(value.strip().split()[0])
-            elif name:
-                headers.append((name, value.strip()))
-        handler.send_response(status)
-        for name, value in headers:
-            handler.send_header(name, value)
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
-        return status
+        return git_http_backend(handler, self.root, user, path, query, handler.rfile.read(length) if length else b"")
+
+
+def git_http_backend(handler, root, user, path, query, body):
+    """Answers a git smart-HTTP request of `user` (already authorized) through `git http-backend`
+    (CGI) for the repositories under root; returns the status."""
+    env = {
+        "PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": root, "GIT_HTTP_EXPORT_ALL": "1",
+        "REQUEST_METHOD": handler.command, "PATH_INFO": path, "QUERY_STRING": query,
+        "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+        "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1",
+        "HTTP_GIT_PROTOCOL": handler.headers.get("Git-Protocol", ""),
+    }
+    if handler.headers.get("Content-Encoding"):
+        env["HTTP_CONTENT_ENCODING"] = handler.headers["Content-Encoding"]
+    out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=60).stdout
+    head, _, payload = out.partition(b"\r\n\r\n")
+    status = 200
+    headers = []
+    for line in head.decode().split("\r\n"):
+        name, _, value = line.partition(":")
+        if name.lower() == "status":
+            status = int(value.strip().split()[0])
+        elif name:
+            headers.append((name, value.strip()))
+    handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+    return status
+
+
+def seeded_repository(path, work):
+    """A bare repository at `path` that takes pushes over HTTP, with one commit (a README) made in
+    `work`."""
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", path], check=True)
+    subprocess.run(["git", "-C", path, "config", "http.receivepack", "true"], check=True)
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    subprocess.run(["git", "init", "-q", "-b", "main", work], check=True)
+    with open(os.path.join(work, "README"), "w") as f:
+        f.write("hello\n")
+    subprocess.run(["git", "-C", work, "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", work, "commit", "-qm", "seed"], check=True, env=env)
+    subprocess.run(["git", "-C", work, "push", "-q", path, "main"], check=True, env=env)
 
 
 def send_json(handler, value):

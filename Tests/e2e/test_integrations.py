@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import IDP_DIR, IDP_URL, TENANT, TESSERA, TESSERAD, Broker, run_cli, toml_value
-from resource_servers import CA, GitServer, KubeAPI, SMTPServer, token_user
+from resource_servers import CA, GitServer, KubeAPI, SMTPServer, seeded_repository, token_user
 
 
 
@@ -80,16 +80,7 @@ def credential(env, action, text, *extra):
 def git_server(tmp_path):
     root = tmp_path / "srv"
     root.mkdir()
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(root / "repo.git")], check=True)
-    subprocess.run(["git", "-C", str(root / "repo.git"), "config", "http.receivepack", "true"], check=True)
-    seed = tmp_path / "seed"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
-    (seed / "README").write_text("hello\n")
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
-    subprocess.run(["git", "-C", str(seed), "add", "README"], check=True, env=env)
-    subprocess.run(["git", "-C", str(seed), "commit", "-qm", "seed"], check=True, env=env)
-    subprocess.run(["git", "-C", str(seed), "push", "-q", str(root / "repo.git"), "main"], check=True, env=env)
+    seeded_repository(str(root / "repo.git"), str(tmp_path / "seed"))
     server = GitServer(str(root))
     yield server
     server.close()

@@ -51,6 +51,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from resource_servers import git_http_backend, seeded_repository
+
 LISTEN = ("127.0.0.2", 443)
 HOSTS = [
     "github.com", "api.github.com", "gitlab.com", "accounts.google.com", "oauth2.googleapis.com",
@@ -580,7 +582,9 @@ class StandIns:
         self.git_root = os.path.join(directory, "git")
         self.git_requests = []  # (host, path, user or None)
         for host in ("github.com", "gitlab.com", "bitbucket.org", "codeberg.org"):
-            make_repository(os.path.join(self.git_root, host, "team", "repo.git"))
+            repository = os.path.join(self.git_root, host, "team", "repo.git")
+            os.makedirs(os.path.dirname(repository), exist_ok=True)
+            seeded_repository(repository, repository + ".seed")
         cert, key = certificate(directory, ca, ca_key)
         outer = self
 
@@ -630,47 +634,11 @@ class StandIns:
             handler.send_header("Content-Length", "0")
             handler.end_headers()
             return
-        env = {
-            "PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": os.path.join(self.git_root, host), "GIT_HTTP_EXPORT_ALL": "1",
-            "REQUEST_METHOD": handler.command, "PATH_INFO": split.path, "QUERY_STRING": split.query,
-            "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-            "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1", "HTTP_GIT_PROTOCOL": handler.headers.get("Git-Protocol", ""),
-        }
-        if handler.headers.get("Content-Encoding"):
-            env["HTTP_CONTENT_ENCODING"] = handler.headers["Content-Encoding"]
-        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=60).stdout
-        head, _, payload = out.partition(b"\r\n\r\n")
-        status, headers = 200, []
-        for line in head.decode().split("\r\n"):
-            name, _, value = line.partition(":")
-            if name.lower() == "status":
-                status = int(value.strip().split()[0])
-            elif name:
-                headers.append((name, value.strip()))
-        handler.send_response(status)
-        for name, value in headers:
-            handler.send_header(name, value)
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        git_http_backend(handler, os.path.join(self.git_root, host), user, split.path, split.query, body)
 
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def make_repository(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", path], check=True)
-    subprocess.run(["git", "-C", path, "config", "http.receivepack", "true"], check=True)
-    seed = path + ".seed"
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    subprocess.run(["git", "init", "-q", "-b", "main", seed], check=True)
-    with open(os.path.join(seed, "README"), "w") as f:
-        f.write("hello\n")
-    subprocess.run(["git", "-C", seed, "add", "README"], check=True, env=env)
-    subprocess.run(["git", "-C", seed, "commit", "-qm", "seed"], check=True, env=env)
-    subprocess.run(["git", "-C", seed, "push", "-q", path, "main"], check=True, env=env)
 
 
 def certificate(directory, ca, ca_key):
