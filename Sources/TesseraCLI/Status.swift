@@ -260,7 +260,11 @@ extension Tessera {
         let n = report.accounts.count
         print("tesserad \(report.version) is running; \(n) account\(n == 1 ? "" : "s") signed in.")
       }
-      for a in report.accounts { showAccount(a, report, now: now) }
+      let providers: [ProviderConfig] =
+        if case .checked(let settings) = checkConfig(option: nil, environment: ProcessInfo.processInfo.environment) {
+          settings.config.providers
+        } else { [] }
+      for a in report.accounts { showAccount(a, report, now: now, providers: providers) }
       if let socket = report.socket {
         print("Reached over its own socket \(socket).")
       } else if report.connection == "session_bus" {
@@ -304,7 +308,7 @@ extension Tessera {
     }
 
     /// One account's lines: its state, cached tokens, next refresh and last error.
-    static func showAccount(_ a: AccountReport, _ report: Report, now: Int64) {
+    static func showAccount(_ a: AccountReport, _ report: Report, now: Int64, providers: [ProviderConfig] = []) {
       let username = SafeText.clip(a.account.username, limit: 200)
       var line =
         "\(a.account.current == true ? "*" : " ") \(username) (\(SafeText.clip(a.account.environment, limit: 200)))"
@@ -313,7 +317,11 @@ extension Tessera {
         return
       }
       switch h.state {
-      case "needs_sign_in": line += ": needs a sign-in: run `tessera login --login-hint \(username)`"
+      case "needs_sign_in":
+        // An account of a provider of config.toml signs in again through it.
+        let provider = providers.first { $0.issuer == a.account.authority }
+        line +=
+          ": needs a sign-in: run `tessera login \(provider.map { "--provider \($0.name)" } ?? "--login-hint \(username)")`"
       case "store_locked":
         line +=
           report.storeKind == StoreKind.file.rawValue

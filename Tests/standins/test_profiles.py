@@ -147,6 +147,9 @@ def test_github_oauth_app_token_that_never_expires_until_github_refuses_it(start
     assert "refused octocat's token" in needs.stderr and "tessera login --provider github" in needs.stderr, needs.stderr
     status = json.loads(run_cli("status", "--json").stdout)
     assert status["needs_attention"] and status["accounts"][0]["state"] == "needs_sign_in", status
+    told = subprocess.run([TESSERA, "status"], env=dict(os.environ, TESSERA_CONFIG=config), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert "octocat (github.com): needs a sign-in: run `tessera login --provider github`" in told.stdout, told.stdout
     assert "Signed in as octocat" in login("--provider", "github")
     assert token("github")["access_token"] != first["access_token"]
     git(env, "push", "-q", "origin", "main", cwd=work)
