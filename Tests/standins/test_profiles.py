@@ -4,6 +4,7 @@ each provider's documentation says under its real host names (standins.py): one
 one), then sign-in by browser and by device code where the provider has it, silent tokens,
 refreshes, a token the provider stopped honouring dropped and replaced, sign-out, and real git
 cloning and pushing with no `[[git]]` entry, in each host's username convention."""
+import base64
 import json
 import os
 import queue
@@ -114,8 +115,12 @@ def test_github_oauth_app_token_that_never_expires_until_github_refuses_it(start
     entry. When GitHub stops honouring the token, git's erase drops it and the next request asks
     for a sign-in; sign-out says where GitHub keeps the grant."""
     gh = standins.github
-    config = providers_config(write_config, tmp_path, [
-        {"name": "github", "profile": "github", "client_id": "Ov23liOAUTHAPP", "secret": gh.secret}])
+    # As the README says: one `tessera provider add` (the secret on standard input), one login.
+    config = providers_config(write_config, tmp_path, [])
+    added = subprocess.run([TESSERA, "provider", "add", "github", "--profile", "github", "--client-id", "Ov23liOAUTHAPP",
+                            "--client-secret-stdin", "--config", config], input=gh.secret + "\n", capture_output=True,
+                           text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
     start_daemon(config)
     assert "Signed in as octocat" in login("--provider", "github")
     exchange = gh.saw("/login/oauth/access_token", client_secret=gh.secret, client_id="Ov23liOAUTHAPP")
@@ -266,6 +271,10 @@ def test_google_desktop_client_sends_its_secret_with_pkce_and_refreshes_without_
     assert len({first["access_token"], second["access_token"], third["access_token"]}) == 3
     assert len(go.saw("/token", grant_type="refresh_token")) == 2, "the same refresh token served twice"
     reject_and_replace("google", go)
+    # Mail: Gmail's XOAUTH2 initial response with the account's token.
+    sasl = run_cli("sasl", "--provider", "google", "--mech", "xoauth2", check_rc=0).stdout.strip()
+    held = token("google")["access_token"]
+    assert base64.b64decode(sasl) == f"user=alice@gmail.example\x01auth=Bearer {held}\x01\x01".encode()
     logout(config)
     assert go.revoked
     shown, out = device_login("google", go)
