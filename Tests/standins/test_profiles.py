@@ -131,6 +131,10 @@ def test_github_oauth_app_token_that_never_expires_until_github_refuses_it(start
     assert first["expires_on"] == NEVER and first["account"]["username"] == "octocat", first
     assert first["scopes"] == ["repo"], "GitHub's comma-separated scope read"
     assert "does not expire" in run_cli("status").stdout
+    # kubectl's credential plugin: a token that does not expire has no expirationTimestamp, so
+    # kubectl keeps it until the server refuses it.
+    kube = json.loads(run_cli("kube-credential", "--provider", "github", check_rc=0).stdout)
+    assert kube["status"] == {"token": first["access_token"]}, kube
 
     env = git_env(tmp_path, config)
     answer = subprocess.run([TESSERA, "git-credential", "get"], input="protocol=https\nhost=github.com\n\n",
