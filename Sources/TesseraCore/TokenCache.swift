@@ -15,7 +15,8 @@ public struct TokenCache: Sendable {
   public private(set) var refreshTokens: [RefreshTokenRecord] = []
   public private(set) var accessTokens: [AccessTokenRecord] = []
 
-  /// The wall clock was set by `delta` seconds: access tokens' times move with it, so each keeps
+  /// The wall clock was set by `delta` seconds: access tokens' times (and refresh tokens' own
+  /// lapse) move with it, so each keeps
   /// the real time it has left (their expiry was counted on the clock before it was set). Returns
   /// the writes that keep the keyring's copies in step.
   public mutating func clockSet(by delta: Double) -> [StoreOperation] {
@@ -26,7 +27,13 @@ public struct TokenCache: Sendable {
       accessTokens[index].extExpiresOn = accessTokens[index].extExpiresOn.map { $0 + shift }
       accessTokens[index].cachedAt = accessTokens[index].cachedAt.map { $0 + shift }
     }
-    return accessTokens.map { .save(Self.item($0)) }
+    // A refresh token's own lapse was counted from this clock too (refresh_token_expires_in).
+    var lapsing: [StoreOperation] = []
+    for index in refreshTokens.indices where refreshTokens[index].expiresOn != nil {
+      refreshTokens[index].expiresOn! += shift
+      lapsing.append(.save(Self.item(refreshTokens[index])))
+    }
+    return accessTokens.map { .save(Self.item($0)) } + lapsing
   }
   /// A client id at one identity provider.
   public struct AppKey: Hashable, Sendable {

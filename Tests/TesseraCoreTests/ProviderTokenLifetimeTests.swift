@@ -193,4 +193,28 @@ final class ProviderTokenLifetimeTests: XCTestCase {
       report.accounts.first?.lastError?.message.contains("when its refresh token expires") == true,
       "\(String(describing: report.accounts.first?.lastError))")
   }
+
+  /// A wall clock set forward by an hour: an expiring token and a refresh token's lapse keep the
+  /// real time they have left (both were counted on this clock); a token that does not expire
+  /// stays so.
+  func testAClockSetMovesLapsesButNotATokenThatDoesNotExpire() {
+    var cache = TokenCache()
+    _ = cache.upsert(
+      refreshToken: RefreshTokenRecord(
+        accountID: "a", environment: "github.com", clientID: "Iv1.app", authority: "https://github.com",
+        secret: "ghr", expiresOn: 10_000))
+    _ = cache.insert(
+      accessToken: AccessTokenRecord(
+        accountID: "a", environment: "github.com", realm: "", clientID: "Ov23", scopes: ["repo"], secret: "gho",
+        tokenType: "bearer", expiresOn: TokenExpiry.never, idToken: nil, refreshOn: TokenExpiry.never, cachedAt: 1000))
+    _ = cache.insert(
+      accessToken: AccessTokenRecord(
+        accountID: "a", environment: "github.com", realm: "", clientID: "Iv1.app", scopes: ["repo"], secret: "ghu",
+        tokenType: "bearer", expiresOn: 5000, idToken: nil, refreshOn: 4000, cachedAt: 1000))
+    let writes = cache.clockSet(by: 3600)
+    XCTAssertEqual(cache.refreshTokens.first?.expiresOn, 13_600)
+    XCTAssertEqual(cache.accessTokens.first { $0.secret == "gho" }?.expiresOn, TokenExpiry.never)
+    XCTAssertEqual(cache.accessTokens.first { $0.secret == "ghu" }?.expiresOn, 8600)
+    XCTAssertEqual(writes.count, 3, "each kept in step in the store")
+  }
 }
