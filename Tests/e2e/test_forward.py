@@ -214,6 +214,19 @@ def test_a_remote_command_gets_the_desktops_token_and_no_refresh_token(daemon, r
     b.close()
 
 
+def test_a_remote_command_drops_a_token_it_was_refused(daemon, remote, idp):
+    """Issue 38 §5 through a forward: a program on the remote host that got a 401 drops the token
+    with `tessera token --reject`; the desktop's next token is a new one."""
+    b = Broker()
+    first = b.sign_in()["access_token"]
+    out = forward(remote, "sh", "-c",
+                  f"printf %s '{first}' | {REMOTE_TESSERA} token --reject --json --client-id tessera-test")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"dropped": True}
+    assert b.silent()["access_token"] != first
+    b.close()
+
+
 def test_git_on_the_remote_host_clones_with_the_credential_helper(daemon, remote, git_server):  # noqa: F811
     b = Broker()
     b.sign_in()
