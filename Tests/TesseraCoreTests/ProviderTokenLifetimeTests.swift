@@ -217,4 +217,29 @@ final class ProviderTokenLifetimeTests: XCTestCase {
     XCTAssertEqual(cache.accessTokens.first { $0.secret == "ghu" }?.expiresOn, 8600)
     XCTAssertEqual(writes.count, 3, "each kept in step in the store")
   }
+
+  /// RejectToken's bad input: each a named InvalidArgument saying what to pass, never echoing
+  /// the token.
+  func testRejectTokensBadInputIsNamedAndNeverEchoed() {
+    func message(_ token: String, _ options: [String: BusValue] = [:]) -> String? {
+      do {
+        _ = try RequestParser.rejectTokenRequest(clientID: "", accountID: "", token: token, options: options)
+        return nil
+      } catch let error as TesseraError {
+        XCTAssertEqual(error.code, .invalidArgument)
+        return error.message
+      } catch {
+        return "\(error)"
+      }
+    }
+    XCTAssertTrue(message("")?.contains("needs the token the resource refused") == true)
+    let huge = String(repeating: "x", count: 20_000)
+    XCTAssertTrue(message(huge)?.contains("'token' is 20000 bytes long; the limit is 16384") == true)
+    XCTAssertFalse(message(huge)?.contains("xxxx") ?? true, "the token is not echoed")
+    XCTAssertTrue(message("gho with space")?.contains("'token' contains a control character or a space") == true)
+    XCTAssertTrue(
+      message("gho_1", ["force_refresh": .bool(true)])?.contains("Unknown option key 'force_refresh' for RejectToken")
+        == true, "only authority, provider and correlation_id")
+    XCTAssertNil(message("gho_1", ["provider": .string("gh"), "correlation_id": .string("c-1")]))
+  }
 }
