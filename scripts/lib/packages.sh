@@ -26,6 +26,12 @@ TESSERA_PACKAGE_PACKAGES=(dpkg-dev fakeroot lintian debootstrap)
 # installs: on a desktop, where systemd runs as init, the package would enable and start sshd on
 # port 22. tessera_install_test_sshd installs it only where no systemd runs (a container, CI).
 TESSERA_SSH_TEST_PACKAGES=(openssh-server openssh-client)
+# A real third-party plain OAuth 2.0 server, glewlwyd's OAuth 2.0 plugin, for
+# Tests/e2e/test_glewlwyd.py (which starts a glewlwyd of its own on 127.0.0.1, never the system's
+# service). dbconfig-no-thanks, and glewlwyd's debconf question answered "No configuration" first,
+# keep its post-install from setting up a database through a dialog, which fails without a terminal
+# (tessera_install_glewlwyd).
+TESSERA_GLEWLWYD_PACKAGES=(glewlwyd dbconfig-no-thanks)
 # For the real MSAL Python broker client (Tests/msal): pymsalruntime's native libraries, and
 # unshare + ip for the private network namespace the test runs in (scripts/msal-session).
 TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.1-0 util-linux iproute2)
@@ -103,6 +109,40 @@ tessera_install_test_sshd() {
     # Only links this install made: the package is there now and was not before.
     if [[ $rc -eq 0 ]] && tessera_is_installed openssh-server; then
         "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/ssh.service /etc/systemd/system/sshd.service
+    fi
+    return $rc
+}
+
+# tessera_install_glewlwyd: TESSERA_GLEWLWYD_PACKAGES, its debconf question preseeded before
+# apt-get runs, and without the system service the package enables and starts (the tests start
+# their own glewlwyd): a policy-rc.d refuses every service start during the install (a
+# container's own is kept), and the link that enables glewlwyd.service is removed after it.
+tessera_install_glewlwyd() {
+    if tessera_is_installed glewlwyd; then
+        echo "glewlwyd is installed"
+        return 0
+    fi
+    local sudo=() rc=0 made_policy=0
+    if [[ $(id -u) -ne 0 ]]; then
+        if ! command -v sudo >/dev/null; then
+            echo "not root and no sudo: install these first: ${TESSERA_GLEWLWYD_PACKAGES[*]}" >&2
+            return 1
+        fi
+        sudo=(sudo)
+    fi
+    echo "glewlwyd glewlwyd/config_type select No configuration" | "${sudo[@]}" debconf-set-selections || return 1
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\n# scripts/lib/packages.sh: no service starts while glewlwyd is installed\nexit 101\n' |
+            "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null && "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d &&
+            made_policy=1
+    fi
+    tessera_install_packages "${TESSERA_GLEWLWYD_PACKAGES[@]}" || rc=$?
+    if [[ $made_policy -eq 1 ]]; then
+        "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
+    fi
+    # Only the link this install made: the package is there now and was not before.
+    if [[ $rc -eq 0 ]] && tessera_is_installed glewlwyd; then
+        "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/glewlwyd.service
     fi
     return $rc
 }
