@@ -169,8 +169,11 @@ extension Broker {
           headers: [("client-request-id", correlationID)] + client.headers))
       if response.status != 200 {
         logger.warning(
-          "The identity provider refused to revoke a refresh token",
-          metadata: ["status": "\(response.status)", "correlation_id": "\(correlationID)"])
+          "The identity provider refused to revoke a refresh token: it stays valid there until it expires or the user revokes the app there",
+          metadata: [
+            "status": "\(response.status)", "correlation_id": "\(correlationID)", "authority": "\(authority.url)",
+            "client_id": "\(record.clientID)", "account_id": "\(record.accountID)",
+          ])
       }
     } catch {
       logger.warning(

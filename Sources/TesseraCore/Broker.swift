@@ -406,9 +406,24 @@ public actor Broker {
     requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil,
     hint: String? = nil
   ) async throws -> TokenResult {
-    let (account, claims) = try await identify(
-      response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
-      knownAccount: knownAccount, hint: hint)
+    let identified: (Account, IDTokenClaims?)
+    do {
+      identified = try await identify(
+        response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
+        knownAccount: knownAccount, hint: hint)
+    } catch {
+      // A sign-in whose account cannot be named keeps nothing, and leaves no live grant at the
+      // provider either: the refresh token it was just given is revoked.
+      if knownAccount == nil, let issued = response.refreshToken {
+        await revoke(
+          RefreshTokenRecord(
+            accountID: "", environment: authority.environment, clientID: clientID, authority: authority.url,
+            secret: issued),
+          correlationID: CorrelationID.new())
+      }
+      throw error
+    }
+    let (account, claims) = identified
     // A refresh that finishes after the account was signed out must not bring it back.
     if let knownAccount, cache.accounts[knownAccount.id] == nil {
       if let issued = response.refreshToken {  // the IdP just rotated it: revoke, do not keep

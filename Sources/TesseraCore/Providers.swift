@@ -151,7 +151,7 @@ extension Broker {
       return account(id: "named-" + hint, username: hint, name: nil)
     }
     throw TesseraError.invalidArgument(
-      "The provider '\(provider.name)' sent no id_token and has no userinfo endpoint or user API, so it cannot say who signed in. Sign in again naming the account: `tessera login --provider \(provider.name) --login-hint NAME`."
+      "The provider '\(provider.name)' sent no id_token and has no userinfo endpoint or user API, so it cannot say who signed in. Sign in again naming the account: `tessera login --provider \(provider.name) --username NAME`."
     )
   }
 

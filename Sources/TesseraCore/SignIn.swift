@@ -24,6 +24,16 @@ extension Broker {
       throw TesseraError.invalidArgument(
         "prompt 'none' cannot be used with the device_code flow, which always needs the user.")
     }
+    // A provider with its endpoints written out and nothing that says who signed in (no
+    // userinfo endpoint, no user API, no id_token it could check): the user names the account,
+    // or the sign-in is refused now, before the user signs in for nothing.
+    if let provider = config.provider(for: authority, clientID: clientID), provider.discovery == .none,
+      provider.endpoints.userinfo == nil, provider.userAPI == nil, (request.loginHint ?? "").isEmpty
+    {
+      throw TesseraError.invalidArgument(
+        "The provider '\(provider.name)' cannot say who signs in (no userinfo endpoint, user API or id_token), so the account needs a name: sign in with `tessera login --provider \(provider.name) --username NAME` (the login_hint option)."
+      )
+    }
     // The keyring must be able to keep what the sign-in brings: a locked or absent one is said
     // before the browser opens, within storeAnswerSeconds, not after the user has signed in.
     try await ensureLoadedOrSayWhy()

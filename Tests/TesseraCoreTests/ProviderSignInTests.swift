@@ -209,8 +209,10 @@ final class ProviderSignInTests: XCTestCase {
       XCTFail("an account no one named")
     } catch let error as TesseraError {
       XCTAssertEqual(error.code, .invalidArgument)
-      XCTAssertTrue(error.message.contains("--login-hint NAME"), error.message)
+      XCTAssertTrue(error.message.contains("tessera login --provider plain --username NAME"), error.message)
     }
+    XCTAssertNil(h.listeners.lastAuthorizationURL.withLock { $0 }, "refused before the user signs in for nothing")
+    XCTAssertEqual(h.idp.requests.withLock { $0 }.filter { $0.url == "https://oauth.test/token" }.count, 0)
     let accounts = try await h.broker.accounts(matching: AccountFilter())
     XCTAssertEqual(accounts.count, 0, "nothing kept of a sign-in that named no one")
     let named = try await h.signIn(options: ["provider": .string("plain"), "login_hint": .string("ann@mail.test")])
@@ -288,5 +290,35 @@ final class ProviderSignInTests: XCTestCase {
       XCTAssertTrue(error.message.contains("client secret of the provider 'gh' cannot be read"), error.message)
       XCTAssertFalse(error.message.contains("/secrets/"), "the path stays in the log: \(error.message)")
     }
+  }
+
+  /// A sign-in whose account cannot be named (the userinfo endpoint answers without a `sub`)
+  /// keeps nothing and leaves no live grant: the refresh token it was given is revoked.
+  func testASignInThatCannotBeNamedRevokesTheGrantItGot() async throws {
+    let h = try await harness(
+      """
+      [[provider]]
+      name = "plain"
+      authorization_endpoint = "https://oauth.test/auth"
+      token_endpoint = "https://oauth.test/token"
+      userinfo_endpoint = "https://oauth.test/profile"
+      revocation_endpoint = "https://oauth.test/revoke"
+      client_id = "public"
+      """)
+    h.idp.scriptedTokenAnswers.withLock {
+      $0 = [
+        HTTPResponse(
+          status: 200,
+          body: Array(#"{"access_token":"p_1","token_type":"Bearer","expires_in":3600,"refresh_token":"pr_1"}"#.utf8))
+      ]
+    }
+    h.idp.scriptedGets.withLock {
+      $0["https://oauth.test/profile"] = HTTPResponse(status: 200, body: Array(#"{"username":"ann"}"#.utf8))
+    }
+    await XCTAssertThrowsTessera(.provider) { _ = try await h.signIn(options: ["provider": .string("plain")]) }
+    let revoked = h.idp.requests.withLock { $0 }.filter { $0.url == "https://oauth.test/revoke" }
+    XCTAssertEqual(revoked.map { form($0)["token"] }, ["pr_1"])
+    let kept = await h.broker.cache.refreshTokens.count
+    XCTAssertEqual(kept, 0)
   }
 }
