@@ -75,74 +75,62 @@ tessera_install_kubectl() {
     tessera_install_packages kubernetes-client
 }
 
-# tessera_install_test_sshd: TESSERA_SSH_TEST_PACKAGES, only where systemd is not init (else the
-# forward tests skip and say how to enable them), and without enabling or starting an sshd service
-# (the tests start /usr/sbin/sshd themselves): a policy-rc.d refuses every service start during the
-# install (a container's own is kept), and the links that enable ssh.service are removed after it.
-tessera_install_test_sshd() {
-    if tessera_is_installed openssh-server; then
-        echo "openssh-server is installed"
+# tessera_install_quietly PRESEED LINKS PACKAGE...: installs PACKAGE... without starting or
+# enabling the services they bring (the tests start their own servers): PRESEED (a debconf line, or
+# "") is set first; a policy-rc.d refuses every service start during the install (a container's own
+# is kept); the unit links LINKS (space-separated) the install made are removed after it.
+tessera_install_quietly() {
+    local preseed="$1" links="$2" sudo=() rc=0 made_policy=0
+    shift 2
+    if tessera_is_installed "$1"; then
+        echo "$1 is installed"
         return 0
     fi
-    if [[ -d /run/systemd/system ]]; then
-        echo "openssh-server not installed: systemd runs as init here, and the package would start sshd on" \
-            "port 22; Tests/e2e/test_forward.py skips its ssh tests (install openssh-server yourself to run them)"
-        return 0
-    fi
-    local sudo=() rc=0 made_policy=0
     if [[ $(id -u) -ne 0 ]]; then
         if ! command -v sudo >/dev/null; then
-            echo "not root and no sudo: install these first: ${TESSERA_SSH_TEST_PACKAGES[*]}" >&2
+            echo "not root and no sudo: install these first: $*" >&2
             return 1
         fi
         sudo=(sudo)
     fi
+    if [[ -n "$preseed" ]]; then
+        echo "$preseed" | "${sudo[@]}" debconf-set-selections || return 1
+    fi
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\n# scripts/lib/packages.sh: no service starts while openssh-server is installed\nexit 101\n' |
+        printf '#!/bin/sh\n# scripts/lib/packages.sh: no service starts while %s is installed\nexit 101\n' "$1" |
             "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null && "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d &&
             made_policy=1
     fi
-    tessera_install_packages "${TESSERA_SSH_TEST_PACKAGES[@]}" || rc=$?
+    tessera_install_packages "$@" || rc=$?
     if [[ $made_policy -eq 1 ]]; then
         "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
     fi
     # Only links this install made: the package is there now and was not before.
-    if [[ $rc -eq 0 ]] && tessera_is_installed openssh-server; then
-        "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/ssh.service /etc/systemd/system/sshd.service
+    if [[ $rc -eq 0 ]] && tessera_is_installed "$1"; then
+        # shellcheck disable=SC2086
+        "${sudo[@]}" rm -f $links
     fi
     return $rc
 }
 
-# tessera_install_glewlwyd: TESSERA_GLEWLWYD_PACKAGES, its debconf question preseeded before
-# apt-get runs, and without the system service the package enables and starts (the tests start
-# their own glewlwyd): a policy-rc.d refuses every service start during the install (a
-# container's own is kept), and the link that enables glewlwyd.service is removed after it.
-tessera_install_glewlwyd() {
-    if tessera_is_installed glewlwyd; then
-        echo "glewlwyd is installed"
+# tessera_install_test_sshd: TESSERA_SSH_TEST_PACKAGES, only where systemd is not init (else the
+# forward tests skip and say how to enable them), and without enabling or starting an sshd service
+# (the tests start /usr/sbin/sshd themselves).
+tessera_install_test_sshd() {
+    if [[ -d /run/systemd/system ]] && ! tessera_is_installed openssh-server; then
+        echo "openssh-server not installed: systemd runs as init here, and the package would start sshd on" \
+            "port 22; Tests/e2e/test_forward.py skips its ssh tests (install openssh-server yourself to run them)"
         return 0
     fi
-    local sudo=() rc=0 made_policy=0
-    if [[ $(id -u) -ne 0 ]]; then
-        if ! command -v sudo >/dev/null; then
-            echo "not root and no sudo: install these first: ${TESSERA_GLEWLWYD_PACKAGES[*]}" >&2
-            return 1
-        fi
-        sudo=(sudo)
-    fi
-    echo "glewlwyd glewlwyd/config_type select No configuration" | "${sudo[@]}" debconf-set-selections || return 1
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\n# scripts/lib/packages.sh: no service starts while glewlwyd is installed\nexit 101\n' |
-            "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null && "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d &&
-            made_policy=1
-    fi
-    tessera_install_packages "${TESSERA_GLEWLWYD_PACKAGES[@]}" || rc=$?
-    if [[ $made_policy -eq 1 ]]; then
-        "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
-    fi
-    # Only the link this install made: the package is there now and was not before.
-    if [[ $rc -eq 0 ]] && tessera_is_installed glewlwyd; then
-        "${sudo[@]}" rm -f /etc/systemd/system/multi-user.target.wants/glewlwyd.service
-    fi
-    return $rc
+    tessera_install_quietly "" \
+        "/etc/systemd/system/multi-user.target.wants/ssh.service /etc/systemd/system/sshd.service" \
+        "${TESSERA_SSH_TEST_PACKAGES[@]}"
+}
+
+# tessera_install_glewlwyd: TESSERA_GLEWLWYD_PACKAGES, its debconf question answered before apt-get
+# runs ("No configuration": no database set up through a dialog), and without the system service
+# the package enables and starts (the tests start their own glewlwyd).
+tessera_install_glewlwyd() {
+    tessera_install_quietly "glewlwyd glewlwyd/config_type select No configuration" \
+        "/etc/systemd/system/multi-user.target.wants/glewlwyd.service" "${TESSERA_GLEWLWYD_PACKAGES[@]}"
 }
