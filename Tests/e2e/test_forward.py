@@ -22,11 +22,11 @@ from conftest import TESSERA, Broker, run_cli, wait_until
 from resource_servers import CA, KubeAPI
 from test_access import PortalBackend
 from test_integrations import git_server, kubectl_version  # noqa: F401  (the fixture)
-from tessera_sshd import SSHServer, why_not
+from tessera_sshd import SSHServer, session_user, why_not
 
 FORWARD_DIR = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "forward")
-REMOTE_USER = "tessera-b"
-OTHER_USER = "tessera-c"
+REMOTE_USER = session_user("tessera-b")
+OTHER_USER = session_user("tessera-c")
 REMOTE_HOME = f"/home/{REMOTE_USER}"
 REMOTE_BIN = f"{REMOTE_HOME}/bin"
 REMOTE_TESSERA = f"{REMOTE_BIN}/tessera"

@@ -27,8 +27,9 @@ from conftest import REPO, TESSERA, TESSERAD, session_config, toml_value, wait_u
 from test_access import cgroup2_root
 from test_direct_socket import FAKE_SERVER
 from test_no_session_bus import device_code_login
+from tessera_sshd import session_user
 
-USER = "tessera-e2e-manager"
+USER = session_user("tessera-e2e-mgr")
 SYSTEMD = "/lib/systemd/systemd"
 
 def cgroup_of(pid):

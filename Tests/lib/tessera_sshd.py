@@ -73,6 +73,17 @@ def remove_user(name):
     subprocess.run(["userdel", "-r", "-f", name], capture_output=True)
 
 
+def session_user(base):
+    """A test user's name for this test process: `base` and its pid. Users are the machine's, so a
+    fixed name would let two runs of the tests on one machine (a developer's beside CI's) delete
+    each other's users half-way; the users a killed run left are removed first."""
+    for entry in pwd.getpwall():
+        suffix = entry.pw_name[len(base):]
+        if entry.pw_name.startswith(base) and suffix.isdigit() and not os.path.exists(f"/proc/{suffix}"):
+            remove_user(entry.pw_name)
+    return f"{base}{os.getpid()}"
+
+
 def make_user(name):
     """A user with a home, bash, and the password `*` (no password login, but not locked)."""
     remove_user(name)
