@@ -27,7 +27,7 @@ from conftest import REPO, TESSERA, TESSERAD, session_config, toml_value, wait_u
 from test_access import cgroup2_root
 from test_direct_socket import FAKE_SERVER
 from test_no_session_bus import device_code_login
-from tessera_sshd import session_user
+from tessera_sshd import remove_user, session_user
 
 USER = session_user("tessera-e2e-mgr")
 SYSTEMD = "/lib/systemd/systemd"
@@ -220,6 +220,7 @@ class UserManager:
                 wait_until(lambda: not _rmdir(os.path.join(root, d)), what=f"cgroup {root}/{d} to empty")
         wait_until(lambda: not _rmdir(self.cgroup), what="the test's cgroup to empty")
         shutil.rmtree(self.base, ignore_errors=True)
+        remove_user(USER)  # named for this test process: nothing else uses it
 
 
 def _rmdir(path):
