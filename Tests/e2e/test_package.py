@@ -7,6 +7,7 @@ and keeps the account; `apt-get purge` removes every file the packages installed
 
 scripts/test builds the packages first (scripts/package --revision 1 and 2) and names their folder
 in TESSERA_DEB_DIR; without it these tests are skipped (scripts/test --e2e-only)."""
+import fcntl
 import glob
 import os
 import re
@@ -32,18 +33,22 @@ def run(args, **kw):
 
 
 def base_root():
-    """A minimal Debian 12 root with its package lists, made once and kept as a tarball."""
+    """A minimal Debian 12 root with its package lists, made once and kept as a tarball. Made under
+    a lock: scripts/test starts it early (`python3 Tests/e2e/test_package.py --prepare-root`), beside
+    the builds, and two runs on one machine may want it at once."""
     tarball = os.path.join(CACHE, f"debian-{SUITE}-minbase.tar")
-    if not os.path.exists(tarball):
-        os.makedirs(CACHE, exist_ok=True)
-        build = tarball + ".d"
-        shutil.rmtree(build, ignore_errors=True)
-        # No mirror named: debootstrap's default, the one apt uses on this machine.
-        run(["debootstrap", "--variant=minbase", SUITE, build], timeout=1800)
-        run(["chroot", build, "apt-get", "update"], timeout=900)
-        run(["tar", "-C", build, "-cf", tarball + ".tmp", "."], timeout=900)
-        os.rename(tarball + ".tmp", tarball)
-        shutil.rmtree(build, ignore_errors=True)
+    os.makedirs(CACHE, exist_ok=True)
+    with open(os.path.join(CACHE, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(tarball):
+            build = tarball + ".d"
+            shutil.rmtree(build, ignore_errors=True)
+            # No mirror named: debootstrap's default, the one apt uses on this machine.
+            run(["debootstrap", "--variant=minbase", SUITE, build], timeout=1800)
+            run(["chroot", build, "apt-get", "update"], timeout=900)
+            run(["tar", "-C", build, "-cf", tarball + ".tmp", "."], timeout=900)
+            os.rename(tarball + ".tmp", tarball)
+            shutil.rmtree(build, ignore_errors=True)
     return tarball
 
 
@@ -220,3 +225,11 @@ def test_an_upgrade_keeps_the_account_and_purge_removes_every_installed_file(mac
     # The user's data is the user's: purge does not touch it.
     assert os.path.exists(os.path.join(machine.path, "home", USER, ".config", "tessera", "config.toml"))
     assert os.path.isdir(os.path.join(machine.path, "home", USER, ".local", "state", "tessera"))
+
+
+if __name__ == "__main__":
+    # scripts/test: the root made ahead, while the builds run (the tests wait for its lock).
+    import sys
+    if sys.argv[1:] != ["--prepare-root"]:
+        sys.exit("usage: test_package.py --prepare-root")
+    print(base_root())
