@@ -185,6 +185,40 @@ class Broker(BusPeer):
         return str(self.call("Introspect", "", (), interface="org.freedesktop.DBus.Introspectable"))
 
 
+class PendingCall:
+    """A method call sent now whose reply is collected later, on the same connection, without a
+    main loop or a thread: libdbus keeps the reply until reply() blocks on it. Meanwhile the
+    connection can make other (blocking) calls, e.g. Cancel."""
+
+    def __init__(self, broker, method, signature, args, timeout=INTERACTIVE_TIMEOUT):
+        message = dbus.lowlevel.MethodCallMessage(BUS_NAME, OBJECT_PATH, IFACE, method)
+        message.append(*args, signature=signature)
+        self._replies = []
+        self._pending = broker.conn.send_message_with_reply(message, self._replies.append, timeout,
+                                                            require_main_loop=False)
+        broker.conn.flush()
+
+    def reply(self):
+        """(error name or None, first argument) once the reply is there."""
+        self._pending.block()
+        assert self._replies, "no reply"
+        message = self._replies[0]
+        args = message.get_args_list()
+        if isinstance(message, dbus.lowlevel.ErrorMessage):
+            return message.get_error_name(), str(args[0]) if args else ""
+        return None, args[0]
+
+    def done(self):
+        """Has the reply come? (Read when this connection last read: make a blocking call on it
+        first for an answer that holds now.)"""
+        return self._pending.get_completed()
+
+    def error(self):
+        name, detail = self.reply()
+        assert name is not None, "the call succeeded"
+        return name, detail
+
+
 def expect_error(name, fn, *args, **kwargs):
     """Runs fn, which must fail with org.tessera.Broker1.Error.<name> and a helpful message."""
     with pytest.raises(dbus.exceptions.DBusException) as info:

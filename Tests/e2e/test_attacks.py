@@ -138,7 +138,7 @@ def huge_filter(keys):
 
 
 def test_huge_messages_are_refused_early_without_stalling_others_or_keeping_memory(broker, daemon):
-    from test_engine import PendingCall
+    from conftest import PendingCall
     signed_in = broker.sign_in()
     account_id = signed_in["account"]["id"]
     broker.silent(account_id=account_id)

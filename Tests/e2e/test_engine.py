@@ -16,7 +16,7 @@ import dbus
 import dbus.lowlevel
 import pytest
 
-from conftest import (BUS_NAME, stop_process, ERROR_PREFIX, IFACE, INTERACTIVE_TIMEOUT, OBJECT_PATH, TESSERA, Async, Broker,
+from conftest import (BUS_NAME, PendingCall, stop_process, ERROR_PREFIX, IFACE, INTERACTIVE_TIMEOUT, OBJECT_PATH, TESSERA, Async, Broker,
                       expect_error, new_connection, options, run_cli, wait_until)
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -24,35 +24,6 @@ DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
 # ----------------------------------------------------------------------------------------------
 # Helpers
-
-
-class PendingCall:
-    """A method call sent now whose reply is collected later, on the same connection, without a
-    main loop or a thread: libdbus keeps the reply until reply() blocks on it. Meanwhile the
-    connection can make other (blocking) calls, e.g. Cancel."""
-
-    def __init__(self, broker, method, signature, args, timeout=INTERACTIVE_TIMEOUT):
-        message = dbus.lowlevel.MethodCallMessage(BUS_NAME, OBJECT_PATH, IFACE, method)
-        message.append(*args, signature=signature)
-        self._replies = []
-        self._pending = broker.conn.send_message_with_reply(message, self._replies.append, timeout,
-                                                            require_main_loop=False)
-        broker.conn.flush()
-
-    def reply(self):
-        """(error name or None, first argument) once the reply is there."""
-        self._pending.block()
-        assert self._replies, "no reply"
-        message = self._replies[0]
-        args = message.get_args_list()
-        if isinstance(message, dbus.lowlevel.ErrorMessage):
-            return message.get_error_name(), str(args[0]) if args else ""
-        return None, args[0]
-
-    def error(self):
-        name, detail = self.reply()
-        assert name is not None, "the call succeeded"
-        return name, detail
 
 
 def start_sign_in(broker, correlation_id, call_timeout=INTERACTIVE_TIMEOUT, **opts):
