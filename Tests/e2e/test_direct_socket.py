@@ -105,6 +105,10 @@ def test_the_same_requests_get_the_same_answers_on_both_paths(daemon):
         ("interactive, bad prompt", lambda b: b.acquire("tessera-test", prompt="sometimes")),
         ("unknown method", lambda b: b.call("NoSuchMethod", "", ())),
         ("version", lambda b: b.version()),
+        ("reject a token never given", lambda b: b.call(
+            "RejectToken", "sssa{sv}", ("tessera-test", alice, "not-a-token-it-gave", {}))),
+        ("reject, unknown option", lambda b: b.call(
+            "RejectToken", "sssa{sv}", ("tessera-test", alice, "x", {"revoke": dbus.Boolean(True, variant_level=1)}))),
     ]
     for name, fn in cases:
         over_bus, over_socket = answer(lambda: fn(bus)), answer(lambda: fn(direct))
@@ -114,6 +118,10 @@ def test_the_same_requests_get_the_same_answers_on_both_paths(daemon):
     lines = [line for line in daemon.log().splitlines() if "method=GetAccounts" in line]
     exes = {part for line in lines for part in line.split() if part.startswith("caller_exe=")}
     assert len(exes) == 1, lines
+    # A token a resource refused is dropped over the socket as over the bus: the next one is new.
+    token = direct.silent("tessera-test", account_id=alice)["access_token"]
+    assert bool(direct.call("RejectToken", "sssa{sv}", ("tessera-test", alice, token, {}))) is True
+    assert direct.silent("tessera-test", account_id=alice)["access_token"] != token
     bus.close()
     direct.close()
 

@@ -175,6 +175,11 @@ def test_without_a_session_bus_every_command_and_helper_works(bare, idp, tmp_pat
     stored = b"".join(p.read_bytes() for p in state.rglob("*") if p.is_file())
     assert stored and token.encode() not in stored, "the store holds the token in plaintext"
 
+    # A token a resource refused is dropped over the socket too: the next request refreshes.
+    bare.ok("token", "--reject", stdin=token)
+    renewed = bare.ok("token").strip()
+    assert renewed != token and len(renewed) >= 20
+
     # Sign-out.
     bare.ok("logout", "--account", "bob")
     bare.ok("logout", "--account", "alice")
