@@ -7,6 +7,9 @@ let package = Package(
     .executable(name: "tesserad", targets: ["tesserad"]),
     .executable(name: "tessera", targets: ["tessera"]),
     .library(name: "TesseraClient", targets: ["TesseraClient"]),
+    // The values both sides of the bus share (accounts, tokens, status, errors): for TesseraClient's
+    // users, Desktop/ (tessera-accounts) among them.
+    .library(name: "TesseraInterface", targets: ["TesseraInterface"]),
     // For Fuzz/ (scripts/fuzz) only: the fuzz targets, which its libFuzzer executables wrap. A
     // package can use another's products alone; nothing in this package links it.
     .library(name: "TesseraFuzzable", targets: ["TesseraFuzzTargets"]),

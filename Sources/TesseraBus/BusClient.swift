@@ -101,6 +101,8 @@ public final class BusClient {
     var signalSender: String?
     /// A direct connection: its one peer (checked at connect) sends every signal, with no sender.
     var direct = false
+    /// The broker's name lost its owner, or changed it (watchSignals).
+    var ownerChanged = false
   }
 
   /// Who owns a bus name, as the bus daemon vouches for it (GetConnectionCredentials).
@@ -227,6 +229,69 @@ public final class BusClient {
     }
   }
 
+  /// Hands every signal of the broker's interface, and its PropertiesChanged, to `onSignal`
+  /// (member, values) until `until` says stop (asked every `interval` seconds); only the broker
+  /// (`signalSender` on the bus, the one peer of a direct connection) is heard. Throws when the
+  /// connection closes, or on the bus when org.tessera.Broker1 changes owner (tesserad stopped
+  /// or restarted: `brokerLeftError`).
+  public func watchSignals(
+    signalSender: String?, interval: Double = 0.2, until: () -> Bool, onStart: () -> Void = {},
+    onSignal: @escaping (String, [BusValue]) -> Void
+  ) throws(BusCallError) {
+    guard signalSender != nil || directPeer != nil else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.InvalidArgs",
+        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
+    }
+    let state = CallState()
+    state.signalSender = signalSender
+    state.direct = directPeer != nil
+    state.onSignal = onSignal
+    let sender = directPeer == nil ? signalSender : nil
+    let userdata = Unmanaged.passUnretained(state).toOpaque()
+    var broker: OpaquePointer?
+    try check(
+      sd_bus_match_signal(
+        bus, &broker, sender, BrokerInterface.objectPath, BrokerInterface.interfaceName, nil, signalReceived, userdata),
+      "subscribe to the broker's signals")
+    defer { sd_bus_slot_unref(broker) }
+    var properties: OpaquePointer?
+    try check(
+      sd_bus_match_signal(
+        bus, &properties, sender, BrokerInterface.objectPath, "org.freedesktop.DBus.Properties", "PropertiesChanged",
+        signalReceived, userdata),
+      "subscribe to the broker's property changes")
+    defer { sd_bus_slot_unref(properties) }
+    var owner: OpaquePointer?
+    if directPeer == nil {
+      try check(
+        sd_bus_match_signal(
+          bus, &owner, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged",
+          nameOwnerChanged, userdata),
+        "subscribe to the broker's name")
+    }
+    defer { sd_bus_slot_unref(owner) }
+    // The bus daemon has the matches (each AddMatch was answered): nothing from here on is missed.
+    onStart()
+    try withExtendedLifetime(state) { () throws(BusCallError) in
+      while !until() {
+        let r = sd_bus_process(bus, nil)
+        if r < 0 || sd_bus_is_open(bus) <= 0 {
+          throw BusCallError(
+            name: "org.freedesktop.DBus.Error.Disconnected", message: "The connection to the broker closed.")
+        }
+        if state.ownerChanged {
+          throw BusCallError(name: Self.brokerLeftError, message: "The broker left the bus (tesserad stopped).")
+        }
+        if r > 0 { continue }
+        try check(sd_bus_wait(bus, UInt64(interval * 1_000_000)), "wait")
+      }
+    }
+  }
+
+  /// watchSignals: org.tessera.Broker1 changed owner.
+  public static let brokerLeftError = "org.tessera.Client.Error.BrokerLeft"
+
   /// The error of a call given up through `stopped`.
   public static let stoppedError = "org.tessera.Client.Error.Stopped"
 
@@ -267,5 +332,16 @@ private let signalReceived: sd_bus_message_handler_t = { message, userdata, _ in
     else { return 0 }
   }
   if let values = try? BusCodec.readAll(message, limits: .replies) { state.onSignal?(String(cString: member), values) }
+  return 0
+}
+
+/// NameOwnerChanged from the bus daemon (the match names it as sender): the broker's name
+/// (arg0) changed hands.
+private let nameOwnerChanged: sd_bus_message_handler_t = { message, userdata, _ in
+  let state = Unmanaged<BusClient.CallState>.fromOpaque(userdata!).takeUnretainedValue()
+  guard let message, let values = try? BusCodec.readAll(message, limits: .replies),
+    values.first?.stringValue == BrokerInterface.busName
+  else { return 0 }
+  state.ownerChanged = true
   return 0
 }

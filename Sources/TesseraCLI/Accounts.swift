@@ -115,6 +115,12 @@ extension Tessera {
         Without --account: the only account, or with several, the current one (see `tessera \
         account use`). With --client-id only that app's tokens (and apps' grants for it) are \
         removed and the account stays.
+
+        Signing out forgets the account here, but the provider's web session in your browser \
+        lives on: the next sign-in goes through without a password. --browser ends that session \
+        too: the browser opens the provider's sign-out page (OpenID Connect RP-Initiated Logout), \
+        and the next sign-in asks for the password again. A provider without one (GitHub, \
+        Bitbucket) is named, and nothing is signed out.
         """)
     @Option(
       name: .long,
@@ -122,6 +128,17 @@ extension Tessera {
     var account: String?
     @Option(name: .long, help: ArgumentHelp("Remove only this app's tokens.", valueName: "id")) var clientId: String?
     @Flag(name: .long, help: "Do not revoke the refresh tokens at the identity provider.") var noRevoke = false
+    @Flag(
+      name: .long,
+      help: "Also sign out at the provider in the browser, so the next sign-in asks for the password.")
+    var browser = false
+
+    func validate() throws {
+      if browser, clientId != nil {
+        throw ValidationError(
+          "--browser ends the account's session at the provider for every app: leave out --client-id, or --browser.")
+      }
+    }
 
     func run() throws {
       let (signedOut, held) = try withBroker { broker throws(TesseraClientError) -> (TesseraAccount?, Bool) in
@@ -148,7 +165,7 @@ extension Tessera {
         if let clientId, let health = try? broker.status().accounts.first(where: { $0.id == accountID }) {
           held = health.refreshTokenClients.contains(clientId) || health.tokens.contains { $0.clientID == clientId }
         }
-        try broker.signOut(accountID: accountID, clientID: clientId, revoke: !noRevoke)
+        try broker.signOut(accountID: accountID, clientID: clientId, revoke: !noRevoke, browser: browser)
         return (all.first { $0.id == accountID }, held)
       }
       let who = SafeText.clip(signedOut?.username ?? account ?? "the account", limit: 200)
@@ -157,6 +174,10 @@ extension Tessera {
           held
             ? "Removed the tokens of \(clientId) for \(who); the account stays signed in."
             : "\(who) held no tokens of \(clientId): nothing to remove (`tessera status` lists each account's clients)."
+        )
+      } else if browser {
+        print(
+          "Signed out \(who), and opened the provider's sign-out page in your browser: finish there if it asks you to confirm."
         )
       } else {
         print("Signed out \(who).")

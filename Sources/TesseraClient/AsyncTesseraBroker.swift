@@ -47,10 +47,11 @@ public struct AsyncTesseraBroker: Sendable {
     }
   }
 
-  public func signOut(accountID: String, clientID: String? = nil, revoke: Bool = true) async throws(TesseraClientError)
-  {
+  public func signOut(
+    accountID: String, clientID: String? = nil, revoke: Bool = true, browser: Bool = false
+  ) async throws(TesseraClientError) {
     try await run { broker throws(TesseraClientError) in
-      try broker.signOut(accountID: accountID, clientID: clientID, revoke: revoke)
+      try broker.signOut(accountID: accountID, clientID: clientID, revoke: revoke, browser: browser)
     }
   }
 
@@ -69,6 +70,62 @@ public struct AsyncTesseraBroker: Sendable {
   /// The broker's health report (GetStatus).
   public func status() async throws(TesseraClientError) -> StatusReport.Report {
     try await run { broker throws(TesseraClientError) in try broker.status() }
+  }
+
+  /// The broker's news as it comes (see TesseraBroker.watchEvents), on a connection and a thread
+  /// of its own: first `.watching` (read the state then), then each change. The stream ends with
+  /// an error when tesserad stops; ending the iteration (or cancelling its task) stops the watch
+  /// within 200 ms and closes the connection.
+  public func events() -> AsyncThrowingStream<TesseraEvent, any Error> {
+    AsyncThrowingStream { continuation in
+      let stop = Flag()
+      continuation.onTermination = { _ in stop.set() }
+      do {
+        try startThread(name: "tessera-events") {
+          do throws(TesseraClientError) {
+            let broker = try TesseraBroker()
+            try broker.watchEvents(until: { stop.isSet }) { continuation.yield($0) }
+            continuation.finish()
+          } catch {
+            continuation.finish(throwing: error)
+          }
+        }
+      } catch {
+        continuation.finish(
+          throwing: TesseraClientError.unreachable("Could not start a thread for the broker's events: \(error)"))
+      }
+    }
+  }
+
+  /// The accounts (ids) that need a sign-in (the AttentionNeeded property).
+  public func attentionNeeded() async throws(TesseraClientError) -> [String] {
+    try await run { broker throws(TesseraClientError) in try broker.attentionNeeded() }
+  }
+
+  /// Per-app access control: the grants (ListGrants; see TesseraBroker).
+  public func grants() async throws(TesseraClientError) -> [GrantInfo] {
+    try await run { broker throws(TesseraClientError) in try broker.grants() }
+  }
+
+  /// Takes an app's grants away (all its clients', or one client's); returns how many.
+  @discardableResult
+  public func revoke(app: String, clientID: String? = nil) async throws(TesseraClientError) -> UInt32 {
+    try await run { broker throws(TesseraClientError) in try broker.revoke(app: app, clientID: clientID) }
+  }
+
+  /// The access decisions since tesserad started (GetAccessLog).
+  public func accessLog() async throws(TesseraClientError) -> [AccessRecord] {
+    try await run { broker throws(TesseraClientError) in try broker.accessLog() }
+  }
+
+  /// The live forwards (ListForwards).
+  public func forwards() async throws(TesseraClientError) -> [ForwardInfo] {
+    try await run { broker throws(TesseraClientError) in try broker.forwards() }
+  }
+
+  /// Stops a forward (RemoveForward).
+  public func removeForward(name: String) async throws(TesseraClientError) {
+    try await run { broker throws(TesseraClientError) in try broker.removeForward(name: name) }
   }
 
   /// Runs `body` with a connection of its own on a thread of its own; the task's cancellation

@@ -425,10 +425,13 @@ public final class TesseraBroker {
     return accounts.map(AccountInfo.init(busValue:))
   }
 
-  public func signOut(accountID: String, clientID: String? = nil, revoke: Bool = true) throws(TesseraClientError) {
+  public func signOut(
+    accountID: String, clientID: String? = nil, revoke: Bool = true, browser: Bool = false
+  ) throws(TesseraClientError) {
     var options: [String: BusValue] = [:]
     if let clientID { options[RequestOptions.clientID.key] = .string(clientID) }
     if !revoke { options[RequestOptions.revoke.key] = .bool(false) }
+    if browser { options[RequestOptions.browser.key] = .bool(true) }
     do { try RequestOptions.validate(options, for: .signOut) } catch { throw .broker(error) }
     _ = try call(.signOut, [.string(accountID), .dict(options)])
   }
@@ -549,9 +552,58 @@ public final class TesseraBroker {
   }
 
   /// The broker's Version property.
+  /// The accounts (ids) that need the user to sign in again: the AttentionNeeded property.
+  public func attentionNeeded() throws(TesseraClientError) -> [String] {
+    let reply = try call(
+      "Get", [.string(BrokerInterface.interfaceName), .string(BrokerInterface.attentionNeeded)],
+      interface: "org.freedesktop.DBus.Properties")
+    if case .strings(let ids)? = reply.first { return ids }
+    return []
+  }
+
+  /// Hands the broker's news to `onEvent` as it comes (accounts added, removed or made current;
+  /// the accounts needing a sign-in), until `until` says stop (asked every 200 ms). Only the
+  /// verified broker is heard. Throws `unreachable` when tesserad stops or the connection closes:
+  /// a watcher then reads the state again and watches anew.
+  public func watchEvents(until: () -> Bool, onEvent: @escaping (TesseraEvent) -> Void) throws(TesseraClientError) {
+    let sender = try verifiedBroker().uniqueName
+    do {
+      try client.watchSignals(
+        signalSender: connection == .sessionBus ? sender : nil, until: until, onStart: { onEvent(.watching) }
+      ) { member, values in
+        if let event = TesseraEvent(member: member, values: values) { onEvent(event) }
+      }
+    } catch {
+      throw .unreachable("The broker stopped (\(error.message)). Start it again to hear from it.")
+    }
+  }
+
   public func version() throws(TesseraClientError) -> String {
     let reply = try call(
       "Get", [.string(BrokerInterface.interfaceName), .string("Version")], interface: "org.freedesktop.DBus.Properties")
     return reply.first?.stringValue ?? ""
+  }
+}
+
+/// What the broker announces to every app (watchEvents, AsyncTesseraBroker.events()).
+public enum TesseraEvent: Sendable, Equatable {
+  /// The watch is on: read the state now; every change from here on comes as an event.
+  case watching
+  /// An account was added, removed or made current (AccountsChanged): read GetAccounts again.
+  case accountsChanged
+  /// The accounts (ids) that need a sign-in changed (AttentionNeeded).
+  case attentionNeeded([String])
+
+  init?(member: String, values: [BusValue]) {
+    switch member {
+    case BrokerInterface.accountsChanged: self = .accountsChanged
+    case "PropertiesChanged":
+      guard values.first?.stringValue == BrokerInterface.interfaceName,
+        case .dict(let changed)? = values.dropFirst().first,
+        case .strings(let ids)? = changed[BrokerInterface.attentionNeeded]
+      else { return nil }
+      self = .attentionNeeded(ids)
+    default: return nil
+    }
   }
 }

@@ -119,6 +119,9 @@ extension Broker {
     }
     // An app may sign out only an account it may use, and of one client only one it holds.
     try access.checkSignOut(request.caller, account: account, clientID: request.clientID, grants: cache.grants)
+    // The browser first: a provider that cannot end its session there, or a browser that cannot
+    // start, is said before anything is removed, so the user can choose a plain sign-out.
+    if request.browser { try await openEndSession(of: account, correlationID: request.correlationID) }
     // Memory first: a refresh finishing meanwhile sees the account gone and stores nothing.
     let before = cache
     let targets = cache.refreshTokens.filter {
@@ -143,6 +146,56 @@ extension Broker {
       for record in targets { await revoke(record, correlationID: request.correlationID) }
     }
   }
+
+  /// Opens the account's provider's end_session_endpoint (OpenID Connect RP-Initiated Logout 1.0)
+  /// in the user's browser, with the newest id_token the broker holds for the account as
+  /// `id_token_hint` and the client it was issued to. The browser is given a loopback URL that
+  /// sends it on, as for a sign-in: the id_token never appears in a command line. The listener
+  /// stays for `endSessionStartSeconds`, or until the browser has come for the URL.
+  func openEndSession(of account: Account, correlationID: String) async throws {
+    let authority = try Authority(parsing: account.authority)
+    let newest = cache.accessTokens.filter { $0.accountID == account.id && $0.idToken != nil }
+      .max { ($0.cachedAt ?? 0, $0.expiresOn) < ($1.cachedAt ?? 0, $1.expiresOn) }
+    let clientID =
+      newest?.clientID
+      ?? cache.refreshTokens.first { $0.accountID == account.id }?.clientID
+    let metadata = try await metadata(for: authority, clientID: clientID)
+    guard let endpoint = metadata.endSessionEndpoint, !endpoint.isEmpty else {
+      throw TesseraError.invalidArgument(
+        "\(account.environment) names no end_session_endpoint (OpenID Connect RP-Initiated Logout), so Tessera cannot end your session there from the browser: sign out on the provider's web site yourself. Nothing was signed out here; leave out browser (`tessera logout` without --browser) to sign out of Tessera."
+      )
+    }
+    var query: [(String, String)] = []
+    if let hint = newest?.idToken { query.append(("id_token_hint", hint)) }
+    if let clientID { query.append(("client_id", clientID)) }
+    query.append(("logout_hint", account.username))
+    let separator = endpoint.contains(Character("?")) ? "&" : "?"
+    let url = endpoint + separator + FormEncoding.encode(query)
+    let listener = try deps.listeners.listen(port: 0, hostName: "127.0.0.1")
+    let start = listener.startURL(opening: url)
+    do {
+      try deps.browser.open(start)
+    } catch {
+      listener.close()
+      throw TesseraError.environment(
+        "Could not start the browser to end the session at \(account.environment) (\(TesseraError.wrap(error).message)). Nothing was signed out: set `browser` in config.toml, or sign out without the browser."
+      )
+    }
+    logger.info(
+      "Opened the provider's sign-out page in the browser",
+      metadata: [
+        "correlation_id": "\(correlationID)", "authority": "\(authority.url)", "account_id": "\(account.id)",
+        "id_token_hint": "\(newest != nil)",
+      ])
+    let seconds = Self.endSessionStartSeconds
+    Task.detached {
+      _ = try? await listener.waitForStart(timeoutSeconds: seconds)
+      listener.close()
+    }
+  }
+
+  /// How long the loopback URL that sends the browser to the sign-out page is served.
+  static let endSessionStartSeconds = 120.0
 
   /// RFC 7009 revocation; failures are logged, never fatal to a sign-out.
   func revoke(_ record: RefreshTokenRecord, correlationID: String) async {

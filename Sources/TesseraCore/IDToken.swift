@@ -118,7 +118,10 @@ public actor OIDCDirectory {
       [document.authorizationEndpoint, document.tokenEndpoint, document.jwksURI].filter {
         !anyHTTPSEndpoint || !$0.isEmpty
       }
-      + [document.deviceAuthorizationEndpoint, document.revocationEndpoint].compactMap { $0 }
+      // The end-session endpoint receives the account's id_token (from the user's browser).
+      + [document.deviceAuthorizationEndpoint, document.revocationEndpoint, document.endSessionEndpoint].compactMap {
+        $0
+      }
       // userinfo is used for providers of config.toml alone (Entra's is on graph.microsoft.com).
       + (anyHTTPSEndpoint ? [document.userinfoEndpoint].compactMap { $0 } : [])
     for endpoint in endpoints {

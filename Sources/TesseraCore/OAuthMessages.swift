@@ -57,6 +57,8 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
   public var authorizationResponseIssParameterSupported: Bool? = nil
   /// OpenID Connect's userinfo endpoint: who the token's user is, without an id_token.
   public var userinfoEndpoint: String? = nil
+  /// OpenID Connect RP-Initiated Logout 1.0: where the browser ends the user's session there.
+  public var endSessionEndpoint: String? = nil
 
   /// Whether id_tokens can be checked: a provider without discovery, or with RFC 8414 metadata
   /// naming no keys, has none (its id_tokens are not trusted, and the account comes from userinfo
@@ -66,7 +68,8 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
   public init(
     issuer: String, authorizationEndpoint: String, tokenEndpoint: String, jwksURI: String,
     deviceAuthorizationEndpoint: String? = nil, revocationEndpoint: String? = nil,
-    authorizationResponseIssParameterSupported: Bool? = nil, userinfoEndpoint: String? = nil
+    authorizationResponseIssParameterSupported: Bool? = nil, userinfoEndpoint: String? = nil,
+    endSessionEndpoint: String? = nil
   ) {
     self.issuer = issuer
     self.authorizationEndpoint = authorizationEndpoint
@@ -76,6 +79,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     self.revocationEndpoint = revocationEndpoint
     self.authorizationResponseIssParameterSupported = authorizationResponseIssParameterSupported
     self.userinfoEndpoint = userinfoEndpoint
+    self.endSessionEndpoint = endSessionEndpoint
   }
 
   /// RFC 8414 metadata, where only the issuer and the token endpoint are required of a server
@@ -88,6 +92,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     var device_authorization_endpoint: String?
     var revocation_endpoint: String?
     var userinfo_endpoint: String?
+    var end_session_endpoint: String?
     var authorization_response_iss_parameter_supported: Bool?
 
     var metadata: OIDCMetadata {
@@ -96,7 +101,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
         jwksURI: jwks_uri ?? "", deviceAuthorizationEndpoint: device_authorization_endpoint,
         revocationEndpoint: revocation_endpoint,
         authorizationResponseIssParameterSupported: authorization_response_iss_parameter_supported,
-        userinfoEndpoint: userinfo_endpoint)
+        userinfoEndpoint: userinfo_endpoint, endSessionEndpoint: end_session_endpoint)
     }
   }
 
@@ -109,6 +114,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     case revocationEndpoint = "revocation_endpoint"
     case authorizationResponseIssParameterSupported = "authorization_response_iss_parameter_supported"
     case userinfoEndpoint = "userinfo_endpoint"
+    case endSessionEndpoint = "end_session_endpoint"
   }
 }
 

@@ -230,6 +230,9 @@ public protocol RedirectListener: Sendable {
   /// processes only), so the authorization URL, with its state, nonce and PKCE challenge, never
   /// appears in a browser's command line, which every user can read.
   func startURL(opening authorizationURL: String) -> String
+  /// Serves the start URL until the browser has come for it (a sign-out page, which sends nothing
+  /// back); throws TimedOut after `timeoutSeconds`, Cancelled when closed.
+  func waitForStart(timeoutSeconds: Double) async throws
   func close()
 }
 

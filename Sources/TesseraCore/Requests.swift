@@ -66,6 +66,8 @@ public struct SignOutRequest: Sendable, Equatable {
   public var accountID: String
   public var clientID: String?
   public var revoke = true
+  /// End the provider's browser session too (RP-Initiated Logout): the option `browser`.
+  public var browser = false
   public var correlationID: String
   /// Who asks: an app may sign out only what it may use (issue 11).
   public var caller: CallerInfo?
@@ -175,6 +177,12 @@ public enum RequestParser {
       accountID: accountID, clientID: string(options, RequestOptions.clientID),
       correlationID: string(options, RequestOptions.correlationID) ?? CorrelationID.new())
     if case .bool(let revoke)? = options[RequestOptions.revoke.key] { request.revoke = revoke }
+    if case .bool(let browser)? = options[RequestOptions.browser.key] { request.browser = browser }
+    if request.browser, request.clientID != nil {
+      throw TesseraError.invalidArgument(
+        "A sign-out in the browser ends the account's session at the provider, for every app: leave out client_id, or leave out browser to remove one app's tokens."
+      )
+    }
     return request
   }
 }

@@ -170,7 +170,7 @@ public enum BrokerInterface {
     methods: MethodName.allCases.map(\.spec),
     signals: [
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
-      .init("AccountsChanged", []),
+      .init(accountsChanged, []),
       .init(forwardEnded, [Arg("name", "s"), Arg("reason", "s")]),
     ],
     properties: [.init("Version", .string(version)), .init(attentionNeeded, .strings([]), emitsChange: true)])
@@ -178,6 +178,7 @@ public enum BrokerInterface {
   /// Sent to the connection that made a forward when it ends by RemoveForward or tesserad
   /// stopping: `tessera forward` then ends its ssh.
   public static let forwardEnded = "ForwardEnded"
+  public static let accountsChanged = "AccountsChanged"
 
   /// What a caller that came through a forward may call (issue 24): tokens (and dropping one a
   /// resource refused), the accounts it holds a grant for, and cancelling its own call. Everything else is refused on the bus

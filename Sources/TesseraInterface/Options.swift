@@ -149,12 +149,15 @@ public enum RequestOptions {
     "client_id", .string, [.getAccounts, .signOut], maxBytes: 256, spaces: false, default: "all clients")
   public static let username = RequestOption("username", .string, [.getAccounts], maxBytes: 512, default: "any")
   public static let revoke = RequestOption("revoke", .bool, [.signOut], default: "true")
+  /// Also end the account's session at the provider in the user's browser (OpenID Connect
+  /// RP-Initiated Logout), so the next sign-in asks for the password again.
+  public static let browser = RequestOption("browser", .bool, [.signOut], default: "false")
   public static let lasting = RequestOption("lasting", .bool, [.addForward], default: "false")
 
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, lasting,
+    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, browser, lasting,
   ]
 
   /// The default of `min_validity`, in seconds.

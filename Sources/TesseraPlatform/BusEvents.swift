@@ -22,7 +22,7 @@ public struct BrokerSignals: BrokerEvents {
       to: destination)
   }
 
-  public func accountsChanged() { server.emit(BrokerInterface.description, "AccountsChanged", []) }
+  public func accountsChanged() { server.emit(BrokerInterface.description, BrokerInterface.accountsChanged, []) }
 
   public func attentionChanged(_ accountIDs: [String]) {
     server.setProperty(BrokerInterface.description, BrokerInterface.attentionNeeded, .strings(accountIDs))

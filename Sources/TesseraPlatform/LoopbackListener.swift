@@ -210,6 +210,16 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
   }
 
   func waitForRedirect(state: String, timeoutSeconds: Double) async throws -> RedirectParameters {
+    try await serveOnThread(state: state, timeoutSeconds: timeoutSeconds)
+  }
+
+  func waitForStart(timeoutSeconds: Double) async throws {
+    _ = try await serveOnThread(state: nil, timeoutSeconds: timeoutSeconds)
+  }
+
+  /// Serves on a thread of its own until the redirect carrying `state` comes, or, with no state,
+  /// until the browser has come for the start URL.
+  private func serveOnThread(state: String?, timeoutSeconds: Double) async throws -> RedirectParameters {
     try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { continuation in
         do {
@@ -241,7 +251,7 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     var head: [UInt8] = []
   }
 
-  private func serve(state: String, timeoutSeconds: Double) throws -> RedirectParameters {
+  private func serve(state: String?, timeoutSeconds: Double) throws -> RedirectParameters {
     let end = Self.monotonicNow() + timeoutSeconds
     var connections: [Connection] = []
     defer { connections.forEach { Glibc.close($0.fd) } }
@@ -348,7 +358,7 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
   }
 
   /// Answers one complete request head; returns the redirect's parameters when it ends the wait.
-  private func answer(_ connection: Connection, state: String) -> RedirectParameters? {
+  private func answer(_ connection: Connection, state: String?) -> RedirectParameters? {
     guard let request = HTTPRequestHead(connection.head), request.method == "GET" else {
       respond(connection.fd, status: "400 Bad Request", page: nil)
       return nil
@@ -359,9 +369,10 @@ final class LoopbackListener: RedirectListener, @unchecked Sendable {
     }
     if request.path == startPath, let target = authorizationURL.withLock({ $0 }) {
       respond(connection.fd, status: "303 See Other", page: nil, location: target)
-      return nil
+      // A page that sends nothing back (a sign-out): the wait ends once the browser is on its way.
+      return state == nil ? [:] : nil
     }
-    guard request.path == "/", let query = request.query else {
+    guard let state, request.path == "/", let query = request.query else {
       respond(connection.fd, status: "404 Not Found", page: nil)
       return nil
     }

@@ -79,4 +79,29 @@ struct AsyncClientTests {
       }
     }
   }
+
+  /// What a desktop app updates from: first `.watching`, then each AccountsChanged and each change
+  /// of AttentionNeeded, in order, from the broker alone.
+  @Test func theBrokersNewsComesAsEvents() async throws {
+    try await ScriptedBroker.with({ _ in .success([]) }) { broker in
+      let client = AsyncTesseraBroker()
+      var events = client.events().makeAsyncIterator()
+      let event1 = try await events.next()
+      #expect(event1 == .watching)
+      broker.server.emit(BrokerInterface.description, BrokerInterface.accountsChanged, [])
+      let event2 = try await events.next()
+      #expect(event2 == .accountsChanged)
+      broker.server.setProperty(BrokerInterface.description, BrokerInterface.attentionNeeded, .strings([Self.alice.id]))
+      let event3 = try await events.next()
+      #expect(event3 == .attentionNeeded([Self.alice.id]))
+      let attention = try await client.attentionNeeded()
+      #expect(attention == [Self.alice.id])
+      broker.server.setProperty(BrokerInterface.description, BrokerInterface.attentionNeeded, .strings([]))
+      let event4 = try await events.next()
+      #expect(event4 == .attentionNeeded([]))
+      broker.server.emit(BrokerInterface.description, BrokerInterface.accountsChanged, [])
+      let event5 = try await events.next()
+      #expect(event5 == .accountsChanged)
+    }
+  }
 }

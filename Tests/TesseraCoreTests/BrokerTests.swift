@@ -197,6 +197,58 @@ final class BrokerTests: XCTestCase {
     XCTAssertEqual(h.events.accountsChangedCount.withLock { $0 }, 2)
   }
 
+  func testSignOutInTheBrowserOpensTheEndSessionPageWithTheIDTokenAsHint() async throws {
+    let h = await Harness()
+    h.idp.endSessionEndpoint.withLock { $0 = FakeIdP.authority + "/logout" }
+    let result = try await h.signIn()
+    let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
+    let idToken = try XCTUnwrap(result["id_token"]?.stringValue)
+    h.listeners.lastAuthorizationURL.withLock { $0 = nil }
+    try await h.broker.signOut(
+      SignOutRequest(accountID: id, clientID: nil, revoke: true, browser: true, correlationID: "c"))
+    // The browser was given the listener's start URL, which leads to the end-session page.
+    let url = try XCTUnwrap(h.listeners.lastAuthorizationURL.withLock { $0 })
+    XCTAssertTrue(url.hasPrefix(FakeIdP.authority + "/logout?"), url)
+    let query = FormEncoding.decode(String(url.split(separator: "?", maxSplits: 1)[1]))
+    XCTAssertEqual(query["id_token_hint"], idToken)
+    XCTAssertEqual(query["client_id"], "app1")
+    XCTAssertEqual(query["logout_hint"], "alice@idp.test")
+    // And the account is signed out here as without the browser: removed and revoked.
+    XCTAssertTrue(h.store.items.withLock { $0.isEmpty })
+    XCTAssertTrue(h.idp.requests.withLock { $0.contains { $0.url.hasSuffix("/revoke") } })
+  }
+
+  func testSignOutInTheBrowserWithoutAnEndSessionEndpointSaysSoAndChangesNothing() async throws {
+    let h = await Harness()
+    let result = try await h.signIn()
+    let id = try XCTUnwrap(result["account"]?.dictValue?["id"]?.stringValue)
+    await h.broker.finishStoreWrites()
+    let stored = h.store.items.withLock { $0.count }
+    do {
+      try await h.broker.signOut(
+        SignOutRequest(accountID: id, clientID: nil, revoke: true, browser: true, correlationID: "c"))
+      XCTFail("a provider without end_session_endpoint cannot sign out in the browser")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .invalidArgument)
+      XCTAssertTrue(error.message.contains("end_session_endpoint"), error.message)
+      XCTAssertTrue(error.message.contains("Nothing was signed out"), error.message)
+    }
+    XCTAssertEqual(h.store.items.withLock { $0.count }, stored)
+    XCTAssertFalse(h.idp.requests.withLock { $0.contains { $0.url.hasSuffix("/revoke") } })
+    let remaining = try await h.broker.knownAccounts(matching: AccountFilter())
+    XCTAssertEqual(remaining.map(\.id), [id])
+  }
+
+  func testSignOutInTheBrowserIsForTheWholeAccount() throws {
+    XCTAssertThrowsError(
+      try RequestParser.signOutRequest(
+        accountID: "a", options: [RequestOptions.browser.key: .bool(true), RequestOptions.clientID.key: .string("x")])
+    ) { XCTAssertEqual(($0 as! TesseraError).code, .invalidArgument) }
+    XCTAssertEqual(
+      try RequestParser.signOutRequest(accountID: "a", options: [RequestOptions.browser.key: .bool(true)]).browser,
+      true)
+  }
+
   func testSignOutOfOneClientKeepsTheAccount() async throws {
     let h = await Harness()
     let result = try await h.signIn()

@@ -320,6 +320,14 @@ final class PolicyAndRaceTests: XCTestCase {
         XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
       }
     }
+    // The end-session endpoint is given the account's id_token: it is held to the same rule.
+    var foreignEndSession = metadata(issuer: "https://idp.test/t", token: "https://idp.test/t/token")
+    foreignEndSession.endSessionEndpoint = "https://evil.test/logout"
+    XCTAssertThrowsError(try OIDCDirectory.check(foreignEndSession, of: authority, policy: policy)) {
+      XCTAssertEqual(($0 as! TesseraError).code, .untrustedAuthority)
+    }
+    foreignEndSession.endSessionEndpoint = "https://idp.test/t/logout"
+    XCTAssertNoThrow(try OIDCDirectory.check(foreignEndSession, of: authority, policy: policy))
     let entra = try Authority(parsing: "https://login.microsoftonline.com/common")
     XCTAssertNoThrow(
       try OIDCDirectory.check(

@@ -115,6 +115,8 @@ package final class FakeListeners: RedirectListenerFactory, Sendable {
   package let answer: @Sendable (_ state: String) -> RedirectParameters
   /// When set, the listener waits until cancelled (a user who never finishes signing in).
   package let hang = Locked(false)
+  /// How many start URLs a browser came for without a redirect back (a sign-out page).
+  package let startsServed = Locked(0)
   package init(answer: @escaping @Sendable (_ state: String) -> RedirectParameters) { self.answer = answer }
 
   package struct Listener: RedirectListener {
@@ -132,6 +134,9 @@ package final class FakeListeners: RedirectListenerFactory, Sendable {
     package func startURL(opening authorizationURL: String) -> String {
       owner.lastAuthorizationURL.withLock { $0 = authorizationURL }
       return "http://127.0.0.1:4711/start/0123"
+    }
+    package func waitForStart(timeoutSeconds: Double) async throws {
+      owner.startsServed.withLock { $0 += 1 }
     }
     package func close() {}
   }
@@ -182,6 +187,8 @@ package final class FakeIdP: HTTPClient, Sendable {
   /// Clients whose refresh requests are refused with invalid_grant.
   package let refusedClients = Locked<Set<String>>([])
   package let audienceOverride = Locked<String?>(nil)
+  /// The discovery document's end_session_endpoint (RP-Initiated Logout); none when nil.
+  package let endSessionEndpoint = Locked<String?>(nil)
 
   package init(clock: FakeClock) async {
     let key = ES256PrivateKey()
@@ -274,10 +281,11 @@ package final class FakeIdP: HTTPClient, Sendable {
       return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8))
     }
     if url.hasSuffix("/.well-known/openid-configuration") {
+      let endSession = endSessionEndpoint.withLock { $0 }.map { #","end_session_endpoint":"\#($0)""# } ?? ""
       return HTTPResponse(
         status: 200,
         body: Array(
-          #"{"issuer":"\#(Self.authority)","authorization_endpoint":"\#(Self.authority)/authorize","token_endpoint":"\#(Self.authority)/token","jwks_uri":"\#(Self.authority)/jwks","device_authorization_endpoint":"\#(Self.authority)/device","revocation_endpoint":"\#(Self.authority)/revoke"}"#
+          #"{"issuer":"\#(Self.authority)","authorization_endpoint":"\#(Self.authority)/authorize","token_endpoint":"\#(Self.authority)/token","jwks_uri":"\#(Self.authority)/jwks","device_authorization_endpoint":"\#(Self.authority)/device","revocation_endpoint":"\#(Self.authority)/revoke"\#(endSession)}"#
             .utf8))
     }
     if url.hasSuffix("/jwks") { return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8)) }

@@ -117,6 +117,36 @@ final class LoopbackListenerTests: XCTestCase {
     _ = try await waiting.value
   }
 
+  /// A sign-out page sends nothing back: the wait ends when the browser has come for the start URL,
+  /// and a redirect that looks like a sign-in's is not taken for it.
+  func testASignOutPagesWaitEndsWhenTheBrowserComesForTheStartURL() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    defer { listener.close() }
+    let port = try Self.port(listener)
+    let signOut = "https://idp.example/logout?id_token_hint=eyJ.x.y&client_id=app"
+    let path = String(listener.startURL(opening: signOut).dropFirst("http://127.0.0.1:\(port)".count))
+    let waiting = Task { try await listener.waitForStart(timeoutSeconds: 30) }
+    let pages = await Task.detached {
+      (LoopbackListenerTests.get(port, "/?code=c&state=s1"), LoopbackListenerTests.get(port, path))
+    }.value
+    XCTAssertTrue(pages.0.hasPrefix("HTTP/1.1 404"), pages.0)
+    XCTAssertTrue(pages.1.hasPrefix("HTTP/1.1 303"), pages.1)
+    XCTAssertTrue(pages.1.contains("\r\nLocation: \(signOut)\r\n"), pages.1)
+    try await waiting.value
+  }
+
+  func testASignOutPagesWaitEndsWithTimedOutWhenNoBrowserComes() async throws {
+    let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")
+    defer { listener.close() }
+    _ = listener.startURL(opening: "https://idp.example/logout")
+    do {
+      try await listener.waitForStart(timeoutSeconds: 0.2)
+      XCTFail("nobody came for the start URL")
+    } catch let error as TesseraError {
+      XCTAssertEqual(error.code, .timedOut)
+    }
+  }
+
   /// Connections that send nothing (more than the cap) do not hold up the browser's redirect.
   func testIdleConnectionsDoNotStarveTheRedirect() async throws {
     let listener = try LoopbackListenerFactory().listen(port: 0, hostName: "127.0.0.1")

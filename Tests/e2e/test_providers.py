@@ -86,6 +86,20 @@ def test_a_provider_signs_in_with_http_basic_and_a_wrong_secret_is_refused_witho
     assert check.returncode == 15 and "can be read by other users (mode 644)" in check.stderr, check.stderr
 
 
+def test_a_provider_without_an_end_session_endpoint_cannot_sign_out_in_the_browser_and_keeps_the_account(
+        start_daemon, write_config, tmp_path, idp):
+    config, _ = provider_config(write_config, tmp_path, "client_secret_post")
+    start_daemon(config)
+    assert run_cli("login", "--provider", "plain", timeout=120).returncode == 0
+    out = run_cli("logout", "--browser")
+    assert out.returncode == 3, (out.returncode, out.stdout, out.stderr)  # invalid argument
+    assert "end_session_endpoint" in out.stderr and "Nothing was signed out" in out.stderr, out.stderr
+    assert "alice" in run_cli("accounts", check_rc=0).stdout
+    # Without --browser it signs out as always.
+    assert run_cli("logout", check_rc=0).returncode == 0
+    assert "alice" not in run_cli("accounts", check_rc=0).stdout
+
+
 def test_an_unknown_provider_is_named_with_the_nearest(start_daemon, write_config, tmp_path):
     config, _ = provider_config(write_config, tmp_path, "client_secret_post")
     start_daemon(config)

@@ -1,7 +1,7 @@
-"""Revocation at the IdP and SignOut."""
+"""Revocation at the IdP and SignOut, here and in the browser (issue 39, point 4)."""
 import time
 
-from conftest import expect_error
+from conftest import Broker, expect_error, jwt_claims, run_cli, wait_until
 
 
 def test_revoked_at_the_idp_needs_interaction_but_keeps_the_account(broker, idp):
@@ -80,3 +80,48 @@ def test_sign_out_of_one_client_keeps_the_account(broker, idp, keyring):
     assert sorted(a["kind"] for a in items) == ["access_grant", "access_token", "account", "refresh_token"]
     ours = {t["client_id"]: t for t in idp.refresh_tokens("alice") if t["id"] > first_id}
     assert ours["tessera-other"]["revoked"] and not ours["tessera-test"]["revoked"]
+
+
+def test_sign_out_in_the_browser_ends_the_idp_session_so_the_next_sign_in_asks_for_the_password(
+        start_daemon, write_config, tmp_path):
+    # The scripted browser keeps the IdP's cookies, as a real one does: a second sign-in finds the
+    # IdP's session and shows no login page.
+    daemon = start_daemon(write_config(), extra_env={"TESSERA_TEST_BROWSER_COOKIES": str(tmp_path / "cookies.txt")})
+    b = Broker()
+    try:
+        def login_pages():
+            return daemon.log().count("login page: the identity provider asks for a password")
+
+        signed_in = b.sign_in()
+        id_token = signed_in["id_token"]
+        assert jwt_claims(id_token)["sub"]
+        assert login_pages() == 1
+
+        # A plain sign-out forgets the account here, but the browser's session at the IdP lives on:
+        # signing in again needs no password (what pop-os/pop#4 reported).
+        out = run_cli("logout", check_rc=0)
+        assert "Signed out alice" in out.stdout, out.stdout
+        b.sign_in()
+        assert login_pages() == 1, "the IdP's session should have let the sign-in through"
+
+        out = run_cli("logout", "--browser", check_rc=0)
+        assert "opened the provider's sign-out page" in out.stdout, out.stdout
+        assert b.accounts() == []
+        wait_until(lambda: "signed out at the identity provider" in daemon.log(), what="the browser's sign-out")
+
+        again = b.sign_in()
+        assert again["account"]["username"] == "alice"
+        assert login_pages() == 2, "after a sign-out in the browser the IdP asks for the password again"
+        # The id_token went to the IdP through the browser, never into the log.
+        log = daemon.log()
+        assert id_token not in log and id_token.split(".")[1] not in log
+        assert "Opened the provider's sign-out page in the browser" in log
+    finally:
+        b.close()
+
+
+def test_sign_out_in_the_browser_with_an_app_s_client_id_is_refused(start_daemon, write_config):
+    start_daemon(write_config())
+    out = run_cli("logout", "--browser", "--client-id", "tessera-test")
+    assert out.returncode == 64, (out.returncode, out.stderr)
+    assert "--client-id" in out.stderr, out.stderr
