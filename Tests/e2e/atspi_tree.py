@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Prints the accessibility tree of a running app, as assistive technologies see it through AT-SPI:
 a JSON list of {role, name, depth, states} in document order, or null when no app of that name is
-on the accessibility bus. Run with Debian's python3 (pyatspi comes from python3-pyatspi).
+on the accessibility bus. With --press NAME, presses the control with that accessible name (its
+first action, as a screen reader's user or a switch device would) and prints true, or false when
+there is none. Run with Debian's python3 (pyatspi comes from python3-pyatspi).
 
-Usage: atspi_tree.py APP_NAME
+Usage: atspi_tree.py APP_NAME [--press NAME]
 """
 import json
 import sys
@@ -23,14 +25,42 @@ def walk(node, depth=0):
             yield from walk(child, depth + 1)
 
 
+def nodes(node):
+    yield node
+    for i in range(node.childCount):
+        child = node.getChildAtIndex(i)
+        if child is not None:
+            yield from nodes(child)
+
+
+def spoken(name):
+    """A button's name as it is meant: GTK 4.8 names a button whose label is a child after both
+    ("Cancel Cancel")."""
+    half = len(name) // 2
+    return name[:half] if len(name) % 2 == 1 and name[half] == " " and name[:half] == name[half + 1:] else name
+
+
+def press(app, name):
+    for node in nodes(app):
+        # Buttons only (a label may answer an action too), and only what is shown (GTK 4.8
+        # reports visible, not showing).
+        if (node.getRoleName() in ("push button", "toggle button") and spoken(node.name) == name
+                and node.getState().contains(pyatspi.STATE_VISIBLE)):
+            action = node.queryAction()
+            if action.nActions > 0:
+                return bool(action.doAction(0))
+    return False
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--press"):
         sys.exit(__doc__.strip())
     desktop = pyatspi.Registry.getDesktop(0)
     for i in range(desktop.childCount):
         app = desktop.getChildAtIndex(i)
-        if app is not None and app.name == sys.argv[1]:
-            print(json.dumps(list(walk(app))))
+        if app is not None and app.name == args[0]:
+            print(json.dumps(press(app, args[2]) if len(args) == 3 else list(walk(app))))
             return
     print("null")
 

@@ -68,6 +68,14 @@ def tree():
     return json.loads(out.stdout)
 
 
+def press(name):
+    """Presses the app's control with this accessible name; False when there is none yet."""
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "atspi_tree.py"), "tessera-accounts", "--press", name],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout) is True
+
+
 def rows():
     """The accessible names of the account rows, in the order shown."""
     nodes = tree() or []
@@ -80,7 +88,11 @@ def wait_for_rows(predicate, what):
     def check():
         seen[:] = rows()
         return predicate(seen)
-    wait_until(check, timeout=60, interval=0.3, what=f"{what} (rows: {seen})")
+    try:
+        wait_until(check, timeout=60, interval=0.3, what=what)
+    except AssertionError as e:
+        labels = [n["name"] for n in (tree() or []) if n["role"] == "label"]
+        raise AssertionError(f"{e}; rows: {seen}; labels: {labels}") from None
     return seen
 
 
@@ -106,3 +118,27 @@ def test_the_accounts_page_follows_the_broker_live(app, idp, display, tmp_path):
     assert any(n.startswith("bob") and "signed in" in n for n in shown), shown
     screenshot(display, tmp_path / "accounts.png")
     broker.close()
+
+
+def test_make_current_and_sign_out_from_the_app(app, idp):
+    broker = Broker()
+    try:
+        broker.sign_in("alice")
+        bob = broker.sign_in("bob")["account"]["id"]
+        wait_for_rows(lambda r: any(n.startswith("bob") for n in r) and any(n.startswith("alice") for n in r),
+                      "both rows")
+        # Each control names the account it acts on: the Make current of bob's row, not alice's.
+        wait_until(lambda: press("Make bob the current account"), what="bob's Make current button")
+        wait_for_rows(lambda r: any(n.startswith("bob") and "current account" in n for n in r), "bob current")
+        assert [a["username"] for a in broker.accounts() if a.get("current")] == ["bob"]
+
+        # Sign out asks first; Cancel keeps the account.
+        assert press("Sign out bob")
+        wait_until(lambda: press("Cancel"), what="the sign-out question")
+        assert [a["id"] for a in broker.accounts() if a["id"] == bob] == [bob]
+        assert press("Sign out bob")
+        wait_until(lambda: press("Sign out"), what="the sign-out question")
+        wait_for_rows(lambda r: r and not any(n.startswith("bob") for n in r), "bob's row gone")
+        assert [a["username"] for a in broker.accounts()] == ["alice"]
+    finally:
+        broker.close()

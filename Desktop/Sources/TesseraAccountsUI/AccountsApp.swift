@@ -48,6 +48,7 @@ public final class AccountsApp {
     adw_application_window_set_content(window.as(AdwApplicationWindow.self), box)
     self.window = window
     self.accounts = accounts
+    accounts.window = window
     gtk_window_present(window.as(GtkWindow.self))
     following = Task { await accounts.follow() }
   }

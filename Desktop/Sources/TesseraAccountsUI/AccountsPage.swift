@@ -62,6 +62,8 @@ final class AccountsPage {
   private let message: Widget
   private var rows: [Widget] = []
   private let broker = AsyncTesseraBroker()
+  /// The window the page's dialogs belong to.
+  var window: Widget?
 
   init() {
     widget = adw_preferences_page_new()!
@@ -107,7 +109,7 @@ final class AccountsPage {
 
   private func show(_ accounts: [AccountRow]) {
     for row in rows { adw_preferences_group_remove(group.as(AdwPreferencesGroup.self), row) }
-    rows = accounts.map(Self.row)
+    rows = accounts.map(row)
     for row in rows { adw_preferences_group_add(group.as(AdwPreferencesGroup.self), row) }
     if accounts.isEmpty {
       show(message: "No account is signed in. Sign in with `tessera login`.")
@@ -116,7 +118,7 @@ final class AccountsPage {
     }
   }
 
-  private static func row(_ account: AccountRow) -> Widget {
+  private func row(_ account: AccountRow) -> Widget {
     let row = adw_action_row_new()!
     // Usernames come from identity providers: shown as text, never as markup.
     adw_preferences_row_set_use_markup(row.as(AdwPreferencesRow.self), 0)
@@ -125,7 +127,61 @@ final class AccountsPage {
     let state = Gtk.label(account.state, wrap: false)
     gtk_widget_set_valign(state, GTK_ALIGN_CENTER)
     adw_action_row_add_suffix(row.as(AdwActionRow.self), state)
+    if !account.current {
+      let use = Gtk.button("Make current", accessibleLabel: "Make \(account.username) the current account") {
+        [unowned self] in
+        self.run("make \(account.username) current") { broker in
+          _ = try await broker.setCurrentAccount(account.id)
+        }
+      }
+      gtk_widget_set_valign(use, GTK_ALIGN_CENTER)
+      adw_action_row_add_suffix(row.as(AdwActionRow.self), use)
+    }
+    let signOut = Gtk.button("Sign out…", accessibleLabel: "Sign out \(account.username)") { [unowned self] in
+      self.confirmSignOut(account)
+    }
+    gtk_widget_set_valign(signOut, GTK_ALIGN_CENTER)
+    adw_action_row_add_suffix(row.as(AdwActionRow.self), signOut)
     row.setAccessibleLabel(account.accessibleLabel)
     return row
+  }
+
+  /// Runs a broker call for a button; a failure is shown on the page in words.
+  private func run(_ what: String, _ body: @escaping @Sendable (AsyncTesseraBroker) async throws -> Void) {
+    let broker = broker
+    Task { @GtkActor in
+      do { try await body(broker) } catch { self.show(message: "Could not \(what): \(error)") }
+    }
+  }
+
+  /// Sign-out asks first, naming the apps that lose the account, and offers the browser too.
+  private func confirmSignOut(_ account: AccountRow) {
+    let broker = broker
+    Task { @GtkActor in
+      let grants = (try? await broker.grants()) ?? []
+      let apps = Set(grants.filter { $0.accountID == account.id || $0.accountID == "*" }.map(\.appDisplay)).sorted()
+      let body =
+        (apps.isEmpty
+          ? "No app has been granted this account by name."
+          : "These apps lose access: \(apps.joined(separator: ", ")).")
+        + " Signing out in the browser too ends your session at \(account.environment), so the next sign-in asks for your password."
+      let dialog = adw_message_dialog_new(
+        window.map { $0.as(GtkWindow.self) }, "Sign out \(account.username)?", body)!
+      let message = dialog.as(AdwMessageDialog.self)
+      adw_message_dialog_add_response(message, "cancel", "Cancel")
+      adw_message_dialog_add_response(message, "browser", "Sign out here and in the browser")
+      adw_message_dialog_add_response(message, "signout", "Sign out")
+      adw_message_dialog_set_response_appearance(message, "signout", ADW_RESPONSE_DESTRUCTIVE)
+      adw_message_dialog_set_default_response(message, "cancel")
+      adw_message_dialog_set_close_response(message, "cancel")
+      Signals.connectResponse(dialog.raw) { [unowned self] response in
+        gtk_window_destroy(dialog.as(GtkWindow.self))
+        guard response == "signout" || response == "browser" else { return }
+        self.run("sign out \(account.username)") { broker in
+          try await broker.signOut(accountID: account.id, browser: response == "browser")
+        }
+      }
+      gtk_window_present(dialog.as(GtkWindow.self))
+    }
   }
 }

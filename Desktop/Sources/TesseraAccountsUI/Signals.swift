@@ -22,4 +22,25 @@ enum Signals {
     }
     g_signal_connect_data(instance, signal, unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
   }
+
+  private final class ResponseHandler {
+    let body: @GtkActor (String) -> Void
+    init(_ body: @escaping @GtkActor (String) -> Void) { self.body = body }
+  }
+
+  /// Connects `body` to AdwMessageDialog's "response" (the instance, the response id, the data).
+  static func connectResponse(_ instance: UnsafeMutableRawPointer, _ body: @escaping @GtkActor (String) -> Void) {
+    let data = Unmanaged.passRetained(ResponseHandler(body)).toOpaque()
+    let thunk: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void = {
+      _, response, data in
+      let handler = Unmanaged<ResponseHandler>.fromOpaque(data!).takeUnretainedValue()
+      let id = response.map { String(cString: $0) } ?? ""
+      GtkActor.onGtkThread { handler.body(id) }
+    }
+    let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutablePointer<GClosure>?) -> Void = { data, _ in
+      Unmanaged<ResponseHandler>.fromOpaque(data!).release()
+    }
+    g_signal_connect_data(
+      instance, "response", unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
+  }
 }
