@@ -140,6 +140,18 @@ public enum StatusReport {
   /// The states an account can be in, as the report spells them.
   public static let states = ["ok", "needs_sign_in", "store_locked", "idp_unreachable"]
 
+  /// Each state in a few words, for a list (the desktop app's rows); an unknown one is named, not
+  /// hidden.
+  public static func label(forState state: String) -> String {
+    switch state {
+    case "ok": "Signed in"
+    case "needs_sign_in": "Needs sign-in"
+    case "store_locked": "Keyring locked"
+    case "idp_unreachable": "Offline, retrying"
+    default: "Unknown state (\(state))"
+    }
+  }
+
   /// One account's health as the client reads it from GetStatus.
   public struct AccountStatus: Sendable, Equatable, Encodable {
     public var id: String

@@ -13,24 +13,42 @@ import sys
 import pyatspi
 
 
+def children(node):
+    """The node's children as they are now: a row the app replaces while it is read is gone from
+    the accessibility bus ("The application no longer exists"), and is skipped, not an error."""
+    try:
+        count = node.childCount
+    except Exception:  # noqa: BLE001
+        return []
+    found = []
+    for i in range(count):
+        try:
+            child = node.getChildAtIndex(i)
+        except Exception:  # noqa: BLE001
+            continue
+        if child is not None:
+            found.append(child)
+    return found
+
+
 def walk(node, depth=0):
     try:
-        states = sorted(pyatspi.stateToString(s) for s in node.getState().getStates())
-    except Exception:  # noqa: BLE001 (a node that went away while read)
-        states = []
-    yield {"role": node.getRoleName(), "name": node.name or "", "depth": depth, "states": states}
-    for i in range(node.childCount):
-        child = node.getChildAtIndex(i)
-        if child is not None:
-            yield from walk(child, depth + 1)
+        entry = {"role": node.getRoleName(), "name": node.name or "", "depth": depth}
+    except Exception:  # noqa: BLE001 (gone while read)
+        return
+    try:
+        entry["states"] = sorted(pyatspi.stateToString(s) for s in node.getState().getStates())
+    except Exception:  # noqa: BLE001
+        entry["states"] = []
+    yield entry
+    for child in children(node):
+        yield from walk(child, depth + 1)
 
 
 def nodes(node):
     yield node
-    for i in range(node.childCount):
-        child = node.getChildAtIndex(i)
-        if child is not None:
-            yield from nodes(child)
+    for child in children(node):
+        yield from nodes(child)
 
 
 def spoken(name):
@@ -44,11 +62,14 @@ def press(app, name):
     for node in nodes(app):
         # Buttons only (a label may answer an action too), and only what is shown (GTK 4.8
         # reports visible, not showing).
-        if (node.getRoleName() in ("push button", "toggle button") and spoken(node.name) == name
-                and node.getState().contains(pyatspi.STATE_VISIBLE)):
-            action = node.queryAction()
-            if action.nActions > 0:
-                return bool(action.doAction(0))
+        try:
+            if (node.getRoleName() in ("push button", "toggle button") and spoken(node.name) == name
+                    and node.getState().contains(pyatspi.STATE_VISIBLE)):
+                action = node.queryAction()
+                if action.nActions > 0:
+                    return bool(action.doAction(0))
+        except Exception:  # noqa: BLE001 (gone while read: the caller asks again)
+            continue
     return False
 
 

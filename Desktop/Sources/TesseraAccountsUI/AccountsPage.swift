@@ -14,17 +14,6 @@ public struct AccountRow: Sendable, Equatable {
   /// Accounts that need the user come first.
   public var needsAttention: Bool
 
-  /// The state words for a GetStatus account state.
-  public static func words(forState state: String) -> String {
-    switch state {
-    case "ok": "Signed in"
-    case "needs_sign_in": "Needs sign-in"
-    case "store_locked": "Keyring locked"
-    case "idp_unreachable": "Offline, retrying"
-    default: "Unknown state (\(state))"
-    }
-  }
-
   /// What the page shows, from GetAccounts and GetStatus: the accounts that need attention
   /// first, then by username.
   public static func rows(accounts: [AccountInfo], status: StatusReport.Report) -> [AccountRow] {
@@ -34,7 +23,7 @@ public struct AccountRow: Sendable, Equatable {
       let state = states[account.id] ?? "ok"
       return AccountRow(
         id: account.id, username: account.username, name: account.name, environment: account.environment,
-        state: words(forState: state), current: account.current == true,
+        state: StatusReport.label(forState: state), current: account.current == true,
         needsAttention: attention.contains(account.id) || state != "ok")
     }.sorted { ($0.needsAttention ? 0 : 1, $0.username, $0.id) < ($1.needsAttention ? 0 : 1, $1.username, $1.id) }
   }

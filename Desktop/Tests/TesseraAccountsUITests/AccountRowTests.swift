@@ -32,7 +32,10 @@ struct AccountRowTests {
   }
 
   @Test func aStateTheAppDoesNotKnowIsNamedNotHidden() {
-    #expect(AccountRow.words(forState: "quarantined") == "Unknown state (quarantined)")
-    #expect(AccountRow.words(forState: "store_locked") == "Keyring locked")
+    #expect(StatusReport.label(forState: "quarantined") == "Unknown state (quarantined)")
+    #expect(
+      StatusReport.states.map(StatusReport.label(forState:)) == [
+        "Signed in", "Needs sign-in", "Keyring locked", "Offline, retrying",
+      ])
   }
 }
