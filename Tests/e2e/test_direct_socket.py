@@ -105,6 +105,9 @@ def test_the_same_requests_get_the_same_answers_on_both_paths(daemon):
         ("interactive, bad prompt", lambda b: b.acquire("tessera-test", prompt="sometimes")),
         ("unknown method", lambda b: b.call("NoSuchMethod", "", ())),
         ("version", lambda b: b.version()),
+        ("sign out in the browser, one client", lambda b: b.call(
+            "SignOut", "sa{sv}", (alice, {"browser": dbus.Boolean(True, variant_level=1),
+                                          "client_id": dbus.String("tessera-test", variant_level=1)}))),
         ("reject a token never given", lambda b: b.call(
             "RejectToken", "sssa{sv}", ("tessera-test", alice, "not-a-token-it-gave", {}))),
         ("reject, unknown option", lambda b: b.call(
