@@ -197,14 +197,7 @@ public final class BusClient {
   public func waitForSignal(
     _ member: String, signalSender: String?, interval: Double = 0.2, until: () -> Bool
   ) throws(BusCallError) -> [BusValue]? {
-    guard signalSender != nil || directPeer != nil else {
-      throw BusCallError(
-        name: "org.freedesktop.DBus.Error.InvalidArgs",
-        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
-    }
-    let state = CallState()
-    state.signalSender = signalSender
-    state.direct = directPeer != nil
+    let state = try signalState(signalSender)
     var received: [BusValue]?
     state.onSignal = { name, values in if name == member { received = values } }
     var matchSlot: OpaquePointer?
@@ -238,14 +231,7 @@ public final class BusClient {
     signalSender: String?, interval: Double = 0.2, until: () -> Bool, onStart: () -> Void = {},
     onSignal: @escaping (String, [BusValue]) -> Void
   ) throws(BusCallError) {
-    guard signalSender != nil || directPeer != nil else {
-      throw BusCallError(
-        name: "org.freedesktop.DBus.Error.InvalidArgs",
-        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
-    }
-    let state = CallState()
-    state.signalSender = signalSender
-    state.direct = directPeer != nil
+    let state = try signalState(signalSender)
     state.onSignal = onSignal
     let sender = directPeer == nil ? signalSender : nil
     let userdata = Unmanaged.passUnretained(state).toOpaque()
@@ -291,6 +277,20 @@ public final class BusClient {
 
   /// watchSignals: org.tessera.Broker1 changed owner.
   public static let brokerLeftError = "org.tessera.Client.Error.BrokerLeft"
+
+  /// The state signals are checked against: from `signalSender` on the bus, from the one peer of a
+  /// direct connection; a bus connection that names no sender hears nobody.
+  private func signalState(_ signalSender: String?) throws(BusCallError) -> CallState {
+    guard signalSender != nil || directPeer != nil else {
+      throw BusCallError(
+        name: "org.freedesktop.DBus.Error.InvalidArgs",
+        message: "Signals are accepted from a known sender only: pass signalSender (the broker's unique name).")
+    }
+    let state = CallState()
+    state.signalSender = signalSender
+    state.direct = directPeer != nil
+    return state
+  }
 
   /// The error of a call given up through `stopped`.
   public static let stoppedError = "org.tessera.Client.Error.Stopped"
