@@ -188,10 +188,12 @@ class Broker(BusPeer):
 class PendingCall:
     """A method call sent now whose reply is collected later, on the same connection, without a
     main loop or a thread: libdbus keeps the reply until reply() blocks on it. Meanwhile the
-    connection can make other (blocking) calls, e.g. Cancel."""
+    connection can make other (blocking) calls, e.g. Cancel. To org.tessera.Broker1 unless another
+    destination, path and interface are named (Microsoft's front)."""
 
-    def __init__(self, broker, method, signature, args, timeout=INTERACTIVE_TIMEOUT):
-        message = dbus.lowlevel.MethodCallMessage(BUS_NAME, OBJECT_PATH, IFACE, method)
+    def __init__(self, broker, method, signature, args, timeout=INTERACTIVE_TIMEOUT,
+                 destination=BUS_NAME, path=OBJECT_PATH, interface=IFACE):
+        message = dbus.lowlevel.MethodCallMessage(destination, path, interface, method)
         message.append(*args, signature=signature)
         self._replies = []
         self._pending = broker.conn.send_message_with_reply(message, self._replies.append, timeout,

@@ -30,7 +30,7 @@ import dbus.lowlevel
 import pytest
 
 from bus_fuzz import SEED, send_all
-from conftest import (AUTHORITY, BUS_NAME, ENVIRONMENT, IDP_URL, INTERACTIVE_TIMEOUT, SILENT_TIMEOUT, TENANT,
+from conftest import (AUTHORITY, BUS_NAME, PendingCall, ENVIRONMENT, IDP_URL, INTERACTIVE_TIMEOUT, SILENT_TIMEOUT, TENANT,
                       Broker, BusPeer, bus_daemon, expect_error, jwt_claims, new_connection, run_cli, wait_until)
 
 MS_NAME = "com.microsoft.identity.broker1"
@@ -253,28 +253,21 @@ class MsBroker(BusPeer):
         return answer["linuxBrokerVersion"]
 
 
-class MsPendingCall:
-    """A call sent now whose reply is collected later on the same connection (no main loop, no
-    thread; the connection can make other calls meanwhile, e.g. cancelInteractiveFlow)."""
+class MsPendingCall(PendingCall):
+    """A call to Microsoft's front sent now whose reply is collected later on the same connection
+    (the connection can make other calls meanwhile, e.g. cancelInteractiveFlow)."""
 
     def __init__(self, client, method, correlation_id, request, timeout=INTERACTIVE_TIMEOUT):
-        message = dbus.lowlevel.MethodCallMessage(MS_NAME, MS_PATH, MS_IFACE, method)
-        message.append("0.0", correlation_id, json.dumps(request), signature="sss")
+        super().__init__(client, method, "sss", ("0.0", correlation_id, json.dumps(request)), timeout,
+                         destination=MS_NAME, path=MS_PATH, interface=MS_IFACE)
         self.method = method
-        self._replies = []
-        self._pending = client.conn.send_message_with_reply(message, self._replies.append, timeout,
-                                                            require_main_loop=False)
-        client.conn.flush()
 
     def answer(self):
-        self._pending.block()
-        assert self._replies, "no reply"
-        message = self._replies[0]
-        args = message.get_args_list()
-        assert not isinstance(message, dbus.lowlevel.ErrorMessage), (
-            f"{self.method}: D-Bus error {message.get_error_name()}: {args}")
-        assert len(args) == 1 and isinstance(args[0], dbus.String), args
-        answer = json.loads(str(args[0]))
+        error, value = self.reply()
+        assert error is None, f"{self.method}: D-Bus error {error}: {value}"
+        args = self._replies[0].get_args_list()
+        assert len(args) == 1 and isinstance(value, dbus.String), args
+        answer = json.loads(str(value))
         assert isinstance(answer, dict), answer
         return answer
 
