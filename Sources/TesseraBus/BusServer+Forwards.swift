@@ -116,6 +116,7 @@ extension BusServer {
       return .failure(.invalidArgument("Could not watch the forward's socket: \(Errno(rawValue: -r))"))
     }
     forwards[request.name] = forward
+    forwardsChanged()
     log(
       .notice,
       "Forward \(request.name) listens on \(listener.path) (\(info.identity.display); \(request.lasting ? "until removed" : "while \(request.owner.busName) stays connected"))"
@@ -141,8 +142,17 @@ extension BusServer {
         path: BrokerInterface.objectPath, interface: BrokerInterface.interfaceName,
         member: BrokerInterface.forwardEnded, arguments: [.string(name), .string(reason)], to: owner)
     }
+    forwardsChanged()
     log(.notice, "Forward \(name) ended: \(reason)")
     return true
+  }
+
+  /// ManagementChanged("forwards") to everyone but forwarded callers. Bus thread.
+  private func forwardsChanged() {
+    sendSignal(
+      path: BrokerInterface.objectPath, interface: BrokerInterface.interfaceName,
+      member: BrokerInterface.managementChanged,
+      arguments: [.string(BrokerInterface.ManagementPart.forwards.rawValue)], to: nil)
   }
 
   /// Whether the direct connection `owner` has closed, though its end may not be read yet.

@@ -105,16 +105,25 @@ extension Tessera {
 
     struct Revoke: ParsableCommand {
       static let configuration = CommandConfiguration(
-        commandName: "revoke", abstract: "Take an app's grants away (one client id, or all).")
+        commandName: "revoke", abstract: "Take an app's grants away (one client id or all; one account or all).")
       @Option(name: .long, help: ArgumentHelp("The app's key.", valueName: "key")) var app: String
       @Option(name: .long, help: ArgumentHelp("Only this client id (default: all).", valueName: "id")) var clientId:
         String?
+      @Option(
+        name: .long,
+        help: ArgumentHelp(
+          "Only the grants for this account: an id, a username, or * for the grants that cover every account (default: all).",
+          valueName: "account")) var account: String?
 
       func run() throws {
         let removed = try withBroker { broker throws(TesseraClientError) in
-          try broker.revoke(app: app, clientID: clientId)
+          if let account {
+            try broker.revokeGrant(app: app, clientID: clientId, account: account)
+          } else {
+            try broker.revoke(app: app, clientID: clientId)
+          }
         }
-        print("Removed \(removed) grant(s) of \(app).")
+        print("Removed \(removed) grant(s) of \(app)\(account.map { " for \($0)" } ?? "").")
       }
     }
 

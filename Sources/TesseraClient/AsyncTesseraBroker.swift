@@ -113,6 +113,21 @@ public struct AsyncTesseraBroker: Sendable {
     try await run { broker throws(TesseraClientError) in try broker.revoke(app: app, clientID: clientID) }
   }
 
+  /// Takes an app's grants for one account away (see TesseraBroker.revokeGrant); returns how many.
+  @discardableResult
+  public func revokeGrant(app: String, clientID: String? = nil, account: String) async throws(TesseraClientError)
+    -> UInt32
+  {
+    try await run { broker throws(TesseraClientError) in
+      try broker.revokeGrant(app: app, clientID: clientID, account: account)
+    }
+  }
+
+  /// Who serves Microsoft's broker protocol on the session bus (see TesseraBroker.microsoftFront).
+  public func microsoftFront() async throws(TesseraClientError) -> TesseraBroker.MicrosoftFront {
+    try await run { broker throws(TesseraClientError) in try broker.microsoftFront() }
+  }
+
   /// The access decisions since tesserad started (GetAccessLog).
   public func accessLog() async throws(TesseraClientError) -> [AccessRecord] {
     try await run { broker throws(TesseraClientError) in try broker.accessLog() }

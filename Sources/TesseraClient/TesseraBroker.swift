@@ -544,6 +544,14 @@ public final class TesseraBroker {
     guard case .uint32(let n)? = try call(.revoke, [.string(app), .string(clientID ?? "")]).first else { return 0 }
     return n
   }
+  /// Takes away an app's grants for one account (an id, a username, or "*" for the grants that
+  /// cover every account), for one client id or all; returns how many (RevokeGrant).
+  public func revokeGrant(app: String, clientID: String?, account: String) throws(TesseraClientError) -> UInt32 {
+    guard
+      case .uint32(let n)? = try call(.revokeGrant, [.string(app), .string(clientID ?? ""), .string(account)]).first
+    else { return 0 }
+    return n
+  }
 
   /// The last access decisions (GetAccessLog), oldest first.
   public func accessLog() throws(TesseraClientError) -> [AccessRecord] {
@@ -593,10 +601,17 @@ public enum TesseraEvent: Sendable, Equatable {
   case accountsChanged
   /// The accounts (ids) that need a sign-in changed (AttentionNeeded).
   case attentionNeeded([String])
+  /// Grants, forwards or the configuration changed (ManagementChanged): read that part again.
+  case managementChanged(BrokerInterface.ManagementPart)
 
   init?(member: String, values: [BusValue]) {
     switch member {
     case BrokerInterface.accountsChanged: self = .accountsChanged
+    case BrokerInterface.managementChanged:
+      guard let part = values.first?.stringValue.flatMap(BrokerInterface.ManagementPart.init(rawValue:)) else {
+        return nil
+      }
+      self = .managementChanged(part)
     case "PropertiesChanged":
       guard values.first?.stringValue == BrokerInterface.interfaceName,
         case .dict(let changed)? = values.dropFirst().first,

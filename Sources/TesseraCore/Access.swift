@@ -170,6 +170,7 @@ extension Broker {
       grantedAt: Int64(deps.clock.now().timeIntervalSince1970), via: "sign-in")
     do {
       try await apply(cache.upsert(grant: grant))
+      deps.events.managementChanged(.grants)
       logger.notice(
         "Access granted: the app that signed in may use this client and account",
         metadata: [
@@ -203,6 +204,7 @@ extension Broker {
     try await ensureLoaded()
     try await apply(cache.upsert(grant: grant))
     fastPath.forgetAllowed()
+    deps.events.managementChanged(.grants)
     logger.notice(
       "Access granted",
       metadata: [
@@ -212,28 +214,57 @@ extension Broker {
       ])
   }
 
-  /// Removes the grants of `app` (for one client id, or all); returns how many.
-  public func revoke(app: String, clientID: String?, caller: CallerInfo?) async throws -> Int {
+  /// Removes the grants of `app` (for one client id, or all; for one account, or all); returns how
+  /// many. `accountID` is an account id, a username, or "*" for the grants that cover every
+  /// account (those are not cut down to the other accounts: they go whole, or stay).
+  public func revoke(app: String, clientID: String?, accountID: String? = nil, caller: CallerInfo?) async throws -> Int
+  {
     try checkMayManage(caller)
     guard AppIdentity(key: app) != nil else { throw Self.notAnAppKey(app) }
     try await ensureLoaded()
+    let account = try accountID.map { try grantAccount($0, what: "revoke") }
     let before = cache.grants.count
     // `forward:NAME` without a host revokes the name's grants for every host it was forwarded to.
     let everyHost = AppIdentity(key: app).map { $0.kind == .forward && $0.forwardHost == nil } ?? false
     try await apply(
       cache.removeGrants { grant in
         (grant.app == app || (everyHost && grant.app.hasPrefix(app + "@")))
-          && (clientID == nil || grant.clientID == clientID)
+          && (clientID == nil || grant.clientID == clientID) && (account == nil || grant.accountID == account)
       })
     fastPath.forgetAllowed()
     let removed = before - cache.grants.count
+    if removed > 0 { deps.events.managementChanged(.grants) }
     logger.notice(
       "Access revoked",
       metadata: [
-        "app_key": "\(app)", "client_id": "\(clientID ?? "*")", "grants": "\(removed)",
-        "by_app": "\(caller?.app?.display ?? "tesserad")", "by_pid": "\(caller?.pid.map(String.init) ?? "?")",
+        "app_key": "\(app)", "client_id": "\(clientID ?? "*")", "account_id": "\(account ?? "*")",
+        "grants": "\(removed)", "by_app": "\(caller?.app?.display ?? "tesserad")",
+        "by_pid": "\(caller?.pid.map(String.init) ?? "?")",
       ])
     return removed
+  }
+
+  /// The account a grant names, as Grant and RevokeGrant take it: an id, a username (the caller
+  /// may not see the accounts it grants), "*" for every account, or "" for the only one signed in.
+  func grantAccount(_ accountID: String, what: String) throws -> String {
+    if accountID.isEmpty {
+      guard cache.accounts.count == 1, let only = cache.accounts.keys.first else {
+        throw TesseraError.invalidArgument(
+          "\(cache.accounts.count) accounts are signed in; name the one to \(what) (an id or username), or * for every account."
+        )
+      }
+      return only
+    }
+    if accountID == AccessGrant.anyAccount || cache.accounts[accountID] != nil { return accountID }
+    // A grant can outlive its account (signed out since): its id still names it.
+    if cache.grants.contains(where: { $0.accountID == accountID }) { return accountID }
+    let named = cache.accounts.values.filter { $0.username.lowercased() == accountID.lowercased() }
+    guard named.count == 1 else {
+      throw TesseraError.noSuchAccount(
+        "No single signed-in account is '\(RequestOptions.clip(accountID))'; pass an account id, a username, or * for every account."
+      )
+    }
+    return named[0].id
   }
 
   // MARK: Audit
@@ -328,23 +359,7 @@ extension Broker {
       }
     }
     try await ensureLoaded()
-    // An id, a username (the caller may not see the accounts it grants), "*", or "" for the only one.
-    var resolved = accountID
-    if accountID.isEmpty {
-      guard cache.accounts.count == 1, let only = cache.accounts.keys.first else {
-        throw TesseraError.invalidArgument(
-          "\(cache.accounts.count) accounts are signed in; name one (an id or username), or * for every account.")
-      }
-      resolved = only
-    } else if accountID != AccessGrant.anyAccount && cache.accounts[accountID] == nil {
-      let named = cache.accounts.values.filter { $0.username.lowercased() == accountID.lowercased() }
-      guard named.count == 1 else {
-        throw TesseraError.noSuchAccount(
-          "No single signed-in account is '\(RequestOptions.clip(accountID))'; pass an account id, a username, or * for every account."
-        )
-      }
-      resolved = named[0].id
-    }
+    let resolved = try grantAccount(accountID, what: "grant")
     try await grant(
       AccessGrant(
         app: app, clientID: clientID, accountID: resolved, grantedAt: Int64(deps.clock.now().timeIntervalSince1970),

@@ -273,6 +273,8 @@ public protocol BrokerEvents: Sendable {
   func signInNoLongerNeeded(accountID: String)
   /// An app used an account for the first time (issue 11): tell the user (`notify_first_use`).
   func appFirstUsedAccount(_ use: FirstUse)
+  /// Grants, forwards or the configuration changed (ManagementChanged): managers read them again.
+  func managementChanged(_ part: BrokerInterface.ManagementPart)
 }
 
 /// An app's first use of an account, for the notification that says so.
@@ -288,4 +290,5 @@ extension BrokerEvents {
   public func signInNeeded(_ need: SignInNeed) {}
   public func signInNoLongerNeeded(accountID: String) {}
   public func appFirstUsedAccount(_ use: FirstUse) {}
+  public func managementChanged(_ part: BrokerInterface.ManagementPart) {}
 }

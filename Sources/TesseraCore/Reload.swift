@@ -65,6 +65,7 @@ extension Broker {
     configNotes.atNextStart = atStart.map(\.rawValue)
     configNotes.loadedAt = Int64(deps.clock.now().timeIntervalSince1970)
     configNotes.reloads += 1
+    deps.events.managementChanged(.config)
     let outcome = ReloadOutcome(
       applied: changed.filter { !Self.keysAppliedAtStart.contains($0) }, atNextStart: atStart, closedForwards: closed)
     logger.notice(
@@ -97,6 +98,7 @@ extension Broker {
   public func refuseReload(_ problems: [String]) {
     configNotes.refused = StatusReport.ConfigStatus.Refusal(
       problems: problems.map { SafeText.clip($0, limit: 1000) }, at: Int64(deps.clock.now().timeIntervalSince1970))
+    deps.events.managementChanged(.config)
     logger.error(
       "Refused to reload the configuration: the one in force stays. Fix the files (`tessera config check`) and reload again",
       metadata: ["problems": "\(problems.joined(separator: "; "))"])

@@ -164,6 +164,12 @@ public struct TesseraFront: Sendable {
       let removed = try await broker.revoke(
         app: a.string(0), clientID: a.string(1).isEmpty ? nil : a.string(1), caller: caller)
       return [.uint32(UInt32(clamping: removed))]
+    case .revokeGrant:
+      metadata["app_key"] = "\(SafeText.clip(a.string(0), limit: 300))"
+      metadata["account_id"] = "\(SafeText.clip(a.string(2), limit: 300))"
+      let removed = try await broker.revoke(
+        app: a.string(0), clientID: a.string(1).isEmpty ? nil : a.string(1), accountID: a.string(2), caller: caller)
+      return [.uint32(UInt32(clamping: removed))]
     case .getAccessLog:
       return [.dicts(try await broker.accessLog(caller: caller).map(\.busValue))]
     case .setCurrentAccount:

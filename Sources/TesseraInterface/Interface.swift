@@ -116,8 +116,9 @@ public enum BrokerInterface {
     case addForward = "AddForward"
     case removeForward = "RemoveForward"
     case listForwards = "ListForwards"
-    // Last: the fuzz seeds name methods by their place in this list.
+    // Last: the fuzz seeds name methods by their place in this list (new methods go after).
     case rejectToken = "RejectToken"
+    case revokeGrant = "RevokeGrant"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -150,6 +151,10 @@ public enum BrokerInterface {
             Arg("scopes", "as"), Arg("operations", "as"),
           ], outputs: [])
       case .revoke: Method(rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")])
+      case .revokeGrant:
+        Method(
+          rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s")],
+          outputs: [Arg("removed", "u")])
       case .getAccessLog: Method(rawValue, inputs: [], outputs: [Arg("records", "aa{sv}")])
       case .setCurrentAccount:
         Method(rawValue, inputs: [Arg("account", "s"), Arg("authority", "s")], outputs: [Arg("result", "a{sv}")])
@@ -172,6 +177,7 @@ public enum BrokerInterface {
       .init("InteractionPending", [Arg("correlation_id", "s"), Arg("info", "a{sv}")]),
       .init(accountsChanged, []),
       .init(forwardEnded, [Arg("name", "s"), Arg("reason", "s")]),
+      .init(managementChanged, [Arg("part", "s")]),
     ],
     properties: [.init("Version", .string(version)), .init(attentionNeeded, .strings([]), emitsChange: true)])
 
@@ -179,6 +185,19 @@ public enum BrokerInterface {
   /// stopping: `tessera forward` then ends its ssh.
   public static let forwardEnded = "ForwardEnded"
   public static let accountsChanged = "AccountsChanged"
+  /// Broadcast when what `tessera access`, `tessera forward` or a reload changes did change: the
+  /// argument is a ManagementPart. It carries no detail: who may read the detail calls for it.
+  public static let managementChanged = "ManagementChanged"
+
+  /// What a ManagementChanged signal says changed, and what to read again.
+  public enum ManagementPart: String, Sendable, CaseIterable {
+    /// ListGrants: a grant made (by a command, "Always allow", a sign-in) or revoked.
+    case grants
+    /// ListForwards: a forward opened or ended.
+    case forwards
+    /// GetStatus's config: a reload put in force, or refused.
+    case config
+  }
 
   /// What a caller that came through a forward may call (issue 24): tokens (and dropping one a
   /// resource refused), the accounts it holds a grant for, and cancelling its own call. Everything else is refused on the bus

@@ -28,6 +28,10 @@ public struct BrokerSignals: BrokerEvents {
     server.setProperty(BrokerInterface.description, BrokerInterface.attentionNeeded, .strings(accountIDs))
   }
 
+  public func managementChanged(_ part: BrokerInterface.ManagementPart) {
+    server.emit(BrokerInterface.description, BrokerInterface.managementChanged, [.string(part.rawValue)])
+  }
+
   public func signInNeeded(_ need: SignInNeed) { notifier?.show(need) }
 
   public func signInNoLongerNeeded(accountID: String) { notifier?.withdraw(accountID: accountID) }

@@ -68,6 +68,38 @@ final class AccessTests: XCTestCase {
     await XCTAssertThrowsTessera(.accessDenied) { _ = try await self.silent(h, as: self.second) }
   }
 
+  func testRevokingOneAccountKeepsTheAppsOtherAccounts() async throws {
+    let h = await Harness(accessMode: .open)
+    let aliceResult = try await h.signIn()
+    h.idp.subject.withLock { $0 = "bob-sub" }
+    let bobResult = try await h.signIn()
+    let alice = try XCTUnwrap(aliceResult["account"]?.dictValue?["id"]?.stringValue)
+    let bob = try XCTUnwrap(bobResult["account"]?.dictValue?["id"]?.stringValue)
+    XCTAssertNotEqual(alice, bob)
+    for account in [alice, bob, "*"] {
+      try await h.broker.grant(app: "exe:/usr/bin/second", clientID: "app1", accountID: account, caller: nil)
+    }
+    XCTAssertEqual(h.events.management.withLock { $0 }, [.grants, .grants, .grants])
+
+    let removed = try await h.broker.revoke(app: "exe:/usr/bin/second", clientID: nil, accountID: bob, caller: nil)
+    XCTAssertEqual(removed, 1)
+    let left = try await h.broker.grants().filter { $0.app == "exe:/usr/bin/second" }.map(\.accountID)
+    XCTAssertEqual(Set(left), [alice, "*"], "bob's grant went; alice's and the every-account grant stay")
+    XCTAssertEqual(h.events.management.withLock { $0 }.count, 4, "the revoke is announced")
+
+    // Nothing to revoke: no announcement; a name that is no account: named error.
+    let none = try await h.broker.revoke(app: "exe:/usr/bin/second", clientID: nil, accountID: bob, caller: nil)
+    XCTAssertEqual(none, 0)
+    XCTAssertEqual(h.events.management.withLock { $0 }.count, 4)
+    await XCTAssertThrowsTessera(.noSuchAccount) {
+      _ = try await h.broker.revoke(app: "exe:/usr/bin/second", clientID: nil, accountID: "carol", caller: nil)
+    }
+    // A sandboxed app may not revoke, for one account either.
+    await XCTAssertThrowsTessera(.accessDenied) {
+      _ = try await h.broker.revoke(app: "exe:/usr/bin/second", clientID: nil, accountID: alice, caller: self.first)
+    }
+  }
+
   func testASandboxedAppMayNotGrantItself() async throws {
     let h = await Harness(accessMode: .strict)
     _ = try await signIn(h, as: first)

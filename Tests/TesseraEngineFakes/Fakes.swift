@@ -107,6 +107,8 @@ package final class RecordingEvents: BrokerEvents, Sendable {
   package func accountsChanged() { accountsChangedCount.withLock { $0 += 1 } }
   package let firstUses = Locked<[FirstUse]>([])
   package func appFirstUsedAccount(_ use: FirstUse) { firstUses.withLock { $0.append(use) } }
+  package let management = Locked<[BrokerInterface.ManagementPart]>([])
+  package func managementChanged(_ part: BrokerInterface.ManagementPart) { management.withLock { $0.append(part) } }
 }
 
 /// A redirect listener that answers with what the test says, given the authorization URL.

@@ -6,10 +6,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import dbus
@@ -601,3 +603,95 @@ def test_a_direct_peer_cannot_pass_for_another_caller_with_the_sender_field(star
         newcomer.close()
     granted_direct.close()
     b.close()
+
+
+class ManagementWatch:
+    """ManagementChanged signals with their argument, as another program on the bus hears them
+    (dbus-monitor without --profile prints each argument on a line of its own)."""
+
+    def __init__(self):
+        self.parts = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            ["dbus-monitor", "--session",
+             "type='signal',interface='org.tessera.Broker1',member='ManagementChanged'",
+             "type='signal',interface='org.tessera.Broker1',member='E2eManagementProbe'"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._member = None
+        threading.Thread(target=self._read, daemon=True).start()
+        conn = new_connection()
+        try:
+            # Once our own probe shows up, the monitor hears everything after it.
+            deadline = time.monotonic() + 10
+            while not self.wait_for(["probe"], timeout=0.5, exact=False):
+                assert time.monotonic() < deadline, "dbus-monitor did not start"
+                conn.send_message(dbus.lowlevel.SignalMessage("/org/tessera/Broker1", "org.tessera.Broker1",
+                                                              "E2eManagementProbe"))
+                conn.flush()
+        finally:
+            conn.close()
+        with self._cond:
+            self.parts.clear()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("signal "):
+                self._member = line.split("member=")[-1]
+                if self._member == "E2eManagementProbe":
+                    with self._cond:
+                        self.parts.append("probe")
+                        self._cond.notify_all()
+            elif line.startswith('string "') and self._member == "ManagementChanged":
+                with self._cond:
+                    self.parts.append(line[len('string "'):-1])
+                    self._cond.notify_all()
+
+    def wait_for(self, parts, timeout=30, exact=True):
+        with self._cond:
+            done = (lambda: self.parts == parts) if exact else (lambda: all(p in self.parts for p in parts))
+            self._cond.wait_for(done, timeout=timeout)
+            return done()
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def test_grants_forwards_and_reloads_are_announced_and_a_revoke_can_name_one_account(
+        start_daemon, write_config, tmp_path):
+    """What the desktop app follows: ManagementChanged("grants" / "forwards" / "config") for each
+    change, heard by another program on the bus; and `tessera access revoke --account` takes one
+    account's grant away and keeps the app's grant for the other."""
+    daemon = start(start_daemon, write_config, "strict")
+    b = Broker()
+    b.sign_in()
+    b.sign_in("bob")
+    watch = ManagementWatch()
+    try:
+        app = "exe:/usr/bin/e2e-mail-client"
+        for account in ("alice", "bob"):
+            run_cli("access", "grant", "--app", app, "--client-id", "tessera-test", "--account", account, check_rc=0)
+        assert watch.wait_for(["grants", "grants"]), watch.parts
+
+        revoked = run_cli("access", "revoke", "--app", app, "--account", "bob", check_rc=0)
+        assert "Removed 1 grant(s) of exe:/usr/bin/e2e-mail-client for bob" in revoked.stdout, revoked.stdout
+        left = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
+        assert [g["account"] for g in left if g["app"] == app] == ["alice"], left
+        assert watch.wait_for(["grants"] * 3), watch.parts
+        # Nothing left to revoke for bob: no change, no signal; a name that is no account is named.
+        assert "Removed 0 grant" in run_cli("access", "revoke", "--app", app, "--account", "bob", check_rc=0).stdout
+        missing = run_cli("access", "revoke", "--app", app, "--account", "carol")
+        assert missing.returncode != 0 and "No single signed-in account is 'carol'" in missing.stderr, missing.stderr
+
+        directory = tmp_path / "fwd"
+        directory.mkdir(mode=0o700)
+        run_cli("forward", "--socket", str(directory / "t.sock"), "--name", "announced", timeout=30, check_rc=0)
+        run_cli("forward", "--stop", "announced", check_rc=0)
+        assert watch.wait_for(["grants"] * 3 + ["forwards"] * 2), watch.parts
+
+        daemon.proc.send_signal(signal.SIGHUP)
+        assert watch.wait_for(["grants"] * 3 + ["forwards"] * 2 + ["config"]), watch.parts
+    finally:
+        watch.close()
+        b.close()
