@@ -115,7 +115,8 @@ extension Broker {
         },
         refreshTokenClients: Array(Set(cache.refreshTokens.filter { $0.accountID == account.id }.map(\.clientID)))
           .sorted(),
-        refreshTokenExpiresOn: cache.refreshTokens.filter { $0.accountID == account.id }.compactMap(\.expiresOn).min())
+        refreshTokenExpiresOn: cache.refreshTokens.filter { $0.accountID == account.id }.compactMap(\.expiresOn).min(),
+        name: account.name, current: cache.currentAccounts.contains(account.id))
     }
     let store = deps.store.storeDescription
     var report = StatusReport.Report(

@@ -122,6 +122,10 @@ public enum StatusReport {
     /// (`refresh_token_expires_in`) lapses; absent when none has one. AttentionNeeded lists the
     /// account from a day before.
     public static let refreshTokenExpiresOn = "refresh_token_expires_on"
+    /// The account's display name from its ID token (absent when it has none).
+    public static let name = "name"
+    /// Whether it is the current account of its identity provider (absent from older brokers).
+    public static let current = "current"
   }
 
   public enum LastError {
@@ -165,6 +169,10 @@ public enum StatusReport {
     /// When the first of the account's refresh tokens that has a lifetime of its own lapses
     /// (`refresh_token_expires_in`); nil when none has one.
     public var refreshTokenExpiresOn: Int64?
+    /// The display name (nil when the account has none, or the broker is older).
+    public var name: String?
+    /// Whether it is the current account of its identity provider (nil from older brokers).
+    public var current: Bool?
 
     public struct LastErrorInfo: Sendable, Equatable, Encodable {
       public var code: String
@@ -202,14 +210,17 @@ public enum StatusReport {
       case nextRefresh = "next_refresh"
       case refreshTokenClients = "refresh_token_clients"
       case refreshTokenExpiresOn = "refresh_token_expires_on"
+      case name, current
     }
 
     public init(
       id: String, username: String, authority: String, state: String, lastError: LastErrorInfo? = nil,
       nextRefresh: Int64? = nil, tokens: [TokenStatus] = [], refreshTokenClients: [String] = [],
-      refreshTokenExpiresOn: Int64? = nil
+      refreshTokenExpiresOn: Int64? = nil, name: String? = nil, current: Bool? = nil
     ) {
       self.refreshTokenExpiresOn = refreshTokenExpiresOn
+      self.name = name
+      self.current = current
       self.id = id
       self.username = username
       self.authority = authority
@@ -244,6 +255,8 @@ public enum StatusReport {
         })
       item[Account.refreshTokenClients] = .strings(refreshTokenClients)
       if let refreshTokenExpiresOn { item[Account.refreshTokenExpiresOn] = .int64(refreshTokenExpiresOn) }
+      if let name, !name.isEmpty { item[Account.name] = .string(name) }
+      if let current { item[Account.current] = .bool(current) }
       return item
     }
 
@@ -279,6 +292,8 @@ public enum StatusReport {
         refreshTokenClients = []
       }
       refreshTokenExpiresOn = int(d, Account.refreshTokenExpiresOn)
+      name = d[Account.name]?.stringValue
+      if case .bool(let current)? = d[Account.current] { self.current = current }
     }
   }
 

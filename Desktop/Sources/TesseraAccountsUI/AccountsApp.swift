@@ -6,7 +6,8 @@ public final class AccountsApp {
   public static let applicationID = "org.tessera.Accounts"
   private let application: UnsafeMutablePointer<AdwApplication>
   private var window: Widget?
-  private var accounts: AccountsPage?
+  private var pages: MainView?
+  private let model = BrokerModel()
   private var following: Task<Void, Never>?
 
   public init() {
@@ -39,17 +40,95 @@ public final class AccountsApp {
     let window = adw_application_window_new(
       UnsafeMutableRawPointer(application).assumingMemoryBound(to: GtkApplication.self))!
     gtk_window_set_title(window.as(GtkWindow.self), "Tessera Accounts")
-    gtk_window_set_default_size(window.as(GtkWindow.self), 560, 520)
-    let box = gtk_box_new(GTK_ORIENTATION_VERTICAL, 0)!
-    gtk_box_append(box.as(GtkBox.self), adw_header_bar_new())
-    let accounts = AccountsPage()
-    gtk_widget_set_vexpand(accounts.widget, 1)
-    gtk_box_append(box.as(GtkBox.self), accounts.widget)
-    adw_application_window_set_content(window.as(AdwApplicationWindow.self), box)
+    gtk_window_set_default_size(window.as(GtkWindow.self), 760, 600)
+    let pages = MainView(model: model)
+    pages.window = window
+    adw_application_window_set_content(window.as(AdwApplicationWindow.self), pages.widget)
     self.window = window
-    self.accounts = accounts
-    accounts.window = window
+    self.pages = pages
     gtk_window_present(window.as(GtkWindow.self))
-    following = Task { await accounts.follow() }
+    following = Task { [model] in await model.follow() }
+  }
+}
+
+/// The window's content: a header bar whose switcher picks the page, a banner for what the user
+/// must know now (a failed action, a sign-in to finish), and the pages.
+@GtkActor
+final class MainView {
+  let widget: Widget
+  let accounts: AccountsPage
+  let apps: AppsPage
+  let activity: ActivityPage
+  let forwards: ForwardsPage
+  let status: StatusPage
+  private let stack: Widget
+  private let banner: Widget
+  private let bannerText: Widget
+  var window: Widget? {
+    didSet { accounts.window = window }
+  }
+
+  /// The pages by name, title and icon, in the switcher's order.
+  static let pages = [
+    ("accounts", "Accounts", "avatar-default-symbolic"), ("apps", "Apps", "view-grid-symbolic"),
+    ("activity", "Activity", "document-open-recent-symbolic"), ("forwards", "Forwards", "network-server-symbolic"),
+    ("status", "Status", "emblem-system-symbolic"),
+  ]
+
+  init(model: BrokerModel) {
+    accounts = AccountsPage(model: model)
+    apps = AppsPage(model: model)
+    activity = ActivityPage(model: model)
+    forwards = ForwardsPage(model: model)
+    status = StatusPage(model: model)
+    widget = gtk_box_new(GTK_ORIENTATION_VERTICAL, 0)!
+    stack = adw_view_stack_new()!
+    for ((name, title, icon), page) in zip(
+      Self.pages, [accounts.widget, apps.widget, activity.widget, forwards.widget, status.widget])
+    {
+      let added = adw_view_stack_add_titled(stack.opaque, page, name, title)
+      adw_view_stack_page_set_icon_name(added, icon)
+    }
+    let header = adw_header_bar_new()!
+    let switcher = adw_view_switcher_title_new()!
+    adw_view_switcher_title_set_stack(switcher.opaque, stack.opaque)
+    adw_view_switcher_title_set_title(switcher.opaque, "Tessera Accounts")
+    adw_header_bar_set_title_widget(header.opaque, switcher)
+    gtk_box_append(widget.as(GtkBox.self), header)
+    // libadwaita 1.2 has no AdwBanner: a revealer with a label and a close button does its job.
+    banner = gtk_revealer_new()!
+    let bannerBox = gtk_box_new(GTK_ORIENTATION_HORIZONTAL, 6)!
+    gtk_widget_add_css_class(bannerBox, "toolbar")
+    bannerText = Gtk.label("")
+    gtk_label_set_selectable(bannerText.opaque, 1)
+    gtk_widget_set_hexpand(bannerText, 1)
+    gtk_label_set_xalign(bannerText.opaque, 0)
+    gtk_box_append(bannerBox.as(GtkBox.self), bannerText)
+    gtk_revealer_set_child(banner.opaque, bannerBox)
+    gtk_box_append(widget.as(GtkBox.self), banner)
+    gtk_widget_set_vexpand(stack, 1)
+    gtk_box_append(widget.as(GtkBox.self), stack)
+    let close = Gtk.iconButton("window-close-symbolic", accessibleLabel: "Dismiss the message") {}
+    gtk_box_append(bannerBox.as(GtkBox.self), close)
+    Signals.connect(close.raw, "clicked") { [unowned self] in self.say(nil) }
+    model.say = { [unowned self] text in self.say(text) }
+    // The access log has no signal: it is read when its page (or an account's) is shown.
+    Signals.connectWithArgument(stack.raw, "notify::visible-child") { [unowned self, unowned model] in
+      if self.visiblePage == "activity" || self.visiblePage == "apps" {
+        Task { @GtkActor in await model.refreshLog() }
+      }
+    }
+  }
+
+  var visiblePage: String? {
+    adw_view_stack_get_visible_child_name(stack.opaque).map { String(cString: $0) }
+  }
+
+  func show(page: String) { adw_view_stack_set_visible_child_name(stack.opaque, page) }
+
+  /// Shows `text` in the banner (nil hides it).
+  func say(_ text: String?) {
+    gtk_label_set_text(bannerText.opaque, text ?? "")
+    gtk_revealer_set_reveal_child(banner.opaque, text == nil ? 0 : 1)
   }
 }

@@ -9,23 +9,43 @@ public struct AccountRow: Sendable, Equatable {
   public var username: String
   public var name: String
   public var environment: String
+  public var authority: String
   public var state: String
   public var current: Bool
   /// Accounts that need the user come first.
   public var needsAttention: Bool
 
-  /// What the page shows, from GetAccounts and GetStatus: the accounts that need attention
-  /// first, then by username.
+  /// What the page shows, from GetStatus (every account, whatever the app's own grants) and
+  /// GetAccounts (the names and current marks of the accounts this app may see, for brokers whose
+  /// status has none): the accounts that need attention first, then by username.
   public static func rows(accounts: [AccountInfo], status: StatusReport.Report) -> [AccountRow] {
-    let states = Dictionary(status.accounts.map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
+    let visible = Dictionary(accounts.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
     let attention = Set(status.attentionNeeded)
-    return accounts.map { account in
-      let state = states[account.id] ?? "ok"
+    var listed = status.accounts.map { entry in
+      let info = visible[entry.id]
       return AccountRow(
-        id: account.id, username: account.username, name: account.name, environment: account.environment,
-        state: StatusReport.label(forState: state), current: account.current == true,
-        needsAttention: attention.contains(account.id) || state != "ok")
-    }.sorted { ($0.needsAttention ? 0 : 1, $0.username, $0.id) < ($1.needsAttention ? 0 : 1, $1.username, $1.id) }
+        id: entry.id, username: entry.username, name: entry.name ?? info?.name ?? "",
+        environment: info?.environment ?? host(of: entry.authority), authority: entry.authority,
+        state: StatusReport.label(forState: entry.state), current: entry.current ?? info?.current ?? false,
+        needsAttention: attention.contains(entry.id) || entry.state != "ok")
+    }
+    let inStatus = Set(status.accounts.map(\.id))
+    for account in accounts where !inStatus.contains(account.id) {
+      listed.append(
+        AccountRow(
+          id: account.id, username: account.username, name: account.name, environment: account.environment,
+          authority: account.authority, state: StatusReport.label(forState: "ok"), current: account.current == true,
+          needsAttention: attention.contains(account.id)))
+    }
+    return listed.sorted {
+      ($0.needsAttention ? 0 : 1, $0.username, $0.id) < ($1.needsAttention ? 0 : 1, $1.username, $1.id)
+    }
+  }
+
+  /// An authority's host ("login.microsoftonline.com"), as GetAccounts' environment names it.
+  static func host(of authority: String) -> String {
+    guard let rest = authority.split(separator: "://", maxSplits: 1).last else { return authority }
+    return String(rest.prefix { $0 != "/" && $0 != ":" })
   }
 
   /// The row's accessible name: everything a screen reader user needs, in one phrase.
@@ -43,134 +63,272 @@ public struct AccountRow: Sendable, Equatable {
   }
 }
 
-/// The Accounts page: a row per account, kept up to date from the broker's events.
+/// The Accounts page: a row per account, and one account's own page (its apps, tokens and
+/// actions) in place of the list when the row's Open button is pressed.
 @GtkActor
 final class AccountsPage {
   let widget: Widget
-  private let group: Widget
-  private let message: Widget
-  private var rows: [Widget] = []
-  private let broker = AsyncTesseraBroker()
+  private let model: BrokerModel
+  private let list: RowGroup
+  private let detail: AccountDetail
   /// The window the page's dialogs belong to.
-  var window: Widget?
-
-  init() {
-    widget = adw_preferences_page_new()!
-    group = adw_preferences_group_new()!
-    adw_preferences_group_set_title(group.as(AdwPreferencesGroup.self), "Accounts")
-    adw_preferences_page_add(widget.as(AdwPreferencesPage.self), group.as(AdwPreferencesGroup.self))
-    message = Gtk.label("")
-    gtk_widget_set_visible(message, 0)
-    adw_preferences_group_add(group.as(AdwPreferencesGroup.self), message)
+  var window: Widget? {
+    didSet { detail.window = window }
   }
 
-  /// Shows the accounts now, then follows the broker: each event reads them again. When tesserad
-  /// stops, says so and watches again after a pause.
-  func follow() async {
-    while !Task.isCancelled {
-      do {
-        for try await event in broker.events() {
-          switch event {
-          case .watching, .accountsChanged, .attentionNeeded: await reload()
-          }
-        }
-      } catch {
-        show(message: "Tessera's broker is not running (\(error)). Waiting for it to start…")
-      }
-      try? await Task.sleep(for: .seconds(2))
-    }
+  init(model: BrokerModel) {
+    self.model = model
+    widget = gtk_stack_new()!
+    let listPage = Gtk.preferencesPage()
+    list = RowGroup("Accounts", empty: "No account is signed in yet.")
+    adw_preferences_page_add(listPage.as(AdwPreferencesPage.self), list.group.as(AdwPreferencesGroup.self))
+    detail = AccountDetail(model: model)
+    gtk_stack_add_named(widget.opaque, listPage, "list")
+    gtk_stack_add_named(widget.opaque, detail.widget, "account")
+    detail.onBack = { [unowned self] in self.showList() }
+    model.onChange { [unowned self] in self.update() }
   }
 
-  func reload() async {
-    do {
-      async let accounts = broker.accounts()
-      async let status = broker.status()
-      show(AccountRow.rows(accounts: try await accounts, status: try await status))
-    } catch {
-      show(message: "Could not read the accounts: \(error)")
-    }
+  func showList() {
+    detail.accountID = nil
+    gtk_stack_set_visible_child_name(widget.opaque, "list")
   }
 
-  private func show(message text: String) {
-    gtk_label_set_text(message.opaque, text)
-    gtk_widget_set_visible(message, 1)
+  func show(accountID: String) {
+    detail.accountID = accountID
+    detail.update()
+    gtk_stack_set_visible_child_name(widget.opaque, "account")
   }
 
-  private func show(_ accounts: [AccountRow]) {
-    for row in rows { adw_preferences_group_remove(group.as(AdwPreferencesGroup.self), row) }
-    rows = accounts.map(row)
-    for row in rows { adw_preferences_group_add(group.as(AdwPreferencesGroup.self), row) }
-    if accounts.isEmpty {
-      show(message: "No account is signed in. Sign in with `tessera login`.")
-    } else {
-      gtk_widget_set_visible(message, 0)
-    }
+  private func update() {
+    let rows = model.rows
+    list.setEmptyText(
+      model.status == nil
+        ? (model.problem ?? "Reading the accounts…")
+        : "No account is signed in yet. Sign in with Add account, or `tessera login`.")
+    list.set(rows.map(row))
+    detail.update()
   }
 
   private func row(_ account: AccountRow) -> Widget {
-    let row = adw_action_row_new()!
-    // Usernames come from identity providers: shown as text, never as markup.
-    adw_preferences_row_set_use_markup(row.as(AdwPreferencesRow.self), 0)
-    adw_preferences_row_set_title(row.as(AdwPreferencesRow.self), account.username)
-    adw_action_row_set_subtitle(row.as(AdwActionRow.self), account.subtitle)
+    let now = BrokerModel.now
+    var subtitle = account.subtitle
+    let apps = LastUse.appCount(accountID: account.id, grants: model.grants)
+    subtitle += " · \(apps == 1 ? "1 app" : "\(apps) apps") may use it"
+    if let use = LastUse.of(username: account.username, log: model.log) {
+      subtitle += " · last used \(When.ago(use.at, now: now)) by \(use.app)"
+    }
+    let row = Gtk.row(title: account.username, subtitle: subtitle, accessibleLabel: account.accessibleLabel)
     let state = Gtk.label(account.state, wrap: false)
-    gtk_widget_set_valign(state, GTK_ALIGN_CENTER)
-    adw_action_row_add_suffix(row.as(AdwActionRow.self), state)
+    Gtk.suffix(row, state)
     if !account.current {
-      let use = Gtk.button("Make current", accessibleLabel: "Make \(account.username) the current account") {
-        [unowned self] in
-        self.run("make \(account.username) current") { broker in
-          _ = try await broker.setCurrentAccount(account.id)
-        }
-      }
-      gtk_widget_set_valign(use, GTK_ALIGN_CENTER)
-      adw_action_row_add_suffix(row.as(AdwActionRow.self), use)
+      Gtk.suffix(
+        row,
+        Gtk.button("Make current", accessibleLabel: "Make \(account.username) the current account") {
+          [unowned self] in
+          AccountActions.makeCurrent(account, model: self.model)
+        })
     }
-    let signOut = Gtk.button("Sign out…", accessibleLabel: "Sign out \(account.username)") { [unowned self] in
-      self.confirmSignOut(account)
-    }
-    gtk_widget_set_valign(signOut, GTK_ALIGN_CENTER)
-    adw_action_row_add_suffix(row.as(AdwActionRow.self), signOut)
-    row.setAccessibleLabel(account.accessibleLabel)
+    Gtk.suffix(
+      row,
+      Gtk.button("Sign out…", accessibleLabel: "Sign out \(account.username)") { [unowned self] in
+        AccountActions.confirmSignOut(account, model: self.model, window: self.window)
+      })
+    Gtk.suffix(
+      row,
+      Gtk.iconButton("go-next-symbolic", accessibleLabel: "Open \(account.username)'s account") { [unowned self] in
+        self.show(accountID: account.id)
+      })
     return row
   }
+}
 
-  /// Runs a broker call for a button; a failure is shown on the page in words.
-  private func run(_ what: String, _ body: @escaping @Sendable (AsyncTesseraBroker) async throws -> Void) {
-    let broker = broker
-    Task { @GtkActor in
-      do { try await body(broker) } catch { self.show(message: "Could not \(what): \(error)") }
+/// What a button can do to an account, the same from the list and from the account's page.
+@GtkActor
+enum AccountActions {
+  static func makeCurrent(_ account: AccountRow, model: BrokerModel) {
+    model.run("make \(account.username) current") { broker in
+      _ = try await broker.setCurrentAccount(account.id)
     }
   }
 
   /// Sign-out asks first, naming the apps that lose the account, and offers the browser too.
-  private func confirmSignOut(_ account: AccountRow) {
-    let broker = broker
-    Task { @GtkActor in
-      let grants = (try? await broker.grants()) ?? []
-      let apps = Set(grants.filter { $0.accountID == account.id || $0.accountID == "*" }.map(\.appDisplay)).sorted()
-      let body =
-        (apps.isEmpty
-          ? "No app has been granted this account by name."
-          : "These apps lose access: \(apps.joined(separator: ", ")).")
-        + " Signing out in the browser too ends your session at \(account.environment), so the next sign-in asks for your password."
-      let dialog = adw_message_dialog_new(
-        window.map { $0.as(GtkWindow.self) }, "Sign out \(account.username)?", body)!
-      let message = dialog.as(AdwMessageDialog.self)
-      adw_message_dialog_add_response(message, "cancel", "Cancel")
-      adw_message_dialog_add_response(message, "browser", "Sign out here and in the browser")
-      adw_message_dialog_add_response(message, "signout", "Sign out")
-      adw_message_dialog_set_response_appearance(message, "signout", ADW_RESPONSE_DESTRUCTIVE)
-      adw_message_dialog_set_default_response(message, "cancel")
-      adw_message_dialog_set_close_response(message, "cancel")
-      Signals.connectResponse(dialog.raw) { [unowned self] response in
-        gtk_window_destroy(dialog.as(GtkWindow.self))
-        guard response == "signout" || response == "browser" else { return }
-        self.run("sign out \(account.username)") { broker in
-          try await broker.signOut(accountID: account.id, browser: response == "browser")
-        }
+  static func confirmSignOut(_ account: AccountRow, model: BrokerModel, window: Widget?) {
+    let apps = Set(
+      model.grants.filter { $0.accountID == account.id || $0.accountID == "*" }.map(\.appDisplay)
+    ).sorted()
+    let body =
+      (apps.isEmpty
+        ? "No app has been granted this account by name."
+        : "These apps lose access: \(apps.joined(separator: ", ")).")
+      + " Signing out in the browser too ends your session at \(account.environment), so the next sign-in asks for your password."
+    let dialog = adw_message_dialog_new(
+      window.map { $0.as(GtkWindow.self) }, "Sign out \(account.username)?", body)!
+    let message = dialog.as(AdwMessageDialog.self)
+    adw_message_dialog_add_response(message, "cancel", "Cancel")
+    adw_message_dialog_add_response(message, "browser", "Sign out here and in the browser")
+    adw_message_dialog_add_response(message, "signout", "Sign out")
+    adw_message_dialog_set_response_appearance(message, "signout", ADW_RESPONSE_DESTRUCTIVE)
+    adw_message_dialog_set_default_response(message, "cancel")
+    adw_message_dialog_set_close_response(message, "cancel")
+    Signals.connectResponse(dialog.raw) { response in
+      gtk_window_destroy(dialog.as(GtkWindow.self))
+      guard response == "signout" || response == "browser" else { return }
+      model.run("sign out \(account.username)") { broker in
+        try await broker.signOut(accountID: account.id, browser: response == "browser")
       }
-      gtk_window_present(dialog.as(GtkWindow.self))
     }
+    gtk_window_present(dialog.as(GtkWindow.self))
+  }
+
+  /// Signs the account in again through the broker (its browser, or a device code it shows).
+  static func signInAgain(_ account: AccountRow, model: BrokerModel) {
+    var options = TesseraTokenOptions()
+    options.authority = account.authority
+    options.loginHint = account.username
+    let request = options
+    model.say("Signing in to \(account.username): finish in the browser window that opens.")
+    model.run("sign in to \(account.username) again") { broker in
+      _ = try await broker.acquireToken(options: request) { interaction in
+        let text = SignInWords.text(interaction, username: account.username)
+        Task { @GtkActor in model.say(text) }
+      }
+      Task { @GtkActor in model.say(nil) }
+    }
+  }
+}
+
+/// One account's page: who it is, its actions, the apps that may use it (each with Revoke) and
+/// its cached tokens.
+@GtkActor
+final class AccountDetail {
+  let widget: Widget
+  private let model: BrokerModel
+  private let about: RowGroup
+  private let apps: RowGroup
+  private let tokens: RowGroup
+  var accountID: String?
+  var window: Widget?
+  var onBack: @GtkActor () -> Void = {}
+
+  init(model: BrokerModel) {
+    self.model = model
+    widget = gtk_box_new(GTK_ORIENTATION_VERTICAL, 0)!
+    let back = Gtk.iconButton("go-previous-symbolic", accessibleLabel: "Back to all accounts") {}
+    gtk_widget_set_halign(back, GTK_ALIGN_START)
+    gtk_widget_set_margin_start(back, 12)
+    gtk_widget_set_margin_top(back, 6)
+    gtk_box_append(widget.as(GtkBox.self), back)
+    let page = Gtk.preferencesPage()
+    gtk_widget_set_vexpand(page, 1)
+    about = RowGroup("Account", empty: "This account is no longer signed in.")
+    apps = RowGroup("Apps", empty: "No app has a grant for this account.")
+    tokens = RowGroup("Tokens", empty: "No access token is cached for this account.")
+    for group in [about, apps, tokens] {
+      adw_preferences_page_add(page.as(AdwPreferencesPage.self), group.group.as(AdwPreferencesGroup.self))
+    }
+    gtk_box_append(widget.as(GtkBox.self), page)
+    Signals.connect(back.raw, "clicked") { [unowned self] in self.onBack() }
+  }
+
+  func update() {
+    guard let accountID else { return }
+    guard let account = model.rows.first(where: { $0.id == accountID }) else {
+      about.setTitle("Account")
+      about.set([])
+      apps.set([])
+      tokens.set([])
+      return
+    }
+    let now = BrokerModel.now
+    about.setTitle(account.username, description: account.subtitle)
+    let state = Gtk.row(
+      title: "State", subtitle: account.state, accessibleLabel: "\(account.username) is \(account.state.lowercased())")
+    let actions = gtk_box_new(GTK_ORIENTATION_HORIZONTAL, 6)!
+    gtk_box_append(
+      actions.as(GtkBox.self),
+      Gtk.button("Sign in again", accessibleLabel: "Sign in to \(account.username) again") { [unowned self] in
+        AccountActions.signInAgain(account, model: self.model)
+      })
+    if !account.current {
+      gtk_box_append(
+        actions.as(GtkBox.self),
+        Gtk.button("Make current", accessibleLabel: "Make \(account.username) the current account") {
+          [unowned self] in
+          AccountActions.makeCurrent(account, model: self.model)
+        })
+    }
+    gtk_box_append(
+      actions.as(GtkBox.self),
+      Gtk.button("Sign out…", accessibleLabel: "Sign out \(account.username)") { [unowned self] in
+        AccountActions.confirmSignOut(account, model: self.model, window: self.window)
+      })
+    Gtk.suffix(state, actions)
+    about.set([state])
+
+    let info = AccountInfo(
+      id: account.id, username: account.username, name: account.name, authority: account.authority,
+      environment: account.environment, realm: "", localAccountID: "")
+    apps.setTitle("Apps that may use \(account.username)")
+    apps.set(
+      AccountAppRow.rows(account: info, grants: model.grants, log: model.log).map { app in
+        let row = Gtk.row(title: app.appDisplay, subtitle: app.subtitle(now: now))
+        Gtk.suffix(
+          row,
+          Gtk.button("Revoke", accessibleLabel: "Revoke \(app.appDisplay)'s access to \(account.username)") {
+            [unowned self] in
+            self.revoke(app, account: account)
+          })
+        return row
+      })
+    let cached = model.status?.accounts.first { $0.id == account.id }?.tokens ?? []
+    tokens.set(
+      cached.map { token in
+        let expiry =
+          TokenExpiry.isNever(token.expiresOn)
+          ? "does not expire"
+          : (token.expiresOn > now ? "expires in \((token.expiresOn - now + 59) / 60) min" : "expired")
+        return Gtk.row(
+          title: "client \(token.clientID)",
+          subtitle: (token.scopes.isEmpty ? "sign-in scopes" : token.scopes.joined(separator: " ")) + " · " + expiry)
+      })
+  }
+
+  /// Revokes the app's grant for this account; a grant for every account goes whole, so that
+  /// one asks first.
+  private func revoke(_ app: AccountAppRow, account: AccountRow) {
+    let go: @GtkActor () -> Void = { [model] in
+      model.run("revoke \(app.appDisplay)'s access to \(account.username)") { broker in
+        try await broker.revokeGrant(
+          app: app.app, clientID: app.clientID, account: app.everyAccount ? "*" : account.id)
+      }
+    }
+    guard app.everyAccount else { return go() }
+    let dialog = adw_message_dialog_new(
+      window.map { $0.as(GtkWindow.self) }, "Revoke \(app.appDisplay)'s access to every account?",
+      "\(app.appDisplay) was granted every account for client \(app.clientID). Revoking it here takes all of them away; grant the ones to keep again with `tessera access grant`."
+    )!
+    let message = dialog.as(AdwMessageDialog.self)
+    adw_message_dialog_add_response(message, "cancel", "Cancel")
+    adw_message_dialog_add_response(message, "revoke", "Revoke for every account")
+    adw_message_dialog_set_response_appearance(message, "revoke", ADW_RESPONSE_DESTRUCTIVE)
+    adw_message_dialog_set_default_response(message, "cancel")
+    adw_message_dialog_set_close_response(message, "cancel")
+    Signals.connectResponse(dialog.raw) { response in
+      gtk_window_destroy(dialog.as(GtkWindow.self))
+      if response == "revoke" { go() }
+    }
+    gtk_window_present(dialog.as(GtkWindow.self))
+  }
+}
+
+/// What to tell the user while the broker waits for a sign-in.
+public enum SignInWords {
+  public static func text(_ interaction: TesseraInteraction, username: String) -> String {
+    if let code = interaction.userCode {
+      return "To sign in to \(username), open \(interaction.verificationURI) on any device and enter the code \(code)."
+    }
+    return
+      "Signing in to \(username): finish in your browser. If no window opened, open \(interaction.verificationURI)."
   }
 }

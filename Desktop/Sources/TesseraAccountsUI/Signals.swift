@@ -43,4 +43,21 @@ enum Signals {
     g_signal_connect_data(
       instance, "response", unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
   }
+
+  /// Connects `body` to a signal whose handler takes one pointer argument between the instance and
+  /// the data ("notify::PROPERTY" with its GParamSpec, "row-activated" with its row).
+  static func connectWithArgument(
+    _ instance: UnsafeMutableRawPointer, _ signal: String, _ body: @escaping @GtkActor () -> Void
+  ) {
+    let data = Unmanaged.passRetained(Handler(body)).toOpaque()
+    let thunk: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = {
+      _, _, data in
+      let handler = Unmanaged<Handler>.fromOpaque(data!).takeUnretainedValue()
+      GtkActor.onGtkThread { handler.body() }
+    }
+    let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutablePointer<GClosure>?) -> Void = { data, _ in
+      Unmanaged<Handler>.fromOpaque(data!).release()
+    }
+    g_signal_connect_data(instance, signal, unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
+  }
 }

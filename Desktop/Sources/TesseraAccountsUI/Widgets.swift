@@ -1,5 +1,6 @@
 import CAdwaita
 import CTesseraGtkShim
+import Glibc
 
 /// A GTK widget pointer: GTK's functions take the class they belong to, and C's cast macros are
 /// not callable from Swift, so the pointer is reinterpreted here (GTK checks the type at run time).
@@ -29,4 +30,86 @@ enum Gtk {
     Signals.connect(button.raw, "clicked", action)
     return button
   }
+}
+
+extension Gtk {
+  /// A button showing an icon only; its accessible name says what it does and to what.
+  static func iconButton(_ icon: String, accessibleLabel: String, action: @escaping @GtkActor () -> Void) -> Widget {
+    let button = gtk_button_new_from_icon_name(icon)!
+    button.setAccessibleLabel(accessibleLabel)
+    gtk_widget_set_tooltip_text(button, accessibleLabel)
+    gtk_widget_set_valign(button, GTK_ALIGN_CENTER)
+    Signals.connect(button.raw, "clicked", action)
+    return button
+  }
+
+  /// An AdwActionRow with a title and a subtitle, both shown as text (never markup: they come
+  /// from identity providers and apps), and an accessible name that says both.
+  static func row(title: String, subtitle: String, accessibleLabel: String? = nil) -> Widget {
+    let row = adw_action_row_new()!
+    adw_preferences_row_set_use_markup(row.as(AdwPreferencesRow.self), 0)
+    adw_preferences_row_set_title(row.as(AdwPreferencesRow.self), title)
+    adw_action_row_set_subtitle(row.as(AdwActionRow.self), subtitle)
+    row.setAccessibleLabel(accessibleLabel ?? "\(title): \(subtitle)")
+    return row
+  }
+
+  static func suffix(_ row: Widget, _ widget: Widget) {
+    gtk_widget_set_valign(widget, GTK_ALIGN_CENTER)
+    adw_action_row_add_suffix(row.as(AdwActionRow.self), widget)
+  }
+
+  /// A drop-down list of `labels`; its accessible name says what it filters.
+  static func dropDown(_ labels: [String], accessibleLabel: String) -> Widget {
+    let dropDown = withStrings(labels) { gtk_drop_down_new_from_strings($0) }!
+    dropDown.setAccessibleLabel(accessibleLabel)
+    return dropDown
+  }
+
+  /// Calls `body` with a NULL-terminated C array of `strings`, valid for the call.
+  static func withStrings<T>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T) -> T {
+    let copies = strings.map { UnsafePointer(strdup($0)) }
+    defer { for copy in copies { free(UnsafeMutablePointer(mutating: copy)) } }
+    return (copies + [nil]).withUnsafeBufferPointer { body($0.baseAddress!) }
+  }
+
+  /// A page: a vertical box whose preferences page scrolls.
+  static func preferencesPage() -> Widget { adw_preferences_page_new()! }
+
+  static func group(_ title: String, description: String? = nil) -> Widget {
+    let group = adw_preferences_group_new()!
+    adw_preferences_group_set_title(group.as(AdwPreferencesGroup.self), title)
+    if let description { adw_preferences_group_set_description(group.as(AdwPreferencesGroup.self), description) }
+    return group
+  }
+}
+
+/// A preferences group whose rows are replaced whole on each update, with a line of text when it
+/// has none.
+@GtkActor
+final class RowGroup {
+  let group: Widget
+  private var rows: [Widget] = []
+  private let empty: Widget
+
+  init(_ title: String, description: String? = nil, empty text: String) {
+    group = Gtk.group(title, description: description)
+    empty = Gtk.label(text)
+    gtk_label_set_xalign(empty.opaque, 0)
+    adw_preferences_group_add(group.as(AdwPreferencesGroup.self), empty)
+  }
+
+  func set(_ newRows: [Widget]) {
+    for row in rows { adw_preferences_group_remove(group.as(AdwPreferencesGroup.self), row) }
+    rows = newRows
+    for row in rows { adw_preferences_group_add(group.as(AdwPreferencesGroup.self), row) }
+    gtk_widget_set_visible(empty, rows.isEmpty ? 1 : 0)
+  }
+
+  func setTitle(_ title: String, description: String? = nil) {
+    adw_preferences_group_set_title(group.as(AdwPreferencesGroup.self), title)
+    adw_preferences_group_set_description(group.as(AdwPreferencesGroup.self), description)
+  }
+
+  func setEmptyText(_ text: String) { gtk_label_set_text(empty.opaque, text) }
 }

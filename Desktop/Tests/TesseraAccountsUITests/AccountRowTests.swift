@@ -38,4 +38,19 @@ struct AccountRowTests {
         "Signed in", "Needs sign-in", "Keyring locked", "Offline, retrying",
       ])
   }
+
+  @Test func everyAccountIsShownEvenWhenTheAppHoldsNoGrantForIt() {
+    // access_mode = "strict": GetAccounts shows the app none, GetStatus shows the manager all.
+    let status = StatusReport.Report(
+      storeProblem: nil,
+      accounts: [
+        .init(
+          id: "b", username: "bob", authority: "https://login.example.com:8443/tenant", state: "ok", name: "Bob B",
+          current: true)
+      ], attentionNeeded: [])
+    let rows = AccountRow.rows(accounts: [], status: status)
+    #expect(rows.count == 1)
+    #expect(rows[0].environment == "login.example.com" && rows[0].name == "Bob B" && rows[0].current)
+    #expect(rows[0].accessibleLabel == "bob at login.example.com, signed in, current account")
+  }
 }
