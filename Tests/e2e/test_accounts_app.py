@@ -7,12 +7,13 @@ scripts/test builds the app and names it in TESSERA_ACCOUNTS_APP; without that v
 run of one suite) these tests are skipped, and with it a missing binary fails them."""
 import json
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import Broker, expect_error, wait_until
+from conftest import Broker, expect_error, run_cli, wait_until
 
 APP = os.environ.get("TESSERA_ACCOUNTS_APP")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,20 +45,33 @@ def screenshot(display, path):
 
 
 @pytest.fixture
-def app(display, daemon, tmp_path):
+def launch_app(display, tmp_path):
+    """launch_app() starts the app against the tesserad the test started; stopped at teardown."""
     assert os.access(APP, os.X_OK), f"{APP} is not built (cd Desktop && swift build)"
-    env = dict(os.environ, DISPLAY=display, GSK_RENDERER="cairo")
-    env.pop("GTK_A11Y", None)
-    env.pop("NO_AT_BRIDGE", None)
-    log = open(tmp_path / "tessera-accounts.log", "w")
-    proc = subprocess.Popen([APP], env=env, stdout=log, stderr=subprocess.STDOUT)
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    finally:
-        log.close()
-    assert proc.returncode in (0, -15), (tmp_path / "tessera-accounts.log").read_text()[-3000:]
+    started = []
+
+    def launch():
+        env = dict(os.environ, DISPLAY=display, GSK_RENDERER="cairo")
+        env.pop("GTK_A11Y", None)
+        env.pop("NO_AT_BRIDGE", None)
+        log = open(tmp_path / "tessera-accounts.log", "w")
+        proc = subprocess.Popen([APP], env=env, stdout=log, stderr=subprocess.STDOUT)
+        started.append((proc, log))
+        return proc
+
+    yield launch
+    for proc, log in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            log.close()
+        assert proc.returncode in (0, -15), (tmp_path / "tessera-accounts.log").read_text()[-3000:]
+
+
+@pytest.fixture
+def app(daemon, launch_app):
+    return launch_app()
 
 
 def tree():
@@ -74,6 +88,24 @@ def press(name):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout) is True
+
+
+def names():
+    return [n["name"] for n in tree() or []]
+
+
+def wait_for_name(predicate, what):
+    """Waits until a node of the app's tree has a name for which predicate holds; that name."""
+    found = []
+
+    def check():
+        found[:] = [n for n in names() if predicate(n)]
+        return found
+    try:
+        wait_until(check, timeout=60, interval=0.3, what=what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; names: {names()}") from None
+    return found[0]
 
 
 def rows():
@@ -140,5 +172,78 @@ def test_make_current_and_sign_out_from_the_app(app, idp):
         wait_until(lambda: press("Sign out"), what="the sign-out question")
         wait_for_rows(lambda r: r and not any(n.startswith("bob") for n in r), "bob's row gone")
         assert [a["username"] for a in broker.accounts()] == ["alice"]
+    finally:
+        broker.close()
+
+
+def test_every_page_shows_the_broker_and_acts_on_it(start_daemon, write_config, launch_app, display, tmp_path,
+                                                    monkeypatch):
+    """The pages as a user goes through them, with an administrator's policy, two accounts, an app
+    granted one of them, and a forward: each page shows what the broker says (and a screenshot of
+    it is taken), an account's Revoke refuses that app its account and only that, Stop ends the
+    forward, and Status says the broker is managed by the organisation."""
+    system = tmp_path / "etc-tessera"
+    system.mkdir()
+    (system / "config.toml").write_text('access_mode = "strict"\n[policy]\nlocked = ["access_mode"]\n')
+    os.chmod(system / "config.toml", 0o644)
+    monkeypatch.setenv("TESSERA_SYSTEM_CONFIG_DIR", str(system))
+    start_daemon(config=write_config(access_mode="strict"), extra_env={"TESSERA_SYSTEM_CONFIG_DIR": str(system)})
+    broker = Broker()
+    try:
+        broker.sign_in("alice")
+        bob = broker.sign_in("bob")["account"]["id"]
+        # The tessera command is another app: refused until granted bob, then served.
+        refused = run_cli("token", "--account", bob)
+        assert refused.returncode == 12, refused.stderr
+        key = re.search(r"--app '([^']+)'", refused.stderr).group(1)
+        run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "bob", check_rc=0)
+        run_cli("token", "--account", bob, check_rc=0)
+        grants = json.loads(run_cli("access", "list", "--json", check_rc=0).stdout)
+        display_name = next(g["app_display"] for g in grants if g["app"] == key)
+        directory = tmp_path / "ctr"
+        directory.mkdir(mode=0o700)
+        run_cli("forward", "--socket", str(directory / "t.sock"), "--name", "devbox", timeout=30, check_rc=0)
+
+        launch_app()
+        wait_for_rows(lambda r: any(n.startswith("bob") for n in r) and any(n.startswith("alice") for n in r),
+                      "both rows, though this app holds no grant (strict mode)")
+        screenshot(display, tmp_path / "accounts.png")
+
+        # bob's own page: the tessera command among its apps, with its last token; Revoke it.
+        wait_until(lambda: press("Open bob's account"), what="bob's Open button")
+        revoke = f"Revoke {display_name}'s access to bob"
+        wait_for_name(lambda n: n == revoke, "the Revoke button of the tessera command on bob's page")
+        wait_for_name(lambda n: n.startswith(display_name + ":") and "last token just now" in n,
+                      "the tessera command's row saying when it last got a token")
+        screenshot(display, tmp_path / "account.png")
+        assert press(revoke)
+        wait_until(lambda: run_cli("token", "--account", bob).returncode == 12, what="the tessera command refused")
+        assert broker.silent(account_id=bob)["access_token"], "the app that signed in keeps bob"
+        assert [g["app"] for g in json.loads(run_cli("access", "list", "--json").stdout) if g["app"] == key] == []
+        assert press("Back to all accounts")
+
+        assert press("Apps")
+        wait_for_name(lambda n: n.startswith(display_name + ":") and "refused" in n,
+                      "the tessera command on the Apps page, with its refusals")
+        screenshot(display, tmp_path / "apps.png")
+
+        assert press("Activity")
+        wait_for_name(lambda n: n.startswith(f"{display_name}: token for bob:") and n.split(": ", 2)[2].startswith("Refused"),
+                      "the refusal after the revoke in the activity")
+        screenshot(display, tmp_path / "activity.png")
+
+        assert press("Forwards")
+        wait_for_name(lambda n: n.startswith("Forward devbox: to a container"), "the forward's row")
+        screenshot(display, tmp_path / "forwards.png")
+        assert press("Stop forward devbox")
+        wait_until(lambda: json.loads(run_cli("forward", "--list", "--json", check_rc=0).stdout) == [],
+                   what="the forward to end")
+        wait_until(lambda: not any(n.startswith("Forward devbox") for n in names()), what="its row to go")
+
+        assert press("Status")
+        wait_for_name(lambda n: n == "Managed by your organisation", "the organisation's policy on the Status page")
+        wait_for_name(lambda n: n.startswith("access_mode: Locked"), "the key it locks")
+        wait_for_name(lambda n: n.startswith("Microsoft broker protocol: Served by Tessera"), "Microsoft's front")
+        screenshot(display, tmp_path / "status.png")
     finally:
         broker.close()
