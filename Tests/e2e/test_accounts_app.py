@@ -44,6 +44,13 @@ def screenshot(display, path):
         shutil.copy(path, os.path.join(keep, os.path.basename(path)))
 
 
+def app_env(display):
+    env = dict(os.environ, DISPLAY=display, GSK_RENDERER="cairo")
+    env.pop("GTK_A11Y", None)
+    env.pop("NO_AT_BRIDGE", None)
+    return env
+
+
 @pytest.fixture
 def launch_app(display, tmp_path):
     """launch_app() starts the app against the tesserad the test started; stopped at teardown."""
@@ -51,11 +58,8 @@ def launch_app(display, tmp_path):
     started = []
 
     def launch():
-        env = dict(os.environ, DISPLAY=display, GSK_RENDERER="cairo")
-        env.pop("GTK_A11Y", None)
-        env.pop("NO_AT_BRIDGE", None)
         log = open(tmp_path / "tessera-accounts.log", "w")
-        proc = subprocess.Popen([APP], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([APP], env=app_env(display), stdout=log, stderr=subprocess.STDOUT)
         started.append((proc, log))
         return proc
 
@@ -150,6 +154,15 @@ def test_the_accounts_page_follows_the_broker_live(app, idp, display, tmp_path):
     assert any(n.startswith("bob") and "signed in" in n for n in shown), shown
     screenshot(display, tmp_path / "accounts.png")
     broker.close()
+
+
+def test_a_second_start_shows_the_first_window_instead_of_a_second_app(app, display):
+    """A GApplication: starting it again (a second click on its icon) activates the running one."""
+    wait_until(lambda: any(n["role"] == "frame" for n in tree() or []), what="the window")
+    second = subprocess.run([APP], env=app_env(display), capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert app.poll() is None, "the first instance keeps running"
+    assert [n["name"] for n in tree() if n["role"] == "frame"] == ["Tessera Accounts"]
 
 
 def test_make_current_and_sign_out_from_the_app(app, idp):
