@@ -119,11 +119,16 @@ extension Broker {
         name: account.name, current: cache.currentAccounts.contains(account.id))
     }
     let store = deps.store.storeDescription
+    var notes = configNotes
+    notes.providers = config.providers.map {
+      .init(name: $0.name, issuer: $0.issuer, profile: $0.profile)
+    }
+    notes.defaultAuthority = config.defaultAuthority
     var report = StatusReport.Report(
       storeProblem: storeError.map { SafeText.clip($0.message, limit: 1000) }, accounts: accounts,
       attentionNeeded: health.attentionNeeded, storeKind: store.kind.rawValue, storePath: store.path,
       storeKeyLocation: store.key,
-      storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) }, config: configNotes)
+      storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) }, config: notes)
     report.sessionBus = sessionBus
     return report
   }

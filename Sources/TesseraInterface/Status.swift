@@ -52,6 +52,22 @@ public enum StatusReport {
     public var reloads: Int64 = 0
     public var atNextStart: [String] = []
     public var refused: Refusal?
+    /// The identity providers config.toml names (`[[provider]]`), to sign in to by name.
+    public var providers: [Provider] = []
+    /// Where a sign-in that names no provider or authority goes (nil from older brokers).
+    public var defaultAuthority: String?
+
+    /// A provider as a sign-in names it: never its client secret.
+    public struct Provider: Sendable, Equatable, Encodable {
+      public var name: String
+      public var issuer: String
+      public var profile: String?
+      public init(name: String, issuer: String, profile: String?) {
+        self.name = name
+        self.issuer = issuer
+        self.profile = profile
+      }
+    }
 
     public struct Refusal: Sendable, Equatable, Encodable {
       public var problems: [String]
@@ -65,8 +81,9 @@ public enum StatusReport {
     public init() {}
 
     enum CodingKeys: String, CodingKey {
-      case files, warnings, locked, reloads, refused
+      case files, warnings, locked, reloads, refused, providers
       case loadedAt = "loaded_at"
+      case defaultAuthority = "default_authority"
       case atNextStart = "at_next_start"
     }
 
@@ -76,6 +93,13 @@ public enum StatusReport {
         "loaded_at": .int64(loadedAt), "reloads": .int64(reloads), "at_next_start": .strings(atNextStart),
       ]
       if let refused { d["refused"] = .dict(["problems": .strings(refused.problems), "at": .int64(refused.at)]) }
+      d["providers"] = .dicts(
+        providers.map { provider in
+          var entry: [String: BusValue] = ["name": .string(provider.name), "issuer": .string(provider.issuer)]
+          if let profile = provider.profile { entry["profile"] = .string(profile) }
+          return entry
+        })
+      if let defaultAuthority { d["default_authority"] = .string(defaultAuthority) }
       return d
     }
 
@@ -94,6 +118,14 @@ public enum StatusReport {
       loadedAt = int(d["loaded_at"])
       reloads = int(d["reloads"])
       atNextStart = strings("at_next_start")
+      if case .dicts(let list)? = d["providers"] {
+        providers = list.map {
+          Provider(
+            name: $0["name"]?.stringValue ?? "", issuer: $0["issuer"]?.stringValue ?? "",
+            profile: $0["profile"]?.stringValue)
+        }
+      }
+      defaultAuthority = d["default_authority"]?.stringValue
       if case .dict(let r)? = d["refused"] {
         var problems: [String] = []
         if case .strings(let list)? = r["problems"] { problems = list }

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import Broker, expect_error, run_cli, wait_until
+from conftest import AUTHORITY, Broker, expect_error, run_cli, wait_until
 
 APP = os.environ.get("TESSERA_ACCOUNTS_APP")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -261,3 +261,35 @@ def test_every_page_shows_the_broker_and_acts_on_it(start_daemon, write_config, 
         screenshot(display, tmp_path / "status.png")
     finally:
         broker.close()
+
+
+def test_add_an_account_by_browser_then_by_device_code(start_daemon, write_config, launch_app, idp, display,
+                                                      tmp_path):
+    """Add account: the default provider in the browser (the scripted browser signs alice in),
+    then bob at a provider config.toml names, with a code entered on another device: the code is
+    shown (and named for a screen reader), and the dialog goes when the sign-in is done. Each new
+    row appears with its state."""
+    config = write_config()
+    with open(config, "a") as f:
+        # The test IdP allows one grant per client: the device code flow has a client of its own.
+        f.write(f'\n[[provider]]\nname = "phone"\nissuer = "{AUTHORITY}"\nclient_id = "tessera-device"\n')
+    start_daemon(config=config)
+    launch_app()
+    wait_until(lambda: press("Add an account"), what="the Add account button")
+    wait_until(lambda: press("Sign in at the default provider with the browser"), what="the Add account dialog")
+    wait_for_rows(lambda r: any(n.startswith("alice") and "signed in" in n for n in r), "alice's row")
+    wait_for_name(lambda n: n == "Signed in as alice.", "the banner saying who signed in")
+
+    assert press("Add an account")
+    wait_until(lambda: press("Sign in at phone with a code"), what="the Add account dialog")
+    code = wait_for_name(lambda n: n.startswith("Code: "), "the device code")[len("Code: "):]
+    assert any(n == f"Copy the code {code}" for n in names())
+    screenshot(display, tmp_path / "add-account.png")
+    idp.approve_device(code, "--user", "bob")
+    wait_for_rows(lambda r: any(n.startswith("bob") and "signed in" in n for n in r), "bob's row")
+    wait_until(lambda: not any(n.startswith("Code: ") for n in names()), what="the code dialog to close")
+    b = Broker()
+    try:
+        assert sorted(a["username"] for a in b.accounts()) == ["alice", "bob"]
+    finally:
+        b.close()

@@ -64,8 +64,12 @@ final class MainView {
   private let stack: Widget
   private let banner: Widget
   private let bannerText: Widget
+  private let model: BrokerModel
   var window: Widget? {
-    didSet { accounts.window = window }
+    didSet {
+      accounts.window = window
+      model.window = window
+    }
   }
 
   /// The pages by name, title and icon, in the switcher's order.
@@ -76,6 +80,7 @@ final class MainView {
   ]
 
   init(model: BrokerModel) {
+    self.model = model
     accounts = AccountsPage(model: model)
     apps = AppsPage(model: model)
     activity = ActivityPage(model: model)

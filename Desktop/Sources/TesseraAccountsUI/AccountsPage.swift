@@ -81,6 +81,10 @@ final class AccountsPage {
     widget = gtk_stack_new()!
     let listPage = Gtk.preferencesPage()
     list = RowGroup("Accounts", empty: "No account is signed in yet.")
+    let add = Gtk.button("Add account…", accessibleLabel: "Add an account") { [unowned model] in
+      AddAccount.ask(model: model, window: model.window)
+    }
+    adw_preferences_group_set_header_suffix(list.group.as(AdwPreferencesGroup.self), add)
     adw_preferences_page_add(listPage.as(AdwPreferencesPage.self), list.group.as(AdwPreferencesGroup.self))
     detail = AccountDetail(model: model)
     gtk_stack_add_named(widget.opaque, listPage, "list")

@@ -19,6 +19,8 @@ final class BrokerModel {
   /// Why the broker could not be read, in words (nil when it was).
   private(set) var problem: String?
   private var listeners: [@GtkActor () -> Void] = []
+  /// The window dialogs belong to.
+  var window: Widget?
   /// Tells the user of a failed action or a pending sign-in (the window's banner).
   var say: @GtkActor (String?) -> Void = { _ in }
 
@@ -105,16 +107,18 @@ final class BrokerModel {
 
   /// Runs a broker call for a button; a failure is said in words, and the parts it changes are
   /// read again (their signals would do it too, a moment later).
+  @discardableResult
   func run(
     _ what: String, then reload: @escaping @GtkActor (BrokerModel) async -> Void = { await $0.loadAll() },
     _ body: @escaping @Sendable (AsyncTesseraBroker) async throws -> Void
-  ) {
+  ) -> Task<Void, Never> {
     let broker = broker
-    Task { @GtkActor in
+    return Task { @GtkActor in
       do {
         try await body(broker)
       } catch {
-        self.say("Could not \(what): \(error)")
+        // A cancelled call was the user's choice, said by whoever cancelled it.
+        if !Task.isCancelled { self.say("Could not \(what): \(error)") }
       }
       await reload(self)
     }

@@ -97,4 +97,14 @@ struct ModelTests {
     #expect(When.ago(0, now: 86400) == "1 day ago")
     #expect(When.ago(200, now: 100) == "just now", "a clock that went back is not the future")
   }
+
+  @Test func anAccountIsAddedAtTheDefaultOrAtAProviderByName() {
+    var config = StatusReport.ConfigStatus()
+    config.defaultAuthority = "https://login.microsoftonline.com/common"
+    config.providers = [.init(name: "github", issuer: "https://github.com", profile: "github")]
+    let targets = SignInTarget.targets(config)
+    #expect(targets.map(\.label) == ["The default (login.microsoftonline.com)", "github (github, github.com)"])
+    #expect(targets.map(\.provider) == [nil, "github"])
+    #expect(SignInTarget.targets(nil).map(\.label) == ["The default provider"], "an older broker: the default only")
+  }
 }
