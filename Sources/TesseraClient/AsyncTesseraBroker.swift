@@ -76,7 +76,7 @@ public struct AsyncTesseraBroker: Sendable {
   /// of its own: first `.watching` (read the state then), then each change. The stream ends with
   /// an error when tesserad stops; ending the iteration (or cancelling its task) stops the watch
   /// within 200 ms and closes the connection.
-  public func events() -> AsyncThrowingStream<TesseraEvent, any Error> {
+  public func events(answeringQuestions: Bool = false) -> AsyncThrowingStream<TesseraEvent, any Error> {
     AsyncThrowingStream { continuation in
       let stop = Flag()
       continuation.onTermination = { _ in stop.set() }
@@ -84,7 +84,9 @@ public struct AsyncTesseraBroker: Sendable {
         try startThread(name: "tessera-events") {
           do throws(TesseraClientError) {
             let broker = try TesseraBroker()
-            try broker.watchEvents(until: { stop.isSet }) { continuation.yield($0) }
+            try broker.watchEvents(answeringQuestions: answeringQuestions, until: { stop.isSet }) {
+              continuation.yield($0)
+            }
             continuation.finish()
           } catch {
             continuation.finish(throwing: error)
@@ -120,6 +122,13 @@ public struct AsyncTesseraBroker: Sendable {
   {
     try await run { broker throws(TesseraClientError) in
       try broker.revokeGrant(app: app, clientID: clientID, account: account)
+    }
+  }
+
+  /// The user's answer to a question the broker asked (see TesseraBroker.answerQuestion).
+  public func answerQuestion(id: String, answer: String, remember: Bool = false) async throws(TesseraClientError) {
+    try await run { broker throws(TesseraClientError) in
+      try broker.answerQuestion(id: id, answer: answer, remember: remember)
     }
   }
 

@@ -544,6 +544,12 @@ public final class TesseraBroker {
     guard case .uint32(let n)? = try call(.revoke, [.string(app), .string(clientID ?? "")]).first else { return 0 }
     return n
   }
+  /// The user's answer to a Question (see Question's answers); only the app that registered may.
+  public func answerQuestion(id: String, answer: String, remember: Bool = false) throws(TesseraClientError) {
+    let options: [String: BusValue] = remember ? [RequestOptions.remember.key: .bool(true)] : [:]
+    _ = try call(.answerQuestion, [.string(id), .string(answer), .dict(options)])
+  }
+
   /// Takes away an app's grants for one account (an id, a username, or "*" for the grants that
   /// cover every account), for one client id or all; returns how many (RevokeGrant).
   public func revokeGrant(app: String, clientID: String?, account: String) throws(TesseraClientError) -> UInt32 {
@@ -573,17 +579,32 @@ public final class TesseraBroker {
   /// the accounts needing a sign-in), until `until` says stop (asked every 200 ms). Only the
   /// verified broker is heard. Throws `unreachable` when tesserad stops or the connection closes:
   /// a watcher then reads the state again and watches anew.
-  public func watchEvents(until: () -> Bool, onEvent: @escaping (TesseraEvent) -> Void) throws(TesseraClientError) {
+  public func watchEvents(
+    answeringQuestions: Bool = false, until: () -> Bool, onEvent: @escaping (TesseraEvent) -> Void
+  ) throws(TesseraClientError) {
     let sender = try verifiedBroker().uniqueName
+    var refused: TesseraClientError?
     do {
       try client.watchSignals(
-        signalSender: connection == .sessionBus ? sender : nil, until: until, onStart: { onEvent(.watching) }
+        signalSender: connection == .sessionBus ? sender : nil, until: { refused != nil || until() },
+        onStart: {
+          // The questions go to the connection that registers: this one, subscribed from now on,
+          // so none is missed.
+          if answeringQuestions {
+            do throws(TesseraClientError) { _ = try self.call(.registerPrompter, []) } catch {
+              refused = error
+              return
+            }
+          }
+          onEvent(.watching)
+        }
       ) { member, values in
         if let event = TesseraEvent(member: member, values: values) { onEvent(event) }
       }
     } catch {
       throw .unreachable("The broker stopped (\(error.message)). Start it again to hear from it.")
     }
+    if let refused { throw refused }
   }
 
   public func version() throws(TesseraClientError) -> String {
@@ -603,10 +624,16 @@ public enum TesseraEvent: Sendable, Equatable {
   case attentionNeeded([String])
   /// Grants, forwards or the configuration changed (ManagementChanged): read that part again.
   case managementChanged(BrokerInterface.ManagementPart)
+  /// A question for the user (only to the app that registered: watchEvents(answeringQuestions:)):
+  /// its id for answerQuestion, and what to show (Question's keys).
+  case question(id: String, info: [String: BusValue])
 
   init?(member: String, values: [BusValue]) {
     switch member {
     case BrokerInterface.accountsChanged: self = .accountsChanged
+    case BrokerInterface.question:
+      guard values.count == 2, let id = values[0].stringValue, case .dict(let info) = values[1] else { return nil }
+      self = .question(id: id, info: info)
     case BrokerInterface.managementChanged:
       guard let part = values.first?.stringValue.flatMap(BrokerInterface.ManagementPart.init(rawValue:)) else {
         return nil

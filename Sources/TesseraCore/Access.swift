@@ -28,13 +28,15 @@ extension Broker {
     let request = AccessRequest(
       caller: caller, clientID: clientID, accountID: accountID, username: username, scopes: scopes,
       authority: authority, operation: operation)
-    switch access.decide(request, grants: cache, canAsk: deps.prompter != nil) {
+    switch access.decide(request, grants: cache, canAsk: deps.prompter != nil || appPrompts) {
     case .allow(let reason, let noteUse):
       audit(.allowed, request, reason: reason)
       if noteUse, let app = caller.app { noteAllowedUse(app, request) }
       return
     case .ask:
-      if let app = caller.app, let prompter = deps.prompter, try await ask(prompter, app: app, request) { return }
+      if let app = caller.app, deps.prompter != nil || appPrompts, try await ask(deps.prompter, app: app, request) {
+        return
+      }
     case .refuse:
       break
     }
@@ -50,7 +52,7 @@ extension Broker {
   /// Asks the user, once per app at a time: another question from the same app while one waits is
   /// not asked (refused), and an app the user declined is not asked again for 10 minutes. True when
   /// the user allowed it; false when nobody answered (refused by the caller, with the command).
-  private func ask(_ prompter: any AccessPrompter, app: AppIdentity, _ request: AccessRequest) async throws -> Bool {
+  private func ask(_ prompter: (any AccessPrompter)?, app: AppIdentity, _ request: AccessRequest) async throws -> Bool {
     switch access.gate(request, app: app, now: deps.clock.now()) {
     case .refuse(let error):
       audit(.refused, request, reason: "user, earlier")
@@ -64,7 +66,22 @@ extension Broker {
     let question = AccessQuestion(
       app: app, clientID: request.clientID, username: request.username, scopes: request.scopes,
       operation: request.operation.rawValue)
-    let task = Task { await prompter.ask(question) }
+    // The desktop app asks when it runs (its answer is final: a dismissed question is not asked
+    // again elsewhere); else the portal's dialog or a notification.
+    let info = consentInfo(question, authority: request.authority)
+    let task = Task { () -> AccessAnswer? in
+      if await self.appPrompts {
+        let answer = await self.askApp(
+          .consent, info, answers: [Question.allowOnce, Question.allowAlways, Question.deny])
+        switch answer?.answer {
+        case Question.allowOnce?: return .allowOnce
+        case Question.allowAlways?: return .allowAlways
+        case Question.deny?: return .deny
+        default: return nil
+        }
+      }
+      return await prompter?.ask(question)
+    }
     pendingQuestions[app.key] = task
     let answer = await task.value
     pendingQuestions[app.key] = nil

@@ -97,6 +97,8 @@ public actor Broker {
   var access: AccessPolicy
   /// Questions to the user under way (one per app at a time).
   var pendingQuestions: [String: Task<AccessAnswer?, Never>] = [:]
+  /// The desktop app when it takes the user's questions, and the questions it was asked.
+  var prompts = PromptDesk()
   /// When tokens were last refreshed for each kind of machine event (see machineResumed).
   var lastMachineEvent: [String: Date] = [:]
   /// The clocks at the last look (see checkClock).

@@ -275,6 +275,8 @@ public protocol BrokerEvents: Sendable {
   func appFirstUsedAccount(_ use: FirstUse)
   /// Grants, forwards or the configuration changed (ManagementChanged): managers read them again.
   func managementChanged(_ part: BrokerInterface.ManagementPart)
+  /// A question for the user, to the desktop app's connection only (the Question signal).
+  func question(destination: String, id: String, info: [String: BusValue])
 }
 
 /// An app's first use of an account, for the notification that says so.
@@ -291,4 +293,5 @@ extension BrokerEvents {
   public func signInNoLongerNeeded(accountID: String) {}
   public func appFirstUsedAccount(_ use: FirstUse) {}
   public func managementChanged(_ part: BrokerInterface.ManagementPart) {}
+  public func question(destination: String, id: String, info: [String: BusValue]) {}
 }

@@ -16,7 +16,7 @@ extension Broker {
     signIns.announce(correlationID: asked.correlationID, caller: caller.busName)
     var registered = false
     defer { if !registered { signIns.withdraw(correlationID: asked.correlationID, caller: caller.busName) } }
-    let request = try applyingProvider(asked)
+    var request = try applyingProvider(asked)
     let clientID = try resolveClientID(request.clientID)
     let scopes = try resolveScopes(request.scopes)
     let authority = try resolveAuthority(request.authority)
@@ -44,6 +44,15 @@ extension Broker {
       accountID: knownAccount?.id ?? AccessGrant.anyAccount,
       username: knownAccount?.username ?? request.loginHint ?? "an account", scopes: scopes,
       authority: authority.url, operation: .signIn)
+    // Several accounts here and none named: the user chooses (through the desktop app), and a
+    // chosen account that still has a good refresh token answers without a sign-in.
+    if let chosen = await chooseAccount(request, caller: caller, authority: authority) {
+      var silent = request
+      silent.accountID = chosen.id
+      silent.flow = .browser
+      if let result = try? await silentToken(silent) { return result }
+      request.accountID = chosen.id
+    }
     // Cancelled (or its caller gone) while the store loaded or the user was asked about the app.
     if signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) {
       throw TesseraError.cancelled("The sign-in was cancelled (by Cancel, or because the caller left the bus).")
@@ -126,6 +135,7 @@ extension Broker {
 
   /// A caller left the bus: its interactive sign-ins are cancelled (nobody would get the result).
   public func callerLeft(_ busName: String) {
+    prompterLeft(busName)
     for correlationID in signIns.callerLeft(busName) {
       logger.info("The caller left the bus; cancelling its sign-in", metadata: ["correlation_id": "\(correlationID)"])
     }

@@ -164,6 +164,23 @@ public struct TesseraFront: Sendable {
       let removed = try await broker.revoke(
         app: a.string(0), clientID: a.string(1).isEmpty ? nil : a.string(1), caller: caller)
       return [.uint32(UInt32(clamping: removed))]
+    case .registerPrompter:
+      try await broker.registerPrompter(caller)
+      return []
+    case .answerQuestion:
+      let options = a.dict(2)
+      let known = RequestOptions.options(for: .answerQuestion)
+      for (key, value) in options {
+        guard let option = known[key], option.kind.rawValue == value.signature else {
+          throw TesseraError.invalidArgument(
+            "AnswerQuestion takes the option \(RequestOptions.remember.key) (b); '\(RequestOptions.clip(key))' (\(value.signature)) is not one."
+          )
+        }
+      }
+      var remember = false
+      if case .bool(let value)? = options[RequestOptions.remember.key] { remember = value }
+      try await broker.answerQuestion(id: a.string(0), answer: a.string(1), remember: remember, caller: caller)
+      return []
     case .revokeGrant:
       metadata["app_key"] = "\(SafeText.clip(a.string(0), limit: 300))"
       metadata["account_id"] = "\(SafeText.clip(a.string(2), limit: 300))"

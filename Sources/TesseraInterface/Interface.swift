@@ -119,6 +119,8 @@ public enum BrokerInterface {
     // Last: the fuzz seeds name methods by their place in this list (new methods go after).
     case rejectToken = "RejectToken"
     case revokeGrant = "RevokeGrant"
+    case registerPrompter = "RegisterPrompter"
+    case answerQuestion = "AnswerQuestion"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -151,6 +153,9 @@ public enum BrokerInterface {
             Arg("scopes", "as"), Arg("operations", "as"),
           ], outputs: [])
       case .revoke: Method(rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")])
+      case .registerPrompter: Method(rawValue, inputs: [], outputs: [])
+      case .answerQuestion:
+        Method(rawValue, inputs: [Arg("id", "s"), Arg("answer", "s"), Arg("options", "a{sv}")], outputs: [])
       case .revokeGrant:
         Method(
           rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s"), Arg("account_id", "s")],
@@ -178,6 +183,7 @@ public enum BrokerInterface {
       .init(accountsChanged, []),
       .init(forwardEnded, [Arg("name", "s"), Arg("reason", "s")]),
       .init(managementChanged, [Arg("part", "s")]),
+      .init(question, [Arg("id", "s"), Arg("info", "a{sv}")]),
     ],
     properties: [.init("Version", .string(version)), .init(attentionNeeded, .strings([]), emitsChange: true)])
 
@@ -188,6 +194,10 @@ public enum BrokerInterface {
   /// Broadcast when what `tessera access`, `tessera forward` or a reload changes did change: the
   /// argument is a ManagementPart. It carries no detail: who may read the detail calls for it.
   public static let managementChanged = "ManagementChanged"
+
+  /// Sent only to the connection that called RegisterPrompter (the desktop app): a question for
+  /// the user, answered with AnswerQuestion. See Question's keys.
+  public static let question = "Question"
 
   /// What a ManagementChanged signal says changed, and what to read again.
   public enum ManagementPart: String, Sendable, CaseIterable {

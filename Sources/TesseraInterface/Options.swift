@@ -11,6 +11,7 @@ public enum OptionMethod: String, Sendable, CaseIterable {
   case signOut = "SignOut"
   case rejectToken = "RejectToken"
   case addForward = "AddForward"
+  case answerQuestion = "AnswerQuestion"
 
   /// What its `a{sv}` argument is called, in messages: GetAccounts takes a filter.
   public var argumentWord: String { self == .getAccounts ? "filter" : "option" }
@@ -153,11 +154,13 @@ public enum RequestOptions {
   /// RP-Initiated Logout), so the next sign-in asks for the password again.
   public static let browser = RequestOption("browser", .bool, [.signOut], default: "false")
   public static let lasting = RequestOption("lasting", .bool, [.addForward], default: "false")
+  /// An account chooser's answer holds for that app (and identity provider) from now on.
+  public static let remember = RequestOption("remember", .bool, [.answerQuestion], default: "false")
 
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, browser, lasting,
+    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, browser, lasting, remember,
   ]
 
   /// The default of `min_validity`, in seconds.

@@ -32,6 +32,10 @@ public struct BrokerSignals: BrokerEvents {
     server.emit(BrokerInterface.description, BrokerInterface.managementChanged, [.string(part.rawValue)])
   }
 
+  public func question(destination: String, id: String, info: [String: BusValue]) {
+    server.emit(BrokerInterface.description, BrokerInterface.question, [.string(id), .dict(info)], to: destination)
+  }
+
   public func signInNeeded(_ need: SignInNeed) { notifier?.show(need) }
 
   public func signInNoLongerNeeded(accountID: String) { notifier?.withdraw(accountID: accountID) }

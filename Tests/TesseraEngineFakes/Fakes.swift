@@ -109,6 +109,10 @@ package final class RecordingEvents: BrokerEvents, Sendable {
   package func appFirstUsedAccount(_ use: FirstUse) { firstUses.withLock { $0.append(use) } }
   package let management = Locked<[BrokerInterface.ManagementPart]>([])
   package func managementChanged(_ part: BrokerInterface.ManagementPart) { management.withLock { $0.append(part) } }
+  package let questions = Locked<[(destination: String, id: String, info: [String: BusValue])]>([])
+  package func question(destination: String, id: String, info: [String: BusValue]) {
+    questions.withLock { $0.append((destination, id, info)) }
+  }
 }
 
 /// A redirect listener that answers with what the test says, given the authorization URL.

@@ -18,9 +18,20 @@ import TesseraSystem
 enum FuzzBus {
   static let tessera = BrokerInterface.description
   static let microsoft = MicrosoftBrokerInterface.description(refusal: { _, _ in [] })
-  static let members =
-    BrokerInterface.MethodName.allCases.map { (tessera, $0.rawValue) }
+  /// The members byte 0 chose when the seeds were written: Broker1's methods up to RejectToken,
+  /// Microsoft's, and none. Frozen, so that every seed keeps its member and its door.
+  static let seedMembers =
+    BrokerInterface.MethodName.allCases.prefix { $0 != .rejectToken }.map { (tessera, $0.rawValue) }
+    + [(tessera, BrokerInterface.MethodName.rejectToken.rawValue)]
     + MicrosoftBrokerInterface.MethodName.allCases.map { (microsoft, $0.rawValue) } + [(tessera, "Nothing")]
+  /// Broker1's methods added since (RegisterPrompter, AnswerQuestion, RevokeGrant, ...): byte 0's
+  /// values past every seed member at every door choose them, through the user's own door.
+  static let laterMembers = BrokerInterface.MethodName.allCases.drop { $0 != .rejectToken }.dropFirst().map {
+    (tessera, $0.rawValue)
+  }
+  static let members = seedMembers + laterMembers
+  /// Byte 0 (low seven bits) below this chooses a seed member and a door; from it on, a later one.
+  static let seedRange = seedMembers.count * FuzzBusServer.Door.allCases.count
 
   /// The largest input sent: the socket's buffer holds it, so the write never blocks.
   static let maxInput = 128 * 1024
@@ -29,7 +40,9 @@ enum FuzzBus {
   /// the member's choice (a seed's first byte below the member count comes as an identified
   /// program of the user's).
   static func door(_ input: [UInt8]) -> FuzzBusServer.Door {
-    FuzzBusServer.Door(rawValue: Int(input[0] & 0x7F) / members.count % FuzzBusServer.Door.allCases.count)!
+    let choice = Int(input[0] & 0x7F)
+    guard choice < seedRange else { return .identified }
+    return FuzzBusServer.Door(rawValue: choice / seedMembers.count)!
   }
 
   /// A Broker1 call of the input through the real bus server (its own socket or its forward), and
@@ -44,7 +57,10 @@ enum FuzzBus {
   /// The member the input names, and the call marshalled.
   static func call(_ input: [UInt8]) -> (InterfaceDescription, String, [UInt8])? {
     guard input.count >= 2, input.count <= maxInput else { return nil }
-    let (interface, member) = members[Int(input[0] & 0x7F) % members.count]
+    let choice = Int(input[0] & 0x7F)
+    let (interface, member) =
+      choice < seedRange || laterMembers.isEmpty
+      ? seedMembers[choice % seedMembers.count] : laterMembers[(choice - seedRange) % laterMembers.count]
     let signatureLength = Int(input[1])
     guard input.count >= 2 + signatureLength else { return nil }
     let signature = Array(input[2..<(2 + signatureLength)])

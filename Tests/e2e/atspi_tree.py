@@ -63,7 +63,7 @@ def press(app, name):
         # Buttons only (a label may answer an action too), and only what is shown (GTK 4.8
         # reports visible, not showing).
         try:
-            if (node.getRoleName() in ("push button", "toggle button", "page tab") and spoken(node.name) == name
+            if (node.getRoleName() in ("push button", "toggle button", "page tab", "check box") and spoken(node.name) == name
                     and node.getState().contains(pyatspi.STATE_VISIBLE)):
                 action = node.queryAction()
                 if action.nActions > 0:

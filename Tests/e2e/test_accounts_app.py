@@ -12,7 +12,10 @@ import subprocess
 
 import pytest
 
-from conftest import AUTHORITY, Broker, expect_error, run_cli, wait_until
+import dbus
+
+from conftest import AUTHORITY, TESSERA, Async, Broker, expect_error, run_cli, wait_until
+from test_access import Sandbox, flatpak_possible
 
 APP = os.environ.get("TESSERA_ACCOUNTS_APP")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -293,3 +296,133 @@ def test_add_an_account_by_browser_then_by_device_code(start_daemon, write_confi
         assert sorted(a["username"] for a in b.accounts()) == ["alice", "bob"]
     finally:
         b.close()
+
+
+def start_answering(start_daemon, write_config, launch_app, mode):
+    """tesserad in `mode` and the app, once it takes the broker's questions (RegisterPrompter)."""
+    daemon = start_daemon(config=write_config(access_mode=mode))
+    launch_app()
+    wait_until(lambda: "Tessera Accounts asks the user's questions from now on" in daemon.log(),
+               what="the app to take the broker's questions")
+    return daemon
+
+
+def cli_key(proc):
+    match = re.search(r"--app '([^']+)'", proc.stderr)
+    assert match, proc.stderr
+    return match.group(1)
+
+
+def cli_grants(key):
+    return [g for g in json.loads(run_cli("access", "list", "--json", check_rc=0).stdout) if g["app"] == key]
+
+
+def test_consent_is_asked_in_the_app_and_each_answer_does_what_it_says(start_daemon, write_config, launch_app,
+                                                                       display, tmp_path):
+    """access_mode = "confirm": another program (the tessera command) asks for alice's token, and the
+    app asks the user, naming the program as the broker identified it, the account, the provider and
+    what it would get. Allow once: the token, and no grant. Always allow: the token and a grant
+    `tessera access list` shows. Deny: refused, and the log says the user refused."""
+    start_answering(start_daemon, write_config, launch_app, "confirm")
+    broker = Broker()
+    try:
+        broker.sign_in()
+        heading = []
+
+        def ask_and(answer):
+            proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            heading[:] = [wait_for_name(lambda n: n.startswith("Allow ") and n.endswith(" to use alice?"),
+                                        "the consent question")]
+            if not os.path.exists(tmp_path / "consent.png"):
+                screenshot(display, tmp_path / "consent.png")
+            assert press(answer)
+            out, err = proc.communicate(timeout=60)
+            return proc.returncode, out, err
+
+        rc, out, err = ask_and("Allow once")
+        assert rc == 0 and out.strip(), err
+        assert "(unverified)" in heading[0] and "/tessera" in heading[0], heading
+        assert any("at 127.0.0.1" in n and "who you are" in n for n in names()) is False  # the dialog is gone
+        key = "exe:" + heading[0][len("Allow "):-len(" to use alice?")].removesuffix(" (unverified)")
+        assert [g for g in json.loads(run_cli("access", "list", "--json").stdout) if g["app"].startswith(key)] == []
+
+        rc, out, err = ask_and("Always allow")
+        assert rc == 0 and out.strip(), err
+        granted = [g for g in json.loads(run_cli("access", "list", "--json").stdout) if g["app"].startswith(key)]
+        assert [(g["account"], g["via"]) for g in granted] == [("alice", "user")], granted
+        run_cli("access", "revoke", "--app", granted[0]["app"], check_rc=0)
+
+        rc, out, err = ask_and("Deny")
+        assert rc == 12 and out == "", err
+        log = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
+        assert log[-1]["decision"] == "refused" and log[-1]["reason"] == "user", log[-1]
+    finally:
+        broker.close()
+
+
+def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_config, launch_app, tmp_path):
+    """While the app's consent question is up, another program that learnt its id (it is no secret:
+    the journal has it) answers "Always allow": refused, and the question still waits. A
+    Flatpak-style caller may neither answer nor take the questions. Then the user's own answer in
+    the app counts."""
+    daemon = start_answering(start_daemon, write_config, launch_app, "confirm")
+    broker = Broker()
+    try:
+        broker.sign_in()
+        proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_name(lambda n: n.endswith(" to use alice?"), "the consent question")
+        asked = re.search(r"question=(\S+) \[TesseraCore\] Asking the user through Tessera Accounts", daemon.log())
+        assert asked, daemon.log()[-2000:]
+        question = asked.group(1).strip('"')
+
+        def answer(caller):
+            caller.call("AnswerQuestion", "ssa{sv}", (question, "allow_always", dbus.Dictionary({}, signature="sv")))
+
+        # Another program on the bus (this test's Python), with the right id.
+        expect_error("AccessDenied", answer, broker)
+        # A sandboxed app: may not answer, nor take the questions for itself.
+        if flatpak_possible():
+            box = Sandbox("org.example.Forger", "org.example.Forger")
+            try:
+                call = ["busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1",
+                        "org.tessera.Broker1"]
+                forged = box.run(*call, "AnswerQuestion", "ssa{sv}", question, "allow_always", "0")
+                # busctl prints the error's message: the broker's AccessDenied says who was refused.
+                assert forged.returncode != 0 and "org.example.Forger (Flatpak) was not asked" in forged.stderr, forged
+                squat = box.run(*call, "RegisterPrompter")
+                assert squat.returncode != 0 and "org.example.Forger (Flatpak) runs in a sandbox" in squat.stderr, squat
+            finally:
+                box.close()
+        assert proc.poll() is None, "the question still waits for the user"
+        assert names().count("Always allow") >= 1
+
+        assert press("Deny")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 12, err
+        assert all(g["via"] != "user" for g in json.loads(run_cli("access", "list", "--json").stdout))
+    finally:
+        broker.close()
+
+
+def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config, launch_app, display, tmp_path):
+    """Two accounts signed in and an app asks to sign in without naming one: the app shows both
+    (the one it used last first), the user picks bob and keeps the choice; the app gets bob's token
+    without a browser, and its next request gets bob without a question."""
+    start_answering(start_daemon, write_config, launch_app, "open")
+    broker = Broker()
+    app_broker = Broker()
+    try:
+        broker.sign_in("alice")
+        bob = broker.sign_in("bob")["account"]["id"]
+        asking = Async(app_broker.acquire, "tessera-test")
+        wait_for_name(lambda n: n.startswith("Use bob for "), "the chooser's button for bob")
+        assert any(n.startswith("Use alice for ") for n in names())
+        screenshot(display, tmp_path / "chooser.png")
+        assert press(next(n for n in names() if n.startswith("Always use bob for ")))
+        assert asking.result()["account"]["id"] == bob
+        again = app_broker.acquire("tessera-test")
+        assert again["account"]["id"] == bob
+        assert not any(n.startswith("Use bob for ") for n in names()), "no second question"
+    finally:
+        app_broker.close()
+        broker.close()

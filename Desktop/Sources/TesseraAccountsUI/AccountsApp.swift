@@ -117,6 +117,7 @@ final class MainView {
     gtk_box_append(bannerBox.as(GtkBox.self), close)
     Signals.connect(close.raw, "clicked") { [unowned self] in self.say(nil) }
     model.say = { [unowned self] text in self.say(text) }
+    model.onQuestion = { [unowned model] id, info in QuestionDialog.show(id: id, info: info, model: model) }
     // The access log has no signal: it is read when its page (or an account's) is shown.
     Signals.connectWithArgument(stack.raw, "notify::visible-child") { [unowned self, unowned model] in
       if self.visiblePage == "activity" || self.visiblePage == "apps" {

@@ -36,17 +36,25 @@ final class BrokerModel {
   /// Reads everything, then follows the broker's signals. When tesserad stops, says so and
   /// watches again after a pause (D-Bus activation may start it again).
   func follow() async {
+    var answering = true
     while !Task.isCancelled {
       do {
-        for try await event in broker.events() {
+        for try await event in broker.events(answeringQuestions: answering) {
           switch event {
           case .watching: await loadAll()
           case .accountsChanged, .attentionNeeded: await loadAccounts()
           case .managementChanged(.grants): await load(grants: true)
           case .managementChanged(.forwards): await load(forwards: true)
           case .managementChanged(.config): await load(status: true)
+          case .question(let id, let info): onQuestion(id, info)
           }
         }
+      } catch TesseraClientError.broker(let error) where error.code == .accessDenied && answering {
+        // The broker would not let this app take its questions (another window of it does, say):
+        // it shows the accounts all the same, and the desktop's own dialogs ask.
+        say("Tessera's questions are asked elsewhere: \(error.message)")
+        answering = false
+        continue
       } catch {
         problem = "Tessera's broker is not running (\(error)). Waiting for it to start…"
         changed()
@@ -54,6 +62,9 @@ final class BrokerModel {
       try? await Task.sleep(for: .seconds(2))
     }
   }
+
+  /// Shows a question from the broker (QuestionDialog).
+  var onQuestion: @GtkActor (String, [String: BusValue]) -> Void = { _, _ in }
 
   func loadAll() async {
     await load(accounts: true, status: true, grants: true, log: true, forwards: true, microsoft: true)

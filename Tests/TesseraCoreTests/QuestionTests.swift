@@ -1,0 +1,127 @@
+import TesseraEngineFakes
+import TesseraInterface
+import XCTest
+
+@testable import TesseraCore
+
+/// The desktop app as the way to ask the user: who may take the questions, who may answer them,
+/// consent through it, and the account chooser.
+final class QuestionTests: XCTestCase {
+  let accountsApp = CallerInfo(
+    busName: ":1.50", pid: 50, uid: 1000,
+    app: AppIdentity(kind: .executable, id: "/usr/bin/tessera-accounts"))
+  /// Another connection of the same process (the app answers over a connection per call).
+  let accountsAppAgain = CallerInfo(
+    busName: ":1.51", pid: 50, uid: 1000,
+    app: AppIdentity(kind: .executable, id: "/usr/bin/tessera-accounts"))
+  let flatpak = CallerInfo(
+    busName: ":1.60", pid: 60, uid: 1000, app: AppIdentity(kind: .flatpak, id: "org.example.Mail"))
+  let other = CallerInfo(
+    busName: ":1.70", pid: 70, uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/python3"))
+
+  func waitForQuestion(_ h: Harness, count: Int = 1) async throws -> (id: String, info: [String: BusValue]) {
+    for _ in 0..<2000 {
+      let questions = h.events.questions.withLock { $0 }
+      if questions.count >= count {
+        XCTAssertEqual(questions[count - 1].destination, accountsApp.busName, "only the app's connection is told")
+        return (questions[count - 1].id, questions[count - 1].info)
+      }
+      try await Task.sleep(nanoseconds: 1_000_000)
+    }
+    throw TesseraError.timedOut("no question was asked")
+  }
+
+  func testOnlyTheAccountsAppMayTakeTheQuestions() async throws {
+    let h = await Harness(accessMode: .confirm)
+    for caller in [flatpak, other] {
+      await XCTAssertThrowsTessera(.accessDenied) { try await h.broker.registerPrompter(caller) }
+    }
+    try await h.broker.registerPrompter(accountsApp)
+    let second = CallerInfo(
+      busName: ":1.80", pid: 80, uid: 1000, app: AppIdentity(kind: .executable, id: "/opt/x/tessera-accounts"))
+    await XCTAssertThrowsTessera(.accessDenied) { try await h.broker.registerPrompter(second) }
+  }
+
+  func testConsentIsAskedThroughTheAppAndAnswersFromAnyoneElseAreRefused() async throws {
+    let h = await Harness(accessMode: .confirm)
+    var signIn = try h.request()
+    signIn.caller = flatpak
+    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    try await h.broker.registerPrompter(accountsApp)
+    var silent = try h.request()
+    silent.caller = other
+    let asking = Task { try await h.broker.acquireTokenSilent(silent) }
+    let (id, info) = try await waitForQuestion(h)
+    XCTAssertEqual(info[Question.kind]?.stringValue, "consent")
+    XCTAssertEqual(info[Question.app]?.stringValue, "/usr/bin/python3 (unverified)", "named as identified")
+    XCTAssertEqual(info[Question.account]?.stringValue, "alice@idp.test")
+
+    // Forged answers: the asking app itself, a sandboxed app, the right pid under another app key.
+    let impostor = CallerInfo(
+      busName: ":1.90", pid: 50, uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/python3"))
+    for caller in [other, flatpak, impostor] {
+      await XCTAssertThrowsTessera(.accessDenied) {
+        try await h.broker.answerQuestion(id: id, answer: Question.allowAlways, remember: false, caller: caller)
+      }
+    }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.answerQuestion(id: id, answer: "yes", remember: false, caller: self.accountsAppAgain)
+    }
+    try await h.broker.answerQuestion(id: id, answer: Question.allowAlways, remember: false, caller: accountsAppAgain)
+    let token = try await asking.value
+    XCTAssertNotNil(token["access_token"])
+    let grants = try await h.broker.grants()
+    XCTAssertTrue(grants.contains { $0.app == "exe:/usr/bin/python3" && $0.via == "user" })
+    // Answered once: a second answer finds no question.
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.answerQuestion(id: id, answer: Question.deny, remember: false, caller: self.accountsAppAgain)
+    }
+  }
+
+  func testTheAppLeavingEndsItsQuestions() async throws {
+    let h = await Harness(accessMode: .confirm)
+    var signIn = try h.request()
+    signIn.caller = flatpak
+    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    try await h.broker.registerPrompter(accountsApp)
+    var silent = try h.request()
+    silent.caller = other
+    let asking = Task { try await h.broker.acquireTokenSilent(silent) }
+    _ = try await waitForQuestion(h)
+    await h.broker.callerLeft(accountsApp.busName)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await asking.value }
+    // Gone: its process may not answer, and another app may register.
+    let again = CallerInfo(
+      busName: ":1.99", pid: 99, uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/tessera-accounts"))
+    try await h.broker.registerPrompter(again)
+  }
+
+  func testTheChooserPicksTheAccountAndRemembersItForTheApp() async throws {
+    let h = await Harness(accessMode: .open)
+    _ = try await h.signIn()
+    h.idp.subject.withLock { $0 = "bob-sub" }
+    let bobResult = try await h.signIn()
+    let bob = try XCTUnwrap(bobResult["account"]?.dictValue?["id"]?.stringValue)
+    try await h.broker.registerPrompter(accountsApp)
+    var request = try h.request()
+    request.caller = other
+    let browserSignIns = h.listeners.lastAuthorizationURL.withLock { $0 }
+    let chooser = request
+    let caller = other
+    let asking = Task { try await h.broker.acquireTokenInteractive(chooser, caller: caller) }
+    let (id, info) = try await waitForQuestion(h)
+    XCTAssertEqual(info[Question.kind]?.stringValue, "choose_account")
+    guard case .dicts(let accounts)? = info[Question.accounts] else { return XCTFail("no accounts offered") }
+    XCTAssertEqual(accounts.count, 2)
+    try await h.broker.answerQuestion(id: id, answer: bob, remember: true, caller: accountsAppAgain)
+    let result = try await asking.value
+    XCTAssertEqual(result["account"]?.dictValue?["id"]?.stringValue, bob)
+    XCTAssertEqual(
+      h.listeners.lastAuthorizationURL.withLock { $0 }, browserSignIns, "bob's refresh token answered: no browser")
+
+    // Remembered: the next interactive request of that app gets bob without a question.
+    let again = try await h.broker.acquireTokenInteractive(request, caller: other)
+    XCTAssertEqual(again["account"]?.dictValue?["id"]?.stringValue, bob)
+    XCTAssertEqual(h.events.questions.withLock { $0.count }, 1)
+  }
+}
