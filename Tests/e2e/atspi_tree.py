@@ -5,7 +5,9 @@ on the accessibility bus. With --press NAME, presses the control with that acces
 first action, as a screen reader's user or a switch device would) and prints true, or false when
 there is none. Run with Debian's python3 (pyatspi comes from python3-pyatspi).
 
-Usage: atspi_tree.py APP_NAME [--press NAME]
+With --focused, prints the accessible name of the node that has the keyboard focus (null when none).
+
+Usage: atspi_tree.py APP_NAME [--press NAME | --focused]
 """
 import json
 import sys
@@ -73,15 +75,31 @@ def press(app, name):
     return False
 
 
+def focused(app):
+    for node in nodes(app):
+        try:
+            if node.getState().contains(pyatspi.STATE_FOCUSED) and node.getRoleName() != "frame":
+                return spoken(node.name or "") or node.getRoleName()
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
 def main():
     args = sys.argv[1:]
-    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--press"):
+    ok = len(args) == 1 or (len(args) == 3 and args[1] == "--press") or (len(args) == 2 and args[1] == "--focused")
+    if not ok:
         sys.exit(__doc__.strip())
     desktop = pyatspi.Registry.getDesktop(0)
     for i in range(desktop.childCount):
         app = desktop.getChildAtIndex(i)
         if app is not None and app.name == args[0]:
-            print(json.dumps(press(app, args[2]) if len(args) == 3 else list(walk(app))))
+            if len(args) == 3:
+                print(json.dumps(press(app, args[2])))
+            elif len(args) == 2:
+                print(json.dumps(focused(app)))
+            else:
+                print(json.dumps(list(walk(app))))
             return
     print("null")
 

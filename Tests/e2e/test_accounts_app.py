@@ -426,3 +426,47 @@ def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config,
     finally:
         app_broker.close()
         broker.close()
+
+
+def atspi(*args):
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "atspi_tree.py"), "tessera-accounts", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def key(display, name):
+    """Types a key as a keyboard would (XTest, through xdotool) into the window with the focus."""
+    subprocess.run(["xdotool", "key", "--clearmodifiers", name], env=dict(os.environ, DISPLAY=display), check=True,
+                   timeout=30)
+
+
+def test_every_control_is_named_and_reached_with_the_keyboard(app, idp, display):
+    """Accessibility: every button, tab and row has a name that says what it acts on, and a user
+    with a keyboard alone Tabs to bob's Make current and presses Return: bob becomes current."""
+    broker = Broker()
+    try:
+        broker.sign_in("alice")
+        broker.sign_in("bob")
+        wait_for_rows(lambda r: any(n.startswith("bob") for n in r) and any(n.startswith("alice") for n in r),
+                      "both rows")
+        controls = [n for n in tree() if n["role"] in ("push button", "toggle button", "page tab", "check box")
+                    and "visible" in n["states"]]
+        assert controls and all(n["name"].strip() for n in controls), [n for n in controls if not n["name"].strip()]
+        assert all("focusable" in n["states"] for n in controls), [n for n in controls if "focusable" not in n["states"]]
+        assert "Sign out bob" in [n["name"] for n in controls]
+
+        target = "Make bob the current account"
+        seen = []
+        for _ in range(40):
+            key(display, "Tab")
+            now = wait_until(lambda: atspi("--focused"), timeout=10, what="a focused control")
+            seen.append(now)
+            if now == target:
+                break
+        assert seen[-1] == target, f"Tab never reached {target!r}: {seen}"
+        key(display, "Return")
+        wait_until(lambda: [a["username"] for a in broker.accounts() if a.get("current")] == ["bob"],
+                   what="bob to become current from the keyboard")
+    finally:
+        broker.close()

@@ -39,7 +39,7 @@ TESSERA_MSAL_PACKAGES=(libwebkit2gtk-4.1-0 libsoup-3.0-0 libjavascriptcoregtk-4.
 # server of its own (Xvfb), read through AT-SPI with Debian's pyatspi, screenshots with ImageMagick.
 # Never in the lists that tesserad and tessera build with: they do not link GTK.
 TESSERA_DESKTOP_PACKAGES=(libgtk-4-dev libadwaita-1-dev xvfb xauth at-spi2-core python3-pyatspi gir1.2-atspi-2.0
-    imagemagick fonts-dejavu-core adwaita-icon-theme desktop-file-utils appstream)
+    imagemagick fonts-dejavu-core adwaita-icon-theme desktop-file-utils appstream xdotool)
 
 # tessera_is_installed NAME: whether the package is installed (not merely known to dpkg: a package
 # removed with its configuration left is "deinstall ok config-files", and `dpkg -s` still succeeds).
