@@ -263,6 +263,16 @@ package enum BusCodec {
     case .objectPath(let path):
       try check(
         path.withCString { sd_bus_message_append_basic(m, CChar(UInt8(ascii: "o")), $0) }, "append o")
+    case .variants(let values):
+      try container(m, "a", "v") {
+        for value in values {
+          guard case .structs = value else {
+            try container(m, "v", value.fixedSignature) { try append(m, value) }
+            continue
+          }
+          try dynamicContainer(m, "v", value.signature) { try append(m, value) }
+        }
+      }
     case .structs(let element, let rows):
       guard element.hasPrefix("("), element.hasSuffix(")") else {
         throw Failure(errno: EINVAL, what: "cannot send an array of \(element)")

@@ -16,6 +16,8 @@ public indirect enum BusValue: Sendable, Equatable {
   case objectPath(String)
   /// An array of structs, each of `elementSignature` (like "(ss)"): the portal's choices.
   case structs(elementSignature: String, [[BusValue]])
+  /// An array of variants ("av"): org.freedesktop.Application.ActivateAction's parameter. Sent only.
+  case variants([BusValue])
   /// A value of a type the broker does not use; carries its D-Bus signature.
   case other(signature: String)
 
@@ -42,6 +44,7 @@ public indirect enum BusValue: Sendable, Equatable {
     case .dict: "a{sv}"
     case .dicts: "aa{sv}"
     case .objectPath: "o"
+    case .variants: "av"
     case .structs, .other: "v"
     }
   }

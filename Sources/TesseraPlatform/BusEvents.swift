@@ -118,8 +118,18 @@ public final class DesktopNotifier: Sendable {
         return (account, state.onAction)
       }
       guard let account else { return }
-      self.logger.info("The user asked to sign in from the notification", metadata: ["account_id": "\(account)"])
-      handler?(account)
+      // A click on the notification itself opens Tessera Accounts at the account when it is
+      // installed (D-Bus activation starts it); its "Sign in" button, or no app, signs in.
+      guard action == "default" else {
+        self.logger.info("The user asked to sign in from the notification", metadata: ["account_id": "\(account)"])
+        handler?(account)
+        return
+      }
+      self.openAccountsApp(at: account) { opened in
+        guard !opened else { return }
+        self.logger.info("The user asked to sign in from the notification", metadata: ["account_id": "\(account)"])
+        handler?(account)
+      }
     }
     server.watchSignal(
       sender: Self.service, path: Self.path, interface: Self.service, member: "NotificationClosed"
@@ -132,6 +142,29 @@ public final class DesktopNotifier: Sendable {
         return state.questions.removeValue(forKey: id)
       }
       question?.resume(returning: nil)  // dismissed without an answer
+    }
+  }
+
+  static let accountsApp = "org.tessera.Accounts"
+
+  /// Asks Tessera Accounts (started by D-Bus activation when it is installed and not running) to
+  /// show the account's page: its GApplication action app.show-account. `done(false)` when there is
+  /// no such app, or it did not answer.
+  func openAccountsApp(at accountID: String, done: @escaping @Sendable (Bool) -> Void) {
+    server.call(
+      destination: Self.accountsApp, path: "/org/tessera/Accounts", interface: "org.freedesktop.Application",
+      member: "ActivateAction", arguments: [.string("show-account"), .variants([.string(accountID)]), .dict([:])],
+      timeoutSeconds: 25, autoStart: true
+    ) { [logger] result in
+      switch result {
+      case .success:
+        logger.info(
+          "Opened Tessera Accounts at the account from the notification", metadata: ["account_id": "\(accountID)"])
+        done(true)
+      case .failure(let error):
+        logger.info("Tessera Accounts could not be opened; signing in instead", metadata: ["error": "\(error.name)"])
+        done(false)
+      }
     }
   }
 

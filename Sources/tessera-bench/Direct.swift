@@ -304,6 +304,13 @@ enum Marshalled {
           row.forEach { add($0, &offset) }
         }
       }
+    case .variants(let values):
+      array(elementAlignment: 1) {
+        for item in values {
+          offset += 1 + item.signature.utf8.count + 1  // the variant's signature
+          add(item, &offset)
+        }
+      }
     case .other: break  // not in a silent reply; counted as nothing
     }
   }

@@ -470,3 +470,27 @@ def test_every_control_is_named_and_reached_with_the_keyboard(app, idp, display)
                    what="bob to become current from the keyboard")
     finally:
         broker.close()
+
+
+def test_the_sign_in_notification_opens_the_app_at_the_account(app, idp, tmp_path):
+    """bob's refresh token is revoked at the IdP: the notification that he needs a sign-in, clicked,
+    opens Tessera Accounts at bob's own page (app.show-account over D-Bus) instead of a browser;
+    its "Sign in" button still signs in."""
+    from test_attention import NotificationServer
+    notifications = NotificationServer(tmp_path)
+    broker = Broker()
+    try:
+        broker.sign_in("alice")
+        bob = broker.sign_in("bob")["account"]["id"]
+        wait_for_rows(lambda r: any(n.startswith("bob") for n in r), "bob's row")
+        idp.revoke_user("bob")
+        expect_error("InteractionRequired", broker.silent, account_id=bob, force_refresh=True)
+        shown = wait_until(lambda: notifications.calls("Notify"), what="the notification")
+        mark = idp.mark()
+        notifications.invoke(shown[0]["id"], "default")
+        wait_for_name(lambda n: n == "Back to all accounts", "the account's own page")
+        wait_for_name(lambda n: n.startswith("bob: needs sign-in"), "bob's page, saying he needs a sign-in")
+        assert not idp.token_posts(mark, grant_type="authorization_code"), "no browser sign-in: the app opened"
+    finally:
+        broker.close()
+        notifications.close()

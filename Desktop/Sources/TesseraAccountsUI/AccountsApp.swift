@@ -13,7 +13,19 @@ public final class AccountsApp {
   public init() {
     application = adw_application_new(Self.applicationID, G_APPLICATION_DEFAULT_FLAGS)
     Signals.connect(UnsafeMutableRawPointer(application), "activate") { [unowned self] in self.activate() }
+    // app.show-account(ACCOUNT_ID): what tesserad's "needs sign-in" notification activates (over
+    // D-Bus, org.freedesktop.Application.ActivateAction): the window, at that account's page.
+    let show = g_simple_action_new(Self.showAccountAction, g_variant_type_checked_("s"))!
+    Signals.connectStringAction(UnsafeMutableRawPointer(show)) { [unowned self] accountID in
+      self.activate()
+      self.pages?.show(accountID: accountID)
+    }
+    g_action_map_add_action(OpaquePointer(application), show)
+    g_object_unref(UnsafeMutableRawPointer(show))
   }
+
+  /// The action tesserad's notification activates, with the account id.
+  public static let showAccountAction = "show-account"
 
   /// Makes the app on this thread, which becomes GTK's, and runs it until its window closes;
   /// returns the exit status.
@@ -131,6 +143,12 @@ final class MainView {
   }
 
   func show(page: String) { adw_view_stack_set_visible_child_name(stack.opaque, page) }
+
+  /// The Accounts page, at one account's own page.
+  func show(accountID: String) {
+    show(page: "accounts")
+    accounts.show(accountID: accountID)
+  }
 
   /// Shows `text` in the banner (nil hides it).
   func say(_ text: String?) {

@@ -247,7 +247,7 @@ final class AccountDetail {
     let now = BrokerModel.now
     about.setTitle(account.username, description: account.subtitle)
     let state = Gtk.row(
-      title: "State", subtitle: account.state, accessibleLabel: "\(account.username) is \(account.state.lowercased())")
+      title: "State", subtitle: account.state, accessibleLabel: "\(account.username): \(account.state.lowercased())")
     let actions = gtk_box_new(GTK_ORIENTATION_HORIZONTAL, 6)!
     gtk_box_append(
       actions.as(GtkBox.self),

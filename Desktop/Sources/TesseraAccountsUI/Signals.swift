@@ -60,4 +60,28 @@ enum Signals {
     }
     g_signal_connect_data(instance, signal, unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
   }
+
+  private final class StringHandler {
+    let body: @GtkActor (String) -> Void
+    init(_ body: @escaping @GtkActor (String) -> Void) { self.body = body }
+  }
+
+  /// Connects `body` to a GSimpleAction's "activate" with a string parameter (the instance, the
+  /// GVariant, the data); a parameter that is not a string is ignored.
+  static func connectStringAction(_ action: UnsafeMutableRawPointer, _ body: @escaping @GtkActor (String) -> Void) {
+    let data = Unmanaged.passRetained(StringHandler(body)).toOpaque()
+    let thunk: @convention(c) (UnsafeMutableRawPointer?, OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+      _, parameter, data in
+      let handler = Unmanaged<StringHandler>.fromOpaque(data!).takeUnretainedValue()
+      guard let parameter, g_variant_is_of_type(parameter, g_variant_type_checked_("s")) != 0,
+        let text = g_variant_get_string(parameter, nil)
+      else { return }
+      let value = String(cString: text)
+      GtkActor.onGtkThread { handler.body(value) }
+    }
+    let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutablePointer<GClosure>?) -> Void = { data, _ in
+      Unmanaged<StringHandler>.fromOpaque(data!).release()
+    }
+    g_signal_connect_data(action, "activate", unsafeBitCast(thunk, to: GCallback.self), data, release, GConnectFlags(0))
+  }
 }
