@@ -11,7 +11,9 @@ import Testing
 struct ManPageTests {
   static let repo = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
     .deletingLastPathComponent()
-  static let pages = ["docs/man/tessera.1", "docs/man/tesserad.8", "docs/man/tessera-config.5"]
+  static let pages = [
+    "docs/man/tessera.1", "docs/man/tesserad.8", "docs/man/tessera-config.5", "Desktop/data/tessera-accounts.1",
+  ]
 
   struct Outcome {
     var status: Int32
@@ -99,7 +101,7 @@ struct ManPageTests {
 
   // MARK: One date, one version
 
-  @Test func theThreePagesCarryOneDateAndTheBrokersVersion() throws {
+  @Test func everyPageCarriesOneDateAndTheBrokersVersion() throws {
     var dates: [String: String] = [:]
     for page in Self.pages {
       let th = try #require(RoffPage(try Self.source(page)).title, "\(page) has no .TH line")

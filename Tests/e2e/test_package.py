@@ -99,16 +99,20 @@ def machine(tmp_path_factory):
     subprocess.run(["rm", "-rf", "--one-file-system", os.path.dirname(path)], timeout=300)
 
 
-def debs(revision):
-    found = sorted(glob.glob(os.path.join(DEB_DIR, f"tessera*-{revision}_*.deb")))
-    assert len(found) == 2, f"expected tessera and tessera-microsoft-broker, revision {revision}, in {DEB_DIR}: {found}"
+SERVER_PACKAGES = ("tessera", "tessera-microsoft-broker")
+
+
+def debs(revision, packages=SERVER_PACKAGES):
+    found = sorted(p for p in glob.glob(os.path.join(DEB_DIR, f"tessera*-{revision}_*.deb"))
+                   if os.path.basename(p).split("_")[0] in packages)
+    assert len(found) == len(packages), f"expected {', '.join(packages)}, revision {revision}, in {DEB_DIR}: {found}"
     return found
 
 
-def install(machine, revision):
+def install(machine, revision, packages=SERVER_PACKAGES):
     os.makedirs(os.path.join(machine.path, "tmp-debs"), exist_ok=True)
     names = []
-    for deb in debs(revision):
+    for deb in debs(revision, packages):
         shutil.copy(deb, os.path.join(machine.path, "tmp-debs"))
         names.append("/tmp-debs/" + os.path.basename(deb))
     machine.sh("apt-get install -y --no-install-recommends " + " ".join(names))
@@ -170,6 +174,8 @@ def in_session(machine, commands, idp=None, user="alice"):
 
 def test_the_packages_install_and_work_on_debian_12_without_swift(machine, idp):
     install(machine, 1)
+    # A server's packages pull no GTK in: the desktop app is tessera-gtk's.
+    assert machine.sh("dpkg -l | grep -c '^ii  libgtk-4' || true").stdout.strip() == "0"
     # No Swift anywhere: not on the machine, not in what the binaries load.
     machine.sh("! ls -d /usr/lib/swift /usr/share/swift 2>/dev/null && ! dpkg -l | grep -i swift")
     for exe in ("tesserad", "tessera"):
@@ -225,6 +231,35 @@ def test_an_upgrade_keeps_the_account_and_purge_removes_every_installed_file(mac
     # The user's data is the user's: purge does not touch it.
     assert os.path.exists(os.path.join(machine.path, "home", USER, ".config", "tessera", "config.toml"))
     assert os.path.isdir(os.path.join(machine.path, "home", USER, ".local", "state", "tessera"))
+
+
+def test_the_desktop_app_package_installs_and_opens_its_window_under_xvfb(machine, idp):
+    """tessera-gtk on the same Debian 12 root: apt brings GTK 4, libadwaita and tessera (its
+    Depends), the desktop entry and metainfo are where the desktop looks, and tessera-accounts
+    starts under Xvfb, with the broker D-Bus activated, and maps its window."""
+    install(machine, 2, ("tessera", "tessera-gtk"))
+    machine.sh("apt-get install -y --no-install-recommends xvfb x11-utils")
+    for path in ("usr/share/applications/org.tessera.Accounts.desktop",
+                 "usr/share/metainfo/org.tessera.Accounts.metainfo.xml",
+                 "usr/share/icons/hicolor/scalable/apps/org.tessera.Accounts.svg",
+                 "usr/share/dbus-1/services/org.tessera.Accounts.service", "usr/share/man/man1/tessera-accounts.1.gz"):
+        assert os.path.isfile(os.path.join(machine.path, path)), path
+    libs = machine.sh("ldd /usr/bin/tessera-accounts").stdout
+    assert "not found" not in libs and "swift" not in libs.lower() and "libadwaita-1" in libs, libs
+    write_config(machine)
+    # Xvfb, then the app; done when its window is mapped (xwininfo), or the app ended (its status).
+    rc, out, err = in_session(
+        machine,
+        "Xvfb :7 -nolisten tcp >/dev/null 2>&1 & xvfb=$!; "
+        "export DISPLAY=:7 GSK_RENDERER=cairo NO_AT_BRIDGE=1; "
+        "i=0; until xwininfo -root >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 600 ] || exit 3; sleep 0.1; done; "
+        "tessera-accounts & app=$!; "
+        "i=0; until xwininfo -root -tree | grep -q \"Tessera Accounts\"; do "
+        "kill -0 $app 2>/dev/null || { rc=0; wait $app || rc=$?; echo app-ended-$rc; exit 4; }; "
+        "i=$((i+1)); [ $i -lt 600 ] || exit 5; sleep 0.1; done; echo window-mapped; "
+        "kill $app $xvfb || true")
+    assert rc == 0 and "window-mapped" in out, f"rc {rc}\n{out}\n{err}"
+    machine.sh("apt-get purge -y tessera-gtk tessera && apt-get autoremove -y --purge")
 
 
 if __name__ == "__main__":
