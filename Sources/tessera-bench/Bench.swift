@@ -47,6 +47,9 @@ struct Bench: ParsableCommand {
   @Option(help: "Write the results as JSON to this file.") var json: String?
   @Option(help: "Write BENCHMARKS.md (results, machine, how to read them) to this file.") var markdown: String?
   @Option(help: "The commit measured, for the report.") var commit = "unknown"
+  @Option(
+    help: "Tessera Accounts (Desktop/) to measure under Xvfb against the loaded cache: start to first frame, idle RSS.")
+  var accountsApp: String?
   @Flag(help: "One quick round of everything (CI's check that the benchmark still runs).") var smoke = false
   @Option(help: "Also record perf profiles of the direct and bus paths into this directory (see Direct.swift).")
   var profile: String?
@@ -320,6 +323,19 @@ struct Bench: ParsableCommand {
         id: "rss_loaded", name: "RSS with \(parts[0]) accounts × \(parts[1]) clients × \(parts[2]) scope sets cached",
         value: daemon.rssMiB(), unit: "MiB", goal: 40, lowerIsBetter: true,
         detail: "anonymous \(fmt(daemon.anonymousMiB())) MiB"))
+    // 7. The desktop app against that cache, under Xvfb with the cairo renderer (issue 39).
+    if let accountsApp {
+      let app = try measureAccountsApp(accountsApp, accounts: parts[0])
+      report.add(
+        .init(
+          id: "app_first_frame", name: "Tessera Accounts: start to the first drawn window (cairo, GL off, Xvfb)",
+          value: app.firstFrame, unit: "ms", goal: 300, lowerIsBetter: true,
+          detail: "\(parts[0]) accounts drawn after \(fmt(app.accountsShown)) ms"))
+      report.add(
+        .init(
+          id: "app_rss_idle", name: "Tessera Accounts: RSS idle with \(parts[0]) accounts", value: app.rss, unit: "MiB",
+          goal: 64, lowerIsBetter: true))
+    }
     daemon.stop()
     // The synthetic items are in the session's in-memory collection, gone with the session.
 
@@ -649,6 +665,55 @@ func log(_ text: String) {
 func fmt(_ value: Double) -> String {
   value >= 100
     ? String(format: "%.0f", value) : value >= 10 ? String(format: "%.1f", value) : String(format: "%.2f", value)
+}
+
+extension Bench {
+  /// Starts Xvfb, then the app (TESSERA_ACCOUNTS_REPORT=1: it prints CLOCK_MONOTONIC microseconds
+  /// at its first frame and when the accounts are drawn); the RSS is read once it is idle.
+  func measureAccountsApp(_ binary: String, accounts: Int) throws -> (
+    firstFrame: Double, accountsShown: Double, rss: Double
+  ) {
+    let xvfb = try Spawned(["/usr/bin/Xvfb", "-displayfd", "1", "-screen", "0", "1024x768x24", "-nolisten", "tcp"])
+    defer { xvfb.stop() }
+    guard let display = xvfb.readLine(timeout: 30), Int(display) != nil else { throw BenchError("Xvfb did not start") }
+    var firstFrames: [Double] = []
+    var shown: [Double] = []
+    var rss = Double.nan
+    for run in 0..<(smoke ? 1 : 5) {
+      let start = monotonic()
+      let app = try Spawned(
+        [binary],
+        environment: [
+          // The issue's conditions: the cairo renderer and GL off (GTK 4.8 otherwise loads Mesa's
+          // software GL, LLVM with it, about 60 MiB, even to draw with cairo).
+          "DISPLAY": ":" + display, "GSK_RENDERER": "cairo", "GDK_DEBUG": "gl-disable",
+          "TESSERA_ACCOUNTS_REPORT": "1",
+        ])
+      defer { app.stop() }
+      var frame: Double?
+      var drawn: Double?
+      while frame == nil || drawn == nil {
+        guard let line = app.readLine(timeout: 60) else { throw BenchError("the app said nothing for 60 s") }
+        let fields = line.split(separator: " ")
+        guard let micros = fields.last.flatMap({ Double($0) }) else { continue }
+        if fields.first == "first-frame" { frame = micros / 1e6 - start }
+        if fields.first == "accounts-shown" {
+          // The loaded cache's accounts, and the one the benchmark signed in.
+          guard fields.count == 3, let count = Int(fields[1]), count >= accounts else {
+            throw BenchError("the app drew \(fields.dropFirst().first ?? "?") accounts, not \(accounts) or more")
+          }
+          drawn = micros / 1e6 - start
+        }
+      }
+      firstFrames.append(frame! * 1000)
+      shown.append(drawn! * 1000)
+      if run == 0 {
+        usleep(1_000_000)  // idle: nothing left to draw or read
+        rss = Daemon.rssMiB(of: app.pid)
+      }
+    }
+    return (Stats(firstFrames).p50, Stats(shown).p50, rss)
+  }
 }
 
 func monotonic() -> Double {

@@ -153,7 +153,9 @@ final class Daemon: @unchecked Sendable {
   }
 
   /// Resident set size, from /proc.
-  func rssMiB() -> Double {
+  func rssMiB() -> Double { Self.rssMiB(of: pid) }
+
+  static func rssMiB(of pid: pid_t) -> Double {
     guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
       let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
       let kib = Double(line.split(separator: " ").dropFirst().first ?? "")
@@ -541,5 +543,70 @@ struct Binary {
       }
     }
     return Binary(sizeMiB: size, libraries: libraries.sorted())
+  }
+}
+
+/// A child process whose standard output is read line by line (Xvfb's display number, the desktop
+/// app's report lines); stopped with SIGTERM and reaped.
+final class Spawned {
+  let pid: pid_t
+  private let output: Int32
+  private var buffer: [UInt8] = []
+
+  init(_ argv: [String], environment extra: [String: String] = [:]) throws {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { throw BenchError("pipe: \(String(cString: strerror(errno)))") }
+    // The read end stays here (the child gets the write end as its stdout, and closes the rest).
+    _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+    _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+    var env = ProcessInfo.processInfo.environment
+    for (key, value) in extra { env[key] = value }
+    var cEnv: [UnsafeMutablePointer<CChar>?] = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    var cArgv: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    defer {
+      cEnv.forEach { free($0) }
+      cArgv.forEach { free($0) }
+    }
+    var child: pid_t = 0
+    let r = posix_spawn(&child, argv[0], &actions, nil, &cArgv, &cEnv)
+    close(fds[1])
+    guard r == 0 else {
+      close(fds[0])
+      throw BenchError("cannot start \(argv[0]): \(String(cString: strerror(r)))")
+    }
+    pid = child
+    output = fds[0]
+  }
+
+  /// The next line of its output, or nil when none comes within `timeout` seconds or it closed.
+  func readLine(timeout: Double) -> String? {
+    let deadline = monotonic() + timeout
+    while true {
+      if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+        let line = String(decoding: buffer[..<newline], as: UTF8.self)
+        buffer.removeSubrange(...newline)
+        return line
+      }
+      let left = deadline - monotonic()
+      guard left > 0 else { return nil }
+      var polled = pollfd(fd: output, events: Int16(POLLIN), revents: 0)
+      guard poll(&polled, 1, Int32(left * 1000) + 1) > 0 else { continue }
+      var chunk = [UInt8](repeating: 0, count: 4096)
+      let n = read(output, &chunk, chunk.count)
+      guard n > 0 else { return nil }
+      buffer += chunk[..<n]
+    }
+  }
+
+  func stop() {
+    kill(pid, SIGTERM)
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    close(output)
   }
 }

@@ -1,4 +1,5 @@
 import CAdwaita
+import Glibc
 
 /// Tessera Accounts: one window (a GApplication: a second start raises the first one's window).
 @GtkActor
@@ -59,6 +60,15 @@ public final class AccountsApp {
     self.window = window
     self.pages = pages
     gtk_window_present(window.as(GtkWindow.self))
+    if Report.enabled, let clock = gtk_widget_get_frame_clock(window) {
+      // The benchmark's start-to-first-frame: once, after the window's first paint.
+      var painted = false
+      Signals.connect(UnsafeMutableRawPointer(clock), "after-paint") {
+        guard !painted else { return }
+        painted = true
+        Report.line("first-frame \(g_get_monotonic_time())")
+      }
+    }
     following = Task { [model] in await model.follow() }
   }
 }
@@ -154,5 +164,18 @@ final class MainView {
   func say(_ text: String?) {
     gtk_label_set_text(bannerText.opaque, text ?? "")
     gtk_revealer_set_reveal_child(banner.opaque, text == nil ? 0 : 1)
+  }
+}
+
+/// What the benchmark reads (TESSERA_ACCOUNTS_REPORT=1): lines on standard output with
+/// CLOCK_MONOTONIC microseconds, "first-frame T" and "accounts-shown N T".
+enum Report {
+  static let enabled = getenv("TESSERA_ACCOUNTS_REPORT").map { String(cString: $0) == "1" } ?? false
+
+  static func line(_ text: String) {
+    guard enabled else { return }
+    // One write(2) per line: nothing buffered in stdio waits for an exit.
+    let bytes = Array((text + "\n").utf8)
+    _ = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress, $0.count) }
   }
 }

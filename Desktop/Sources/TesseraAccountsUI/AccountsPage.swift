@@ -71,6 +71,8 @@ final class AccountsPage {
   private let model: BrokerModel
   private let list: RowGroup
   private let detail: AccountDetail
+  /// The first accounts drawn were reported (the benchmark's TESSERA_ACCOUNTS_REPORT).
+  private var reported = false
   /// The window the page's dialogs belong to.
   var window: Widget? {
     didSet { detail.window = window }
@@ -112,6 +114,10 @@ final class AccountsPage {
         : "No account is signed in yet. Sign in with Add account, or `tessera login`.")
     list.set(rows.map(row))
     detail.update()
+    if model.status != nil && !reported {
+      reported = true
+      Report.line("accounts-shown \(rows.count) \(g_get_monotonic_time())")
+    }
   }
 
   private func row(_ account: AccountRow) -> Widget {
