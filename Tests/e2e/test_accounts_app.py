@@ -494,3 +494,27 @@ def test_the_sign_in_notification_opens_the_app_at_the_account(app, idp, tmp_pat
     finally:
         broker.close()
         notifications.close()
+
+
+def test_sign_out_in_the_browser_from_the_app_makes_the_next_sign_in_ask_for_the_password(
+        start_daemon, write_config, launch_app, tmp_path):
+    """The app's "Sign out here and in the browser": the account goes, the provider's sign-out page
+    is opened with the account's id_token, and the next sign-in shows the login form again (the
+    scripted browser keeps the IdP's cookies, as a real one does)."""
+    daemon = start_daemon(write_config(), extra_env={"TESSERA_TEST_BROWSER_COOKIES": str(tmp_path / "cookies.txt")})
+    launch_app()
+    broker = Broker()
+    try:
+        def login_pages():
+            return daemon.log().count("login page: the identity provider asks for a password")
+
+        broker.sign_in("alice")
+        assert login_pages() == 1
+        wait_until(lambda: press("Sign out alice"), what="alice's Sign out button")
+        wait_until(lambda: press("Sign out here and in the browser"), what="the sign-out question")
+        wait_for_rows(lambda r: not any(n.startswith("alice") for n in r), "alice's row gone")
+        wait_until(lambda: "signed out at the identity provider" in daemon.log(), what="the browser's sign-out")
+        assert broker.sign_in("alice")["account"]["username"] == "alice"
+        assert login_pages() == 2, "after the browser sign-out the IdP asks for the password again"
+    finally:
+        broker.close()
