@@ -258,6 +258,37 @@ public enum AccessAnswer: Sendable, Equatable {
 /// The desktop's way of asking the user (a notification with actions). nil: nobody could be asked.
 public protocol AccessPrompter: Sendable {
   func ask(_ question: AccessQuestion) async -> AccessAnswer?
+  /// The account chooser, where the desktop can draw a choice (the portal's access dialog); nil
+  /// when it cannot, or nobody answered.
+  func chooseAccount(_ choice: AccountChoice) async -> ChoiceAnswer?
+}
+
+extension AccessPrompter {
+  public func chooseAccount(_ choice: AccountChoice) async -> ChoiceAnswer? { nil }
+}
+
+/// Which account should the app use: the accounts at its provider, the one it was last granted.
+public struct AccountChoice: Sendable, Equatable {
+  public struct Option: Sendable, Equatable {
+    public var id: String
+    public var username: String
+    public var name: String
+  }
+  public var app: AppIdentity
+  public var clientID: String
+  public var provider: String
+  public var accounts: [Option]
+  public var preselected: String?
+}
+
+/// The user's choice: an account id, or Question.another; and whether it holds from now on.
+public struct ChoiceAnswer: Sendable, Equatable {
+  public var answer: String
+  public var remember: Bool
+  public init(answer: String, remember: Bool) {
+    self.answer = answer
+    self.remember = remember
+  }
 }
 
 /// Signals the broker emits.

@@ -156,9 +156,18 @@ extension Broker {
     guard here.count >= 2 || (asked && !here.isEmpty) else { return nil }
     let key = PromptDesk.rememberKey(app: app.key, authority: authority.url)
     if !asked, let id = prompts.remembered[key], let account = cache.accounts[id] { return account }
-    guard appPrompts else { return nil }
     let last = cache.grants.filter { $0.app == app.key && here.map(\.id).contains($0.accountID) }
       .max { $0.grantedAt < $1.grantedAt }?.accountID
+    var answer: QuestionAnswer?
+    if !appPrompts {
+      // No app: the portal's access dialog, where the desktop draws choices; else no choice, and
+      // the current-account rule answers as before.
+      let choice = AccountChoice(
+        app: app, clientID: request.clientID, provider: authority.host,
+        accounts: here.map { .init(id: $0.id, username: $0.username, name: $0.name) }, preselected: last)
+      guard let prompter = deps.prompter, let chosen = await prompter.chooseAccount(choice) else { return nil }
+      answer = QuestionAnswer(answer: chosen.answer, remember: chosen.remember)
+    }
     var info: [String: BusValue] = [
       Question.app: .string(app.display), Question.appKey: .string(app.key),
       Question.assurance: .string(app.assurance), Question.clientID: .string(request.clientID),
@@ -167,9 +176,11 @@ extension Broker {
         here.map { ["id": .string($0.id), "username": .string($0.username), "name": .string($0.name)] }),
     ]
     if let last { info[Question.preselected] = .string(last) }
-    guard
-      let answer = await askApp(.chooseAccount, info, answers: Set(here.map(\.id) + [Question.another])),
-      answer.answer != Question.another, let account = cache.accounts[answer.answer]
+    if answer == nil {
+      answer = await askApp(.chooseAccount, info, answers: Set(here.map(\.id) + [Question.another]))
+    }
+    guard let answer, answer.answer != Question.another, here.contains(where: { $0.id == answer.answer }),
+      let account = cache.accounts[answer.answer]
     else { return nil }
     if answer.remember { prompts.remembered[key] = account.id }
     logger.info(

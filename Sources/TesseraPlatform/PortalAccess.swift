@@ -18,6 +18,7 @@ public final class PortalAccessPrompter: AccessPrompter {
   static let interface = "org.freedesktop.impl.portal.Access"
   static let objectPath = "/org/freedesktop/portal/desktop"
   static let remember = "remember"
+  static let account = "account"
 
   private let server: BusServer
   private let logger: Logger
@@ -107,6 +108,73 @@ public final class PortalAccessPrompter: AccessPrompter {
     if !q.scopes.isEmpty { body += " Scopes: \(SafeText.clip(q.scopes.joined(separator: " "), limit: 300))." }
     if q.operation != AccessGrant.Operation.token.rawValue { body += " It asks to: \(q.operation)." }
     return (title, subtitle, body)
+  }
+
+  /// The account chooser in the portal's access dialog: a choice list of the accounts (the one the
+  /// app was last granted preselected) and "Use this choice from now on"; "Use" answers with the
+  /// account chosen, "Use another account" with Question.another. nil with no backend, or when
+  /// the dialog was closed or could not ask.
+  public func chooseAccount(_ choice: AccountChoice) async -> ChoiceAnswer? {
+    guard let backend = backend(), !choice.accounts.isEmpty else { return nil }
+    let handle = "/org/tessera/Broker1/request/choose\(nextHandle.add(1, ordering: .relaxed).newValue)"
+    let app = SafeText.clip(choice.app.display, limit: 200)
+    let title = "Choose an account for \(SafeText.clip(choice.app.id, limit: 120))"
+    let subtitle =
+      "\(app) asks to sign in at \(SafeText.clip(choice.provider, limit: 200)), where several of your accounts are signed in."
+    let accounts: [[BusValue]] = choice.accounts.map {
+      [
+        .string($0.id),
+        .string(SafeText.clip($0.name.isEmpty ? $0.username : "\($0.username) (\($0.name))", limit: 200)),
+      ]
+    }
+    let options: [String: BusValue] = [
+      "grant_label": .string("Use"), "deny_label": .string("Use another account"), "icon": .string("dialog-password"),
+      "choices": .structs(
+        elementSignature: "(ssa(ss)s)",
+        [
+          [
+            .string(Self.account), .string("Account"), .structs(elementSignature: "(ss)", accounts),
+            .string(choice.preselected ?? choice.accounts[0].id),
+          ],
+          [
+            .string(Self.remember), .string("Use this choice from now on"), .structs(elementSignature: "(ss)", []),
+            .string("false"),
+          ],
+        ]),
+    ]
+    let appID = choice.app.kind == .flatpak || choice.app.kind == .desktop ? choice.app.id : ""
+    let arguments: [BusValue] = [
+      .objectPath(handle), .string(appID), .string(""), .string(title), .string(subtitle),
+      .string(choice.app.assurance), .dict(options),
+    ]
+    let result = await withCheckedContinuation {
+      (done: CheckedContinuation<Result<(sender: String, values: [BusValue]), BusCallError>, Never>) in
+      server.call(
+        destination: backend.busName, path: Self.objectPath, interface: Self.interface, member: "AccessDialog",
+        arguments: arguments, timeoutSeconds: Double(DesktopNotifier.questionSeconds), autoStart: true
+      ) { done.resume(returning: $0) }
+    }
+    guard case .success(let reply) = result, case .uint32(let response)? = reply.values.first else { return nil }
+    var chosen: String?
+    var remember = false
+    if reply.values.count > 1, case .dict(let results) = reply.values[1],
+      case .structs(_, let rows)? = results["choices"]
+    {
+      for row in rows where row.count == 2 {
+        if row[0] == .string(Self.account) { chosen = row[1].stringValue }
+        if row[0] == .string(Self.remember) { remember = row[1] == .string("true") }
+      }
+    }
+    logger.info(
+      "The portal's account chooser answered", metadata: ["backend": "\(backend.busName)", "response": "\(response)"])
+    switch response {
+    case 0:
+      // Only one of the accounts offered (a backend that answers anything else chose nothing).
+      guard let chosen, choice.accounts.contains(where: { $0.id == chosen }) else { return nil }
+      return ChoiceAnswer(answer: chosen, remember: remember)
+    case 1: return ChoiceAnswer(answer: Question.another, remember: false)
+    default: return nil
+    }
   }
 
   public func ask(_ question: AccessQuestion) async -> AccessAnswer? {

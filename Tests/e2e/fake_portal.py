@@ -41,24 +41,31 @@ class Backend(Recorded):
     @dbus.service.method(ACCESS, in_signature="osssssa{sv}", out_signature="ua{sv}",
                          async_callbacks=("reply", "error"))
     def AccessDialog(self, handle, app_id, parent_window, title, subtitle, body, options, reply, error):
-        choices = [{"id": str(c[0]), "label": str(c[1]), "default": str(c[3])} for c in options.get("choices", [])]
+        choices = [{"id": str(c[0]), "label": str(c[1]), "default": str(c[3]),
+                    "options": [[str(o[0]), str(o[1])] for o in c[2]]} for c in options.get("choices", [])]
         self.write({"call": "AccessDialog", "handle": str(handle), "app_id": str(app_id), "title": str(title),
                     "subtitle": str(subtitle), "body": str(body), "choices": choices,
                     "grant_label": str(options.get("grant_label", "")),
                     "deny_label": str(options.get("deny_label", ""))})
         self.open[str(handle)] = (Request(self.bus, str(handle), self), reply)
 
-    def finish(self, handle, response, remember):
+    def finish(self, handle, response, remember, chosen=()):
         request, reply = self.open.pop(handle, (None, None))
         if reply is None:
             return False
         request.remove_from_connection()
         results = {}
         if response == 0:
-            results["choices"] = dbus.Array([dbus.Struct(("remember", "true" if remember else "false"))],
-                                            signature="(ss)")
+            picked = [dbus.Struct((str(k), str(v))) for k, v in chosen]
+            picked.append(dbus.Struct(("remember", "true" if remember else "false")))
+            results["choices"] = dbus.Array(picked, signature="(ss)")
         reply(dbus.UInt32(response), dbus.Dictionary(results, signature="sv"))
         return True
+
+    @dbus.service.method("org.tessera.Test", in_signature="suba(ss)", out_signature="b")
+    def AnswerWith(self, handle, response, remember, chosen):
+        """Answer, with the user's picks in the dialog's choice lists (id, option)."""
+        return self.finish(str(handle), int(response), bool(remember), [(c[0], c[1]) for c in chosen])
 
     @dbus.service.method("org.tessera.Test", in_signature="sub", out_signature="b")
     def Answer(self, handle, response, remember):

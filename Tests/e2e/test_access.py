@@ -19,7 +19,7 @@ import pytest
 
 import dbus_wire
 
-from conftest import TESSERA, TESSERAD, Broker, expect_error, run_cli, stop_process, wait_until
+from conftest import TESSERA, TESSERAD, Async, Broker, expect_error, run_cli, stop_process, wait_until
 from tessera_session import bus_config, new_connection
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -280,9 +280,50 @@ class PortalBackend:
         finally:
             conn.close()
 
+    def answer_with(self, handle, response, remember, chosen):
+        conn = new_connection()
+        try:
+            obj = conn.get_object(PORTAL_NAME, "/org/freedesktop/portal/desktop")
+            assert obj.AnswerWith(handle, dbus.UInt32(response), remember,
+                                  dbus.Array([dbus.Struct(c) for c in chosen], signature="(ss)"),
+                                  dbus_interface="org.tessera.Test")
+        finally:
+            conn.close()
+
     def close(self):
         if self.proc:
             stop_process(self.proc)
+
+
+def test_without_the_app_the_account_chooser_is_the_portal_s_dialog(start_daemon, write_config, tmp_path):
+    """Two accounts at the provider, no Tessera Accounts, a portal backend: an app's interactive
+    request naming no account shows the portal's access dialog with the accounts as a choice list;
+    the user picks bob and keeps the choice. The app gets bob's token (no browser), and its next
+    request gets bob without a dialog. A silent request never asks."""
+    portal = PortalBackend(tmp_path)
+    try:
+        start_daemon(write_config(access_mode="open"), extra_env=portal.env)
+        b = Broker()
+        b.sign_in("alice")
+        bob = b.sign_in("bob")["account"]["id"]
+        app = Broker()
+        asking = Async(app.acquire, "tessera-test")
+        wait_until(lambda: portal.calls("AccessDialog"), what="the portal's chooser")
+        (dialog,) = portal.calls("AccessDialog")
+        assert dialog["title"].startswith("Choose an account for ") and "python" in dialog["title"], dialog
+        account_choice = next(c for c in dialog["choices"] if c["id"] == "account")
+        assert sorted(label.split(" ")[0] for _, label in account_choice["options"]) == ["alice", "bob"]
+        assert (dialog["grant_label"], dialog["deny_label"]) == ("Use", "Use another account")
+        portal.answer_with(dialog["handle"], 0, True, [("account", bob)])
+        assert asking.result()["account"]["id"] == bob
+        assert app.acquire("tessera-test")["account"]["id"] == bob
+        assert len(portal.calls("AccessDialog")) == 1, "remembered: not asked again"
+        app.silent()
+        assert len(portal.calls("AccessDialog")) == 1, "a silent request never asks"
+        app.close()
+        b.close()
+    finally:
+        portal.close()
 
 
 def test_confirm_mode_asks_through_the_portal_access_dialog_first(start_daemon, write_config, tmp_path):
