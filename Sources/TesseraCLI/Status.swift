@@ -328,6 +328,9 @@ extension Tessera {
           ? ": \(StoreKind.name(report.storeKind, path: report.storePath)) cannot be read (see above)"
           : ": the keyring is locked: unlock it"
       case "idp_unreachable": line += ": the identity provider cannot be reached"
+      case StatusReport.blockedByPolicy:
+        line +=
+          ": blocked: the configuration no longer trusts \(SafeText.clip(a.account.authority, limit: 200)) (trusted_authorities, or the administrator's [policy]); add it again, or sign the account out"
       default: line += ": ok"
       }
       print(line)

@@ -77,6 +77,19 @@ extension Broker {
     return try await signIn(request, caller: caller)
   }
 
+  /// The configuration in force no longer trusts the account's authority (trusted_authorities, or
+  /// the administrator's policy): its refresh token is not sent there until it does again.
+  func isBlockedByPolicy(_ account: Account) -> Bool {
+    do {
+      _ = try policy.validate(account.authority)
+      return false
+    } catch let error as TesseraError where error.code == .untrustedAuthority {
+      return true
+    } catch {
+      return false
+    }
+  }
+
   /// The report `tessera status --json` prints: per account its state, last error, next refresh and
   /// the tokens cached per client (their expiry, never their values). Schema: StatusReport.
   public func status() async throws -> StatusReport.Report {
@@ -106,7 +119,8 @@ extension Broker {
         ($0.clientID, $0.scopes.joined(separator: " ")) < ($1.clientID, $1.scopes.joined(separator: " "))
       }
       return StatusReport.AccountStatus(
-        id: account.id, username: account.username, authority: account.authority, state: entry.state.rawValue,
+        id: account.id, username: account.username, authority: account.authority,
+        state: isBlockedByPolicy(account) ? StatusReport.blockedByPolicy : entry.state.rawValue,
         lastError: lastError, nextRefresh: due.min(),
         tokens: tokens.map {
           .init(

@@ -138,7 +138,7 @@ public enum StatusReport {
     public static let id = "id"
     public static let username = "username"
     public static let authority = "authority"
-    /// ok, needs_sign_in, store_locked or idp_unreachable.
+    /// ok, needs_sign_in, store_locked, idp_unreachable or blocked_by_policy.
     public static let state = "state"
     /// {code, message, at}: the last failure for this account since the daemon started.
     public static let lastError = "last_error"
@@ -174,7 +174,10 @@ public enum StatusReport {
   }
 
   /// The states an account can be in, as the report spells them.
-  public static let states = ["ok", "needs_sign_in", "store_locked", "idp_unreachable"]
+  public static let states = ["ok", "needs_sign_in", "store_locked", "idp_unreachable", blockedByPolicy]
+  /// The configuration in force (trusted_authorities, the administrator's policy) no longer trusts
+  /// the account's authority: no refresh token is sent there; the account is kept.
+  public static let blockedByPolicy = "blocked_by_policy"
 
   /// Each state in a few words, for a list (the desktop app's rows); an unknown one is named, not
   /// hidden.
@@ -184,6 +187,7 @@ public enum StatusReport {
     case "needs_sign_in": "Needs sign-in"
     case "store_locked": "Keyring locked"
     case "idp_unreachable": "Offline, retrying"
+    case blockedByPolicy: "Blocked by policy"
     default: "Unknown state (\(state))"
     }
   }

@@ -135,10 +135,16 @@ def test_a_reload_changes_the_log_level_and_trust_keeping_the_cached_token_and_a
         assert {a["username"] for a in broker.accounts()} == {"alice", "bob"}
         assert "GetAccounts succeeded" in daemon.log()[mark:]
         assert "Reloaded the configuration" in daemon.log()[mark:]
+        # `tessera status` (and the desktop app) say why: blocked by the configuration.
+        states = {a["username"]: a["state"] for a in status()["accounts"]}
+        assert states == {"alice": "blocked_by_policy", "bob": "blocked_by_policy"}, states
+        text = run_cli("status").stdout
+        assert "alice (" in text and "blocked: the configuration no longer trusts" in text, text
         # And back: the same cached token, still nothing asked of the IdP.
         write_toml(path, values)
         reload(daemon)
         assert broker.silent(account_id=alice_id)["access_token"] == cached
+        assert {a["state"] for a in status()["accounts"]} == {"ok"}
     finally:
         broker.close()
         waiting.close()

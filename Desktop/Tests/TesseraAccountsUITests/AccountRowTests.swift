@@ -35,7 +35,7 @@ struct AccountRowTests {
     #expect(StatusReport.label(forState: "quarantined") == "Unknown state (quarantined)")
     #expect(
       StatusReport.states.map(StatusReport.label(forState:)) == [
-        "Signed in", "Needs sign-in", "Keyring locked", "Offline, retrying",
+        "Signed in", "Needs sign-in", "Keyring locked", "Offline, retrying", "Blocked by policy",
       ])
   }
 
