@@ -129,6 +129,14 @@ public struct AppRow: Sendable, Equatable {
     return apps.values.sorted { ($0.display.lowercased(), $0.key) < ($1.display.lowercased(), $1.key) }
   }
 
+  /// The icon the Apps page shows: a Flatpak app's own (the icon theme has it under the app's
+  /// id), a generic one for every other program.
+  public var iconName: String {
+    if key.hasPrefix("flatpak:") { return String(key.dropFirst("flatpak:".count)) }
+    if key.hasPrefix("forward:") { return "network-server-symbolic" }
+    return "application-x-executable-symbolic"
+  }
+
   public func subtitle(now: Int64) -> String {
     var parts: [String] = []
     parts.append(verified ? key : "\(key), unverified: identified by its executable only")

@@ -27,6 +27,10 @@ final class AppsPage {
     apps.set(
       AppRow.rows(grants: model.grants, log: model.log).map { app in
         let row = Gtk.row(title: app.display, subtitle: app.subtitle(now: now))
+        // A Flatpak's icon by its id (Flatpak exports it to the icon theme); a generic one else.
+        let icon = gtk_image_new_from_icon_name(app.iconName)!
+        gtk_image_set_pixel_size(icon.opaque, 32)
+        adw_action_row_add_prefix(row.as(AdwActionRow.self), icon)
         if app.grants > 0 {
           Gtk.suffix(
             row,

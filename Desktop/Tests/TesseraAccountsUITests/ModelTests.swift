@@ -54,6 +54,7 @@ struct ModelTests {
     #expect(!apps[0].verified && apps[0].refusals == 1 && apps[0].grants == 0)
     #expect(apps[0].subtitle(now: 70).contains("unverified"))
     #expect(apps[1].verified && apps[1].accounts == ["every account"] && apps[1].lastSeen == 20)
+    #expect(apps.map(\.iconName) == ["application-x-executable-symbolic", "org.example.Mail"])
   }
 
   @Test func activityIsFilteredByAppAccountAndDecisionNewestFirst() {
