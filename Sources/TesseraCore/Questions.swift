@@ -27,10 +27,6 @@ struct PromptDesk {
 
   var prompter: Prompter?
   var pending: [String: Pending] = [:]
-  /// choose_account answers the user asked to keep: app key and authority to account id.
-  var remembered: [String: String] = [:]
-
-  static func rememberKey(app: String, authority: String) -> String { app + " " + authority }
 }
 
 /// The user's answer to a question asked through the app.
@@ -154,8 +150,9 @@ extension Broker {
       .sorted { $0.username < $1.username }
     let asked = request.prompt == Prompt.selectAccount
     guard here.count >= 2 || (asked && !here.isEmpty) else { return nil }
-    let key = PromptDesk.rememberKey(app: app.key, authority: authority.url)
-    if !asked, let id = prompts.remembered[key], let account = cache.accounts[id] { return account }
+    if !asked, let id = cache.chosenAccount(app: app.key, authority: authority.url), let account = cache.accounts[id] {
+      return account
+    }
     let last = cache.grants.filter { $0.app == app.key && here.map(\.id).contains($0.accountID) }
       .max { $0.grantedAt < $1.grantedAt }?.accountID
     var answer: QuestionAnswer?
@@ -182,7 +179,18 @@ extension Broker {
     guard let answer, answer.answer != Question.another, here.contains(where: { $0.id == answer.answer }),
       let account = cache.accounts[answer.answer]
     else { return nil }
-    if answer.remember { prompts.remembered[key] = account.id }
+    if answer.remember {
+      // Kept in the store: the choice holds after a restart too. A store that cannot keep it now
+      // loses nothing but the memory: the user is asked again.
+      let choice = AccountChoiceRecord(
+        app: app.key, authority: authority.url, accountID: account.id,
+        chosenAt: Int64(deps.clock.now().timeIntervalSince1970))
+      do { try await apply(cache.remember(choice: choice)) } catch {
+        logger.warning(
+          "Could not keep the account choice; the app's next sign-in asks again",
+          metadata: ["error": "\(TesseraError.wrap(error))"])
+      }
+    }
     logger.info(
       "The user chose an account for the app", metadata: ["app": "\(app.display)", "account_id": "\(account.id)"])
     return account

@@ -45,6 +45,9 @@ public struct TokenCache: Sendable {
   public private(set) var grants: [AccessGrant] = []
   /// Which app has used which account (for the first-use notification), as "APP\0ACCOUNT_ID".
   public private(set) var uses: Set<String> = []
+  /// The account choices the user asked to keep (the chooser's Always): app and authority to the
+  /// account id.
+  public private(set) var choices: [String: String] = [:]
   /// The accounts the user made current (`tessera account use`): at most one per identity
   /// provider (environment). A request that names no account gets it when several are signed in.
   public private(set) var currentAccounts: Set<String> = []
@@ -59,6 +62,7 @@ public struct TokenCache: Sendable {
     case grant = "access_grant"
     case use = "app_use"
     case current = "current_account"
+    case choice = "account_choice"
   }
 
   // MARK: Lookups
@@ -126,6 +130,29 @@ public struct TokenCache: Sendable {
   public mutating func noteUse(app: String, accountID: String, at: Int64) -> [StoreOperation]? {
     guard uses.insert(Self.useKey(app: app, accountID: accountID)).inserted else { return nil }
     return [.save(Self.item(.use(AppUseRecord(app: app, accountID: accountID, firstUsedAt: at))))]
+  }
+
+  /// Keeps the chooser's answer for an app at an authority (one item per app and authority: a
+  /// new choice replaces the one before).
+  public mutating func remember(choice: AccountChoiceRecord) -> [StoreOperation] {
+    let key = Self.choiceKey(app: choice.app, authority: choice.authority)
+    var operations: [StoreOperation] = []
+    if let old = choices[key], old != choice.accountID {
+      operations.append(.delete(Self.choiceAttributes(app: choice.app, authority: choice.authority, accountID: old)))
+    }
+    choices[key] = choice.accountID
+    return operations + [.save(Self.item(.choice(choice)))]
+  }
+
+  /// The account the user chose for `app` at `authority`, when it is still signed in.
+  public func chosenAccount(app: String, authority: String) -> String? {
+    choices[Self.choiceKey(app: app, authority: authority)].flatMap { accounts[$0] == nil ? nil : $0 }
+  }
+
+  static func choiceKey(app: String, authority: String) -> String { "\(app)\u{0}\(authority)" }
+
+  static func choiceAttributes(app: String, authority: String, accountID: String) -> [String: String] {
+    [base: schemaVersion, "kind": Kind.choice.rawValue, "app": app, "authority": authority, "account_id": accountID]
   }
 
   public func hasUsed(app: String, accountID: String) -> Bool {
@@ -291,6 +318,8 @@ public struct TokenCache: Sendable {
     // Its grants go with it (their items carry its account_id, so the delete below takes them).
     grants.removeAll { $0.accountID == accountID }
     uses = uses.filter { !$0.hasSuffix("\u{0}\(accountID)") }
+    // The choices that named it (their items carry its account_id too).
+    choices = choices.filter { $0.value != accountID }
     // The account item goes first: a kill after it leaves items without their account, which the
     // next start removes (the sign-out is finished), never an account missing its tokens.
     let accountItem = [Self.base: Self.schemaVersion, "kind": Kind.account.rawValue, "account_id": accountID]
@@ -354,7 +383,7 @@ public struct TokenCache: Sendable {
   /// The `kind` attribute of every item type, for stores that load by kind.
   public static let itemKinds = [
     Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
-    Kind.grant.rawValue, Kind.use.rawValue, Kind.current.rawValue,
+    Kind.grant.rawValue, Kind.use.rawValue, Kind.current.rawValue, Kind.choice.rawValue,
   ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
@@ -374,6 +403,7 @@ public struct TokenCache: Sendable {
     case use(AppUseRecord)
     /// The current account; `environment` (its identity provider's host) names it in the label.
     case current(CurrentAccountRecord, environment: String?)
+    case choice(AccountChoiceRecord)
   }
 
   /// The item a record is stored as.
@@ -411,6 +441,10 @@ public struct TokenCache: Sendable {
       StoredItem(
         attributes: currentAttributes(c.accountID), secret: json(c),
         label: "Tessera: the current account at \(environment ?? "its identity provider")")
+    case .choice(let c):
+      StoredItem(
+        attributes: choiceAttributes(app: c.app, authority: c.authority, accountID: c.accountID), secret: json(c),
+        label: "Tessera: the account \(c.app) uses")
     }
   }
 
@@ -430,6 +464,7 @@ public struct TokenCache: Sendable {
     case .grant: decode(AccessGrant.self).map(Record.grant)
     case .use: decode(AppUseRecord.self).map(Record.use)
     case .current: decode(CurrentAccountRecord.self).map { Record.current($0, environment: nil) }
+    case .choice: decode(AccountChoiceRecord.self).map(Record.choice)
     }
   }
 
@@ -478,10 +513,20 @@ public struct TokenCache: Sendable {
       case .grant(let g)?: cache.grants.append(g)
       case .current(let c, _)?: cache.currentAccounts.insert(c.accountID)
       case .use(let u)?: cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
+      case .choice(let c)?: cache.choices[choiceKey(app: c.app, authority: c.authority)] = c.accountID
       }
     }
     return (cache, skipped)
   }
+}
+
+/// The account the user chose for an app at an authority, to be used from then on (the
+/// chooser's Always).
+public struct AccountChoiceRecord: Codable, Sendable, Hashable {
+  public var app: String
+  public var authority: String
+  public var accountID: String
+  public var chosenAt: Int64
 }
 
 /// That an app has used an account, and since when (the first-use notification's memory).

@@ -123,5 +123,21 @@ final class QuestionTests: XCTestCase {
     let again = try await h.broker.acquireTokenInteractive(request, caller: other)
     XCTAssertEqual(again["account"]?.dictValue?["id"]?.stringValue, bob)
     XCTAssertEqual(h.events.questions.withLock { $0.count }, 1)
+
+    // Kept in the store: after a restart too (a broker with no app to ask).
+    await h.broker.finishStoreWrites()
+    XCTAssertEqual(h.store.secrets(kind: "account_choice").count, 1)
+    let restarted = Broker(
+      config: await h.broker.config,
+      dependencies: BrokerDependencies(
+        http: h.idp, store: h.store, browser: NoBrowser(), listeners: h.listeners, events: h.events, clock: h.clock),
+      logger: .init(label: "t"))
+    let afterRestart = try await restarted.testFront.signIn(request, caller: other)
+    XCTAssertEqual(afterRestart["account"]?.dictValue?["id"]?.stringValue, bob)
+
+    // bob signed out: his choice goes with him (its item too).
+    try await restarted.signOut(SignOutRequest(accountID: bob, clientID: nil, correlationID: "c", caller: nil))
+    await restarted.finishStoreWrites()
+    XCTAssertEqual(h.store.secrets(kind: "account_choice").count, 0)
   }
 }
