@@ -250,6 +250,10 @@ extension Broker {
       })
     fastPath.forgetAllowed()
     let removed = before - cache.grants.count
+    // Its standing choice of account goes too (for that account, or all): the next sign-in asks.
+    if clientID == nil || account != nil {
+      try await apply(cache.forgetChoices(app: app, accountID: account == AccessGrant.anyAccount ? nil : account))
+    }
     if removed > 0 { deps.events.managementChanged(.grants) }
     logger.notice(
       "Access revoked",

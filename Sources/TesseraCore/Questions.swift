@@ -27,6 +27,9 @@ struct PromptDesk {
 
   var prompter: Prompter?
   var pending: [String: Pending] = [:]
+  /// Apps with a chooser on screen: one at a time per app (as consent questions), so an app
+  /// cannot open a dialog per call.
+  var choosing: Set<String> = []
 }
 
 /// The user's answer to a question asked through the app.
@@ -48,6 +51,11 @@ extension Broker {
       throw TesseraError.accessDenied(
         "Only Tessera Accounts (\(Self.promptingAppName)) may ask the user Tessera's questions; \(caller.app?.display ?? "this caller") may not."
       )
+    }
+    // Its connection closed before this call was handled (the two reach the broker in no set
+    // order): it must not stay registered with nobody to ask.
+    guard !signIns.hasDeparted(caller.busName) else {
+      throw TesseraError.accessDenied("The connection that asked to take the questions has closed.")
     }
     if let current = prompts.prompter, current.busName != caller.busName {
       throw TesseraError.accessDenied(
@@ -153,8 +161,15 @@ extension Broker {
     if !asked, let id = cache.chosenAccount(app: app.key, authority: authority.url), let account = cache.accounts[id] {
       return account
     }
-    let last = cache.grants.filter { $0.app == app.key && here.map(\.id).contains($0.accountID) }
-      .max { $0.grantedAt < $1.grantedAt }?.accountID
+    guard prompts.choosing.insert(app.key).inserted else { return nil }
+    defer { prompts.choosing.remove(app.key) }
+    // The account this app was granted last (grants are kept in the order they were made, so
+    // of two made in the same second the later one wins).
+    var lastGrant: AccessGrant?
+    for grant in cache.grants where grant.app == app.key && here.contains(where: { $0.id == grant.accountID }) {
+      if lastGrant == nil || grant.grantedAt >= lastGrant!.grantedAt { lastGrant = grant }
+    }
+    let last = lastGrant?.accountID
     var answer: QuestionAnswer?
     if !appPrompts {
       // No app: the portal's access dialog, where the desktop draws choices; else no choice, and

@@ -46,12 +46,29 @@ extension Broker {
       authority: authority.url, operation: .signIn)
     // Several accounts here and none named: the user chooses (through the desktop app), and a
     // chosen account that still has a good refresh token answers without a sign-in.
-    if let chosen = await chooseAccount(request, caller: caller, authority: authority) {
-      var silent = request
-      silent.accountID = chosen.id
-      silent.flow = .browser
-      if let result = try? await silentToken(silent) { return result }
+    // prompt=none shows nothing at all, the chooser included.
+    if request.prompt != Prompt.none, let chosen = await chooseAccount(request, caller: caller, authority: authority) {
       request.accountID = chosen.id
+      // Chosen here: the provider is not asked to show its own account picker as well.
+      if request.prompt == Prompt.selectAccount { request.prompt = nil }
+      // prompt=login and prompt=consent ask the provider to authenticate or consent again: no
+      // cached answer for those.
+      if request.prompt != Prompt.login && request.prompt != Prompt.consent {
+        var silent = request
+        silent.flow = .browser
+        do {
+          let result = try await silentToken(silent)
+          // Cancelled (or its caller gone) while the user chose: nobody gets the token.
+          if signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) {
+            throw TesseraError.cancelled(
+              "The sign-in was cancelled (by Cancel, or because the caller left the bus).")
+          }
+          return result
+        } catch let error as TesseraError where error.code == .interactionRequired {
+          // That account needs the user: its sign-in follows, the account pre-filled. Any other
+          // refusal (the user denied the app this account, a cancel) is the answer.
+        }
+      }
     }
     // Cancelled (or its caller gone) while the store loaded or the user was asked about the app.
     if signIns.withdraw(correlationID: request.correlationID, caller: caller.busName) {

@@ -93,6 +93,9 @@ struct SignInRegistry {
 
   /// Forgets an announcement; returns whether Cancel asked to end that sign-in meanwhile.
   @discardableResult
+  /// Whether the caller has left the bus (as far as the last departedMemory callers go).
+  func hasDeparted(_ busName: String) -> Bool { departed.contains(busName) }
+
   mutating func withdraw(correlationID: String, caller: String) -> Bool {
     let key = AnnouncedKey(caller: caller, correlationID: correlationID)
     guard let entry = announced[key] else { return false }

@@ -144,6 +144,18 @@ public struct TokenCache: Sendable {
     return operations + [.save(Self.item(.choice(choice)))]
   }
 
+  /// Forgets `app`'s kept choices (those naming `accountID`, or all): revoking an app's access
+  /// takes its standing choice of account with it.
+  public mutating func forgetChoices(app: String, accountID: String?) -> [StoreOperation] {
+    var operations: [StoreOperation] = []
+    for (key, chosen) in choices where key.hasPrefix(app + "\u{0}") && (accountID == nil || chosen == accountID) {
+      choices[key] = nil
+      let authority = String(key.dropFirst(app.count + 1))
+      operations.append(.delete(Self.choiceAttributes(app: app, authority: authority, accountID: chosen)))
+    }
+    return operations
+  }
+
   /// The account the user chose for `app` at `authority`, when it is still signed in.
   public func chosenAccount(app: String, authority: String) -> String? {
     choices[Self.choiceKey(app: app, authority: authority)].flatMap { accounts[$0] == nil ? nil : $0 }

@@ -140,4 +140,61 @@ final class QuestionTests: XCTestCase {
     await restarted.finishStoreWrites()
     XCTAssertEqual(h.store.secrets(kind: "account_choice").count, 0)
   }
+
+  /// Signs alice and bob in (by the Flatpak app), returns bob's id.
+  func twoAccounts(_ h: Harness) async throws -> String {
+    var signIn = try h.request()
+    signIn.caller = flatpak
+    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    h.idp.subject.withLock { $0 = "bob-sub" }
+    let bobResult = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    return try XCTUnwrap(bobResult["account"]?.dictValue?["id"]?.stringValue)
+  }
+
+  func testADenyAfterTheChoiceIsTheAnswerNotABrowserSignIn() async throws {
+    let h = await Harness(accessMode: .confirm)
+    let bob = try await twoAccounts(h)
+    try await h.broker.registerPrompter(accountsApp)
+    var request = try h.request()
+    request.caller = other
+    let (chooser, caller) = (request, other)
+    let browser = h.listeners.lastAuthorizationURL.withLock { $0 }
+    let asking = Task { try await h.broker.acquireTokenInteractive(chooser, caller: caller) }
+    // The app may sign in (once), chooses bob, and is then asked about bob's token: Deny.
+    var (id, info) = try await waitForQuestion(h, count: 1)
+    XCTAssertEqual(info[Question.kind]?.stringValue, "consent")
+    try await h.broker.answerQuestion(id: id, answer: Question.allowOnce, remember: false, caller: accountsAppAgain)
+    (id, info) = try await waitForQuestion(h, count: 2)
+    XCTAssertEqual(info[Question.kind]?.stringValue, "choose_account")
+    try await h.broker.answerQuestion(id: id, answer: bob, remember: false, caller: accountsAppAgain)
+    (id, info) = try await waitForQuestion(h, count: 3)
+    XCTAssertEqual(info[Question.kind]?.stringValue, "consent")
+    XCTAssertEqual(info[Question.account]?.stringValue, "alice@idp.test")
+    try await h.broker.answerQuestion(id: id, answer: Question.deny, remember: false, caller: accountsAppAgain)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await asking.value }
+    XCTAssertEqual(h.listeners.lastAuthorizationURL.withLock { $0 }, browser, "the Deny stands: no browser sign-in")
+  }
+
+  func testPromptNoneShowsNoChooserAndARevokeForgetsTheKeptChoice() async throws {
+    let h = await Harness(accessMode: .open)
+    let bob = try await twoAccounts(h)
+    try await h.broker.registerPrompter(accountsApp)
+    var quiet = try h.request(options: ["prompt": .string("none")])
+    quiet.caller = other
+    _ = try? await h.broker.acquireTokenInteractive(quiet, caller: other)
+    XCTAssertEqual(h.events.questions.withLock { $0.count }, 0, "prompt=none asks nothing")
+
+    var request = try h.request()
+    request.caller = other
+    let (chooser, caller) = (request, other)
+    let asking = Task { try await h.broker.acquireTokenInteractive(chooser, caller: caller) }
+    let (id, _) = try await waitForQuestion(h)
+    try await h.broker.answerQuestion(id: id, answer: bob, remember: true, caller: accountsAppAgain)
+    _ = try await asking.value
+    let kept = await h.broker.cache.choices
+    XCTAssertEqual(Array(kept.values), [bob])
+    _ = try await h.broker.revoke(app: "exe:/usr/bin/python3", clientID: nil, accountID: bob, caller: nil)
+    let afterRevoke = await h.broker.cache.choices
+    XCTAssertTrue(afterRevoke.isEmpty, "the revoke took the kept choice with it")
+  }
 }

@@ -43,6 +43,10 @@ final class StoreSchemaTests: XCTestCase {
       ),
       .use(AppUseRecord(app: "exe:/usr/bin/git", accountID: "acct-1", firstUsedAt: 8)),
       .current(CurrentAccountRecord(accountID: "acct-1"), environment: "idp.test"),
+      .choice(
+        AccountChoiceRecord(
+          app: "flatpak:org.example.Mail", authority: "https://idp.test/t", accountID: "acct-1", chosenAt: 9)
+      ),
     ]
   }
 

@@ -404,7 +404,7 @@ def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_con
         broker.close()
 
 
-def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config, launch_app, display, tmp_path):
+def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config, launch_app, idp, display, tmp_path):
     """Two accounts signed in and an app asks to sign in without naming one: the app shows both
     (the one it used last first), the user picks bob and keeps the choice; the app gets bob's token
     without a browser, and its next request gets bob without a question."""
@@ -414,12 +414,16 @@ def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config,
     try:
         broker.sign_in("alice")
         bob = broker.sign_in("bob")["account"]["id"]
+        mark = idp.mark()
         asking = Async(app_broker.acquire, "tessera-test")
         wait_for_name(lambda n: n.startswith("Use bob for "), "the chooser's button for bob")
-        assert any(n.startswith("Use alice for ") for n in names())
+        # Both offered; bob, whom this app was granted last (it signed him in), first.
+        uses = [n for n in names() if n.startswith("Use ") and " for " in n]
+        assert [u.split(" ")[1] for u in uses] == ["bob", "alice"], uses
         screenshot(display, tmp_path / "chooser.png")
         assert press(next(n for n in names() if n.startswith("Always use bob for ")))
         assert asking.result()["account"]["id"] == bob
+        assert not idp.token_posts(mark, grant_type="authorization_code"), "bob's refresh token answered: no browser"
         again = app_broker.acquire("tessera-test")
         assert again["account"]["id"] == bob
         assert not any(n.startswith("Use bob for ") for n in names()), "no second question"

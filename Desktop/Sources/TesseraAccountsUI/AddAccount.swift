@@ -72,15 +72,22 @@ enum AddAccount {
     model.say(
       deviceCode ? "Asking \(where_) for a code…" : "Signing in at \(where_): finish in the browser window that opens.")
     let signIn = model.run("sign in at \(where_)", then: { await $0.loadAccounts() }) { broker in
-      let token = try await broker.acquireToken(options: request) { interaction in
-        Task { @GtkActor in
-          if interaction.userCode != nil {
-            model.say(nil)
-            codeDialog.show(interaction)
-          } else {
-            model.say(SignInWords.text(interaction, username: "your account"))
+      let token: TesseraToken
+      do {
+        token = try await broker.acquireToken(options: request) { interaction in
+          Task { @GtkActor in
+            if interaction.userCode != nil {
+              model.say(nil)
+              codeDialog.show(interaction)
+            } else {
+              model.say(SignInWords.text(interaction, username: "your account"))
+            }
           }
         }
+      } catch {
+        // Failed or cancelled: the code is of no use any more.
+        Task { @GtkActor in codeDialog.close() }
+        throw error
       }
       let username = token.account.username
       Task { @GtkActor in
@@ -103,12 +110,19 @@ enum AddAccount {
 final class CodeDialog {
   private let window: Widget?
   private var dialog: Widget?
+  /// The sign-in ended: a code that arrives after it is not shown.
+  private var ended = false
   var onCancel: @GtkActor () -> Void = {}
 
   init(window: Widget?) { self.window = window }
 
   func show(_ interaction: TesseraInteraction) {
-    guard let code = interaction.userCode else { return }
+    guard let code = interaction.userCode, !ended else { return }
+    // A new code replaces the one shown.
+    if let shown = dialog {
+      dialog = nil
+      gtk_window_destroy(shown.as(GtkWindow.self))
+    }
     let dialog = adw_message_dialog_new(
       window.map { $0.as(GtkWindow.self) }, "Enter this code on another device",
       "Open \(interaction.verificationURI) on your phone or another computer, sign in, and enter the code. This window closes when you are done."
@@ -141,6 +155,7 @@ final class CodeDialog {
 
   /// The sign-in ended: the dialog goes (and its close is not a cancel).
   func close() {
+    ended = true
     guard let dialog else { return }
     self.dialog = nil
     gtk_window_destroy(dialog.as(GtkWindow.self))

@@ -86,7 +86,10 @@ enum QuestionDialog {
     let dialog = adw_message_dialog_new(
       model.window.map { $0.as(GtkWindow.self) }, question.heading, question.body)!
     let message = dialog.as(AdwMessageDialog.self)
+    let open = OpenFlag()
     let answer: @GtkActor (String, Bool) -> Void = { answer, remember in
+      guard open.value else { return }
+      open.value = false
       gtk_window_destroy(dialog.as(GtkWindow.self))
       model.run("send your answer", then: { _ in }) { broker in
         try await broker.answerQuestion(id: id, answer: answer, remember: remember)
@@ -98,7 +101,8 @@ enum QuestionDialog {
       adw_message_dialog_add_response(message, Question.allowOnce, "Allow once")
       adw_message_dialog_add_response(message, Question.allowAlways, "Always allow")
       adw_message_dialog_set_response_appearance(message, Question.deny, ADW_RESPONSE_DESTRUCTIVE)
-      adw_message_dialog_set_default_response(message, Question.allowOnce)
+      // Return in a dialog that just took the focus must not say yes: the default is Deny.
+      adw_message_dialog_set_default_response(message, Question.deny)
       adw_message_dialog_set_close_response(message, Question.deny)
       Signals.connectResponse(dialog.raw) { response in answer(response, false) }
     case .chooseAccount:
@@ -133,5 +137,21 @@ enum QuestionDialog {
       }
     }
     gtk_window_present(dialog.as(GtkWindow.self))
+    // The broker waits expires_in seconds, then takes no answer: the dialog goes with it.
+    var seconds = Question.seconds
+    if case .uint32(let given)? = info[Question.expiresIn] { seconds = min(given, Question.seconds) }
+    Task { @GtkActor in
+      try? await Task.sleep(for: .seconds(Int(seconds)))
+      guard open.value else { return }
+      open.value = false
+      gtk_window_destroy(dialog.as(GtkWindow.self))
+      model.say("The question from \(question.app) went unanswered for \(seconds / 60) minutes and was withdrawn.")
+    }
   }
+}
+
+/// Whether a question's dialog is still up (answered, or withdrawn, once).
+@GtkActor
+final class OpenFlag {
+  var value = true
 }
