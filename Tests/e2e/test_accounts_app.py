@@ -361,10 +361,9 @@ def test_consent_is_asked_in_the_app_and_each_answer_does_what_it_says(start_dae
 
 
 def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_config, launch_app, tmp_path):
-    """While the app's consent question is up, another program that learnt its id (it is no secret:
-    the journal has it) answers "Always allow": refused, and the question still waits. A
-    Flatpak-style caller may neither answer nor take the questions. Then the user's own answer in
-    the app counts."""
+    """While the app's consent question is up, another program on the bus that learnt its id (it is
+    no secret: the journal has it) answers "Always allow": refused, and the question still waits.
+    Then the user's own answer in the app counts."""
     daemon = start_answering(start_daemon, write_config, launch_app, "confirm")
     broker = Broker()
     try:
@@ -380,25 +379,44 @@ def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_con
 
         # Another program on the bus (this test's Python), with the right id.
         expect_error("AccessDenied", answer, broker)
-        # A sandboxed app: may not answer, nor take the questions for itself.
-        if flatpak_possible():
-            box = Sandbox("org.example.Forger", "org.example.Forger")
-            try:
-                call = ["busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1",
-                        "org.tessera.Broker1"]
-                forged = box.run(*call, "AnswerQuestion", "ssa{sv}", question, "allow_always", "0")
-                # busctl prints the error's message: the broker's AccessDenied says who was refused.
-                assert forged.returncode != 0 and "org.example.Forger (Flatpak) was not asked" in forged.stderr, forged
-                squat = box.run(*call, "RegisterPrompter")
-                assert squat.returncode != 0 and "org.example.Forger (Flatpak) runs in a sandbox" in squat.stderr, squat
-            finally:
-                box.close()
         assert proc.poll() is None, "the question still waits for the user"
         assert names().count("Always allow") >= 1
 
         assert press("Deny")
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 12, err
+        assert all(g["via"] != "user" for g in json.loads(run_cli("access", "list", "--json").stdout))
+    finally:
+        broker.close()
+
+
+@pytest.mark.skipif(not flatpak_possible(), reason="needs root, bwrap and a writable cgroup2 hierarchy (CI has them)")
+def test_a_sandboxed_app_can_neither_answer_nor_take_the_questions(start_daemon, write_config, launch_app):
+    """A Flatpak-style caller (the project's sandbox: a flatpak scope, bwrap, .flatpak-info) that
+    learnt the question's id answers "Always allow": refused, and the question still waits; it may
+    not take the questions for itself either. The user's own answer in the app then counts."""
+    daemon = start_answering(start_daemon, write_config, launch_app, "confirm")
+    broker = Broker()
+    try:
+        broker.sign_in()
+        proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_name(lambda n: n.endswith(" to use alice?"), "the consent question")
+        asked = re.search(r"question=(\S+) \[TesseraCore\] Asking the user through Tessera Accounts", daemon.log())
+        assert asked, daemon.log()[-2000:]
+        box = Sandbox("org.example.Forger", "org.example.Forger")
+        try:
+            call = ["busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1", "org.tessera.Broker1"]
+            forged = box.run(*call, "AnswerQuestion", "ssa{sv}", asked.group(1), "allow_always", "0")
+            # busctl prints the error's message: the broker's AccessDenied says who was refused.
+            assert forged.returncode != 0 and "org.example.Forger (Flatpak) was not asked" in forged.stderr, forged
+            squat = box.run(*call, "RegisterPrompter")
+            assert squat.returncode != 0 and "org.example.Forger (Flatpak) runs in a sandbox" in squat.stderr, squat
+        finally:
+            box.close()
+        assert proc.poll() is None, "the question still waits for the user"
+        assert press("Allow once")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out.strip(), err
         assert all(g["via"] != "user" for g in json.loads(run_cli("access", "list", "--json").stdout))
     finally:
         broker.close()

@@ -38,27 +38,46 @@ final class BrokerModel {
   func follow() async {
     var answering = true
     while !Task.isCancelled {
-      do {
-        for try await event in broker.events(answeringQuestions: answering) {
+      let events = broker.events(answeringQuestions: answering)
+      let watch = Task { @GtkActor in
+        for try await event in events {
           switch event {
-          case .watching: await loadAll()
-          case .accountsChanged, .attentionNeeded: await loadAccounts()
-          case .managementChanged(.grants): await load(grants: true)
-          case .managementChanged(.forwards): await load(forwards: true)
-          case .managementChanged(.config): await load(status: true)
-          case .question(let id, let info): onQuestion(id, info)
+          case .watching: await self.loadAll()
+          case .accountsChanged, .attentionNeeded: await self.loadAccounts()
+          case .managementChanged(.grants): await self.load(grants: true)
+          case .managementChanged(.forwards): await self.load(forwards: true)
+          case .managementChanged(.config): await self.load(status: true)
+          case .question(let id, let info): self.onQuestion(id, info)
           }
+        }
+      }
+      // Watching without the questions (the broker refused them): try to take them again in a
+      // while, as the other window (or a connection that had not closed yet) may be gone by then.
+      let retry =
+        answering
+        ? nil
+        : Task { @GtkActor in
+          try await Task.sleep(for: .seconds(30))
+          watch.cancel()
+        }
+      do {
+        try await watch.value
+        if !answering, watch.isCancelled {
+          answering = true
+          continue
         }
       } catch TesseraClientError.broker(let error) where error.code == .accessDenied && answering {
         // The broker would not let this app take its questions (another window of it does, say):
         // it shows the accounts all the same, and the desktop's own dialogs ask.
-        say("Tessera's questions are asked elsewhere: \(error.message)")
+        say("Tessera's questions are asked elsewhere for now: \(error.message)")
         answering = false
         continue
       } catch {
+        retry?.cancel()
         problem = "Tessera's broker is not running (\(error)). Waiting for it to start…"
         changed()
       }
+      retry?.cancel()
       try? await Task.sleep(for: .seconds(2))
     }
   }
