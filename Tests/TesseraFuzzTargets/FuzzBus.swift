@@ -24,8 +24,8 @@ enum FuzzBus {
     BrokerInterface.MethodName.allCases.prefix { $0 != .rejectToken }.map { (tessera, $0.rawValue) }
     + [(tessera, BrokerInterface.MethodName.rejectToken.rawValue)]
     + MicrosoftBrokerInterface.MethodName.allCases.map { (microsoft, $0.rawValue) } + [(tessera, "Nothing")]
-  /// Broker1's methods added since (RegisterPrompter, AnswerQuestion, RevokeGrant, ...): byte 0's
-  /// values past every seed member at every door choose them, through the user's own door.
+  /// Broker1's methods added since (RevokeGrant, RegisterPrompter, AnswerQuestion, ...): byte 0's
+  /// values past every seed member at every door choose them, and a door, as the seed members do.
   static let laterMembers = BrokerInterface.MethodName.allCases.drop { $0 != .rejectToken }.dropFirst().map {
     (tessera, $0.rawValue)
   }
@@ -41,7 +41,11 @@ enum FuzzBus {
   /// program of the user's).
   static func door(_ input: [UInt8]) -> FuzzBusServer.Door {
     let choice = Int(input[0] & 0x7F)
-    guard choice < seedRange else { return .identified }
+    guard choice < seedRange else {
+      // Past the seed members: each later member at each door in turn, the same way.
+      let round = (choice - seedRange) / max(1, laterMembers.count)
+      return FuzzBusServer.Door(rawValue: round % FuzzBusServer.Door.allCases.count)!
+    }
     return FuzzBusServer.Door(rawValue: choice / seedMembers.count)!
   }
 

@@ -360,6 +360,18 @@ def test_consent_is_asked_in_the_app_and_each_answer_does_what_it_says(start_dae
         broker.close()
 
 
+def consent_question_up(daemon, broker):
+    """alice signed in by this test's Python; the tessera command then asks for her token, and the
+    app shows the consent question. Returns the waiting command and the question's id (the
+    journal has it: it is no secret)."""
+    broker.sign_in()
+    proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_name(lambda n: n.endswith(" to use alice?"), "the consent question")
+    asked = re.search(r"question=(\S+) \[TesseraCore\] Asking the user through Tessera Accounts", daemon.log())
+    assert asked, daemon.log()[-2000:]
+    return proc, asked.group(1).strip('"')
+
+
 def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_config, launch_app, tmp_path):
     """While the app's consent question is up, another program on the bus that learnt its id (it is
     no secret: the journal has it) answers "Always allow": refused, and the question still waits.
@@ -367,12 +379,7 @@ def test_a_forged_answer_from_another_program_is_refused(start_daemon, write_con
     daemon = start_answering(start_daemon, write_config, launch_app, "confirm")
     broker = Broker()
     try:
-        broker.sign_in()
-        proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_name(lambda n: n.endswith(" to use alice?"), "the consent question")
-        asked = re.search(r"question=(\S+) \[TesseraCore\] Asking the user through Tessera Accounts", daemon.log())
-        assert asked, daemon.log()[-2000:]
-        question = asked.group(1).strip('"')
+        proc, question = consent_question_up(daemon, broker)
 
         def answer(caller):
             caller.call("AnswerQuestion", "ssa{sv}", (question, "allow_always", dbus.Dictionary({}, signature="sv")))
@@ -398,15 +405,11 @@ def test_a_sandboxed_app_can_neither_answer_nor_take_the_questions(start_daemon,
     daemon = start_answering(start_daemon, write_config, launch_app, "confirm")
     broker = Broker()
     try:
-        broker.sign_in()
-        proc = subprocess.Popen([TESSERA, "token"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_name(lambda n: n.endswith(" to use alice?"), "the consent question")
-        asked = re.search(r"question=(\S+) \[TesseraCore\] Asking the user through Tessera Accounts", daemon.log())
-        assert asked, daemon.log()[-2000:]
+        proc, question = consent_question_up(daemon, broker)
         box = Sandbox("org.example.Forger", "org.example.Forger")
         try:
             call = ["busctl", "--user", "call", "org.tessera.Broker1", "/org/tessera/Broker1", "org.tessera.Broker1"]
-            forged = box.run(*call, "AnswerQuestion", "ssa{sv}", asked.group(1), "allow_always", "0")
+            forged = box.run(*call, "AnswerQuestion", "ssa{sv}", question, "allow_always", "0")
             # busctl prints the error's message: the broker's AccessDenied says who was refused.
             assert forged.returncode != 0 and "org.example.Forger (Flatpak) was not asked" in forged.stderr, forged
             squat = box.run(*call, "RegisterPrompter")

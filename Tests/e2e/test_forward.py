@@ -339,6 +339,7 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
                     ["access", "grant", "--app", app_key(remote), "--client-id", "tessera-other", "--account",
                      alice["id"]],
                     ["access", "list"],
+                    ["access", "revoke", "--app", app_key(remote), "--account", alice["id"]],
                     ["access", "log"],
                     ["status"],
                     ["account", "use", alice["id"]],
@@ -366,7 +367,7 @@ def test_a_forward_may_only_get_tokens(daemon, remote, idp):
     # Every refusal is audited: in the access log, as the forward (with its host) and the method.
     records = json.loads(run_cli("access", "log", "--json", check_rc=0).stdout)
     refused = {r["operation"] for r in records if r["app_key"] == app_key(remote) and r["decision"] == "refused"}
-    assert {"SignOut", "Grant", "ListGrants", "GetAccessLog", "GetStatus", "SetCurrentAccount",
+    assert {"SignOut", "Grant", "ListGrants", "RevokeGrant", "GetAccessLog", "GetStatus", "SetCurrentAccount",
             "AcquireToken", "MoveStore", "AddForward", "RemoveForward", "ListForwards"} <= refused, refused
     assert list(forwards()) == [], "a forward made or ended from the remote host"
     assert store_kind_now() == "secret-service", "the store moved"
