@@ -44,9 +44,7 @@ final class QuestionTests: XCTestCase {
 
   func testConsentIsAskedThroughTheAppAndAnswersFromAnyoneElseAreRefused() async throws {
     let h = await Harness(accessMode: .confirm)
-    var signIn = try h.request()
-    signIn.caller = flatpak
-    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    _ = try await signInAsFlatpak(h)
     try await h.broker.registerPrompter(accountsApp)
     var silent = try h.request()
     silent.caller = other
@@ -80,9 +78,7 @@ final class QuestionTests: XCTestCase {
 
   func testTheAppLeavingEndsItsQuestions() async throws {
     let h = await Harness(accessMode: .confirm)
-    var signIn = try h.request()
-    signIn.caller = flatpak
-    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
+    _ = try await signInAsFlatpak(h)
     try await h.broker.registerPrompter(accountsApp)
     var silent = try h.request()
     silent.caller = other
@@ -143,12 +139,18 @@ final class QuestionTests: XCTestCase {
 
   /// Signs alice and bob in (by the Flatpak app), returns bob's id.
   func twoAccounts(_ h: Harness) async throws -> String {
+    _ = try await signInAsFlatpak(h)
+    h.idp.subject.withLock { $0 = "bob-sub" }
+    let bob = try await signInAsFlatpak(h)
+    return try XCTUnwrap(bob["account"]?.dictValue?["id"]?.stringValue)
+  }
+
+  /// A sign-in by the Flatpak app (its first: allowed, and granted to it), as the harness's IdP's
+  /// current subject.
+  func signInAsFlatpak(_ h: Harness) async throws -> [String: BusValue] {
     var signIn = try h.request()
     signIn.caller = flatpak
-    _ = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
-    h.idp.subject.withLock { $0 = "bob-sub" }
-    let bobResult = try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
-    return try XCTUnwrap(bobResult["account"]?.dictValue?["id"]?.stringValue)
+    return try await h.broker.acquireTokenInteractive(signIn, caller: flatpak)
   }
 
   func testADenyAfterTheChoiceIsTheAnswerNotABrowserSignIn() async throws {
