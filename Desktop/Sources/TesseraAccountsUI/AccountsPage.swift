@@ -172,23 +172,14 @@ enum AccountActions {
         ? "No app has been granted this account by name."
         : "These apps lose access: \(apps.joined(separator: ", ")).")
       + " Signing out in the browser too ends your session at \(account.environment), so the next sign-in asks for your password."
-    let dialog = adw_message_dialog_new(
-      window.map { $0.as(GtkWindow.self) }, "Sign out \(account.username)?", body)!
-    let message = dialog.as(AdwMessageDialog.self)
-    adw_message_dialog_add_response(message, "cancel", "Cancel")
-    adw_message_dialog_add_response(message, "browser", "Sign out here and in the browser")
-    adw_message_dialog_add_response(message, "signout", "Sign out")
-    adw_message_dialog_set_response_appearance(message, "signout", ADW_RESPONSE_DESTRUCTIVE)
-    adw_message_dialog_set_default_response(message, "cancel")
-    adw_message_dialog_set_close_response(message, "cancel")
-    Signals.connectResponse(dialog.raw) { response in
-      gtk_window_destroy(dialog.as(GtkWindow.self))
-      guard response == "signout" || response == "browser" else { return }
+    Gtk.confirm(
+      window: window, heading: "Sign out \(account.username)?", body: body,
+      actions: [("browser", "Sign out here and in the browser"), ("signout", "Sign out")], destructive: "signout"
+    ) { response in
       model.run("sign out \(account.username)") { broker in
         try await broker.signOut(accountID: account.id, browser: response == "browser")
       }
     }
-    gtk_window_present(dialog.as(GtkWindow.self))
   }
 
   /// Signs the account in again through the broker (its browser, or a device code it shows).
@@ -314,21 +305,12 @@ final class AccountDetail {
       }
     }
     guard app.everyAccount else { return go() }
-    let dialog = adw_message_dialog_new(
-      window.map { $0.as(GtkWindow.self) }, "Revoke \(app.appDisplay)'s access to every account?",
-      "\(app.appDisplay) was granted every account for client \(app.clientID). Revoking it here takes all of them away; grant the ones to keep again with `tessera access grant`."
-    )!
-    let message = dialog.as(AdwMessageDialog.self)
-    adw_message_dialog_add_response(message, "cancel", "Cancel")
-    adw_message_dialog_add_response(message, "revoke", "Revoke for every account")
-    adw_message_dialog_set_response_appearance(message, "revoke", ADW_RESPONSE_DESTRUCTIVE)
-    adw_message_dialog_set_default_response(message, "cancel")
-    adw_message_dialog_set_close_response(message, "cancel")
-    Signals.connectResponse(dialog.raw) { response in
-      gtk_window_destroy(dialog.as(GtkWindow.self))
-      if response == "revoke" { go() }
-    }
-    gtk_window_present(dialog.as(GtkWindow.self))
+    Gtk.confirm(
+      window: window, heading: "Revoke \(app.appDisplay)'s access to every account?",
+      body:
+        "\(app.appDisplay) was granted every account for client \(app.clientID). Revoking it here takes all of them away; grant the ones to keep again with `tessera access grant`.",
+      actions: [("revoke", "Revoke for every account")], destructive: "revoke"
+    ) { _ in go() }
   }
 }
 

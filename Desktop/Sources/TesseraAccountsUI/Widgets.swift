@@ -73,6 +73,27 @@ extension Gtk {
     return (copies + [nil]).withUnsafeBufferPointer { body($0.baseAddress!) }
   }
 
+  /// Asks before a change that cannot be taken back: Cancel (the default, and what Escape does)
+  /// and `actions`, `destructive` styled as such; `onConfirm` gets the action chosen.
+  static func confirm(
+    window: Widget?, heading: String, body: String, actions: [(id: String, label: String)], destructive: String,
+    onConfirm: @escaping @GtkActor (String) -> Void
+  ) {
+    let dialog = adw_message_dialog_new(window.map { $0.as(GtkWindow.self) }, heading, body)!
+    let message = dialog.as(AdwMessageDialog.self)
+    adw_message_dialog_add_response(message, "cancel", "Cancel")
+    for action in actions { adw_message_dialog_add_response(message, action.id, action.label) }
+    adw_message_dialog_set_response_appearance(message, destructive, ADW_RESPONSE_DESTRUCTIVE)
+    adw_message_dialog_set_default_response(message, "cancel")
+    adw_message_dialog_set_close_response(message, "cancel")
+    Signals.connectResponse(dialog.raw) { response in
+      gtk_window_destroy(dialog.as(GtkWindow.self))
+      guard actions.contains(where: { $0.id == response }) else { return }
+      onConfirm(response)
+    }
+    gtk_window_present(dialog.as(GtkWindow.self))
+  }
+
   /// A page: a vertical box whose preferences page scrolls.
   static func preferencesPage() -> Widget { adw_preferences_page_new()! }
 
