@@ -493,6 +493,13 @@ def test_every_control_is_named_and_reached_with_the_keyboard(app, idp, display)
         key(display, "Return")
         wait_until(lambda: [a["username"] for a in broker.accounts() if a.get("current")] == ["bob"],
                    what="bob to become current from the keyboard")
+        # The same on every other page (the Activity page's filters among them).
+        for tab in ("Apps", "Activity", "Forwards", "Status"):
+            assert press(tab)
+            on_page = [n for n in tree() if n["role"] in ("push button", "toggle button", "page tab", "check box")
+                       and "visible" in n["states"]]
+            unnamed = [n for n in on_page if not n["name"].strip() or n["name"].startswith("Gtk")]
+            assert not unnamed, (tab, unnamed)
     finally:
         broker.close()
 
@@ -541,5 +548,35 @@ def test_sign_out_in_the_browser_from_the_app_makes_the_next_sign_in_ask_for_the
         wait_until(lambda: "signed out at the identity provider" in daemon.log(), what="the browser's sign-out")
         assert broker.sign_in("alice")["account"]["username"] == "alice"
         assert login_pages() == 2, "after the browser sign-out the IdP asks for the password again"
+    finally:
+        broker.close()
+
+
+def test_the_activity_is_filtered_by_decision_from_the_keyboard(start_daemon, write_config, launch_app, display):
+    """Activity: with an allowed and a refused request in the log, the decision filter (reached
+    with Tab, opened and chosen with the keyboard) leaves only the refusals."""
+    start_daemon(config=write_config(access_mode="strict"))
+    launch_app()
+    broker = Broker()
+    try:
+        broker.sign_in()
+        broker.silent()  # allowed: the app that signed in
+        assert run_cli("token").returncode == 12  # refused: another program
+        wait_until(lambda: press("Activity"), what="the Activity tab")
+        wait_for_name(lambda n: ": token for alice: Refused (strict)" in n, "the refusal in the activity")
+        assert any(": token for alice: Allowed (grant)" in n for n in names())
+        seen = []
+        for _ in range(30):
+            key(display, "Tab")
+            now = wait_until(lambda: atspi("--focused"), timeout=10, what="a focused control")
+            seen.append(now)
+            if now == "Show decisions":
+                break
+        assert seen[-1] == "Show decisions", f"Tab never reached the decision filter: {seen}"
+        for name in ("Return", "Down", "Down", "Return"):  # open, past "Allowed", to "Refused", choose
+            key(display, name)
+        wait_until(lambda: not any(": token for alice: Allowed" in n for n in names()),
+                   what="the allowed records filtered out")
+        assert any(": token for alice: Refused (strict)" in n for n in names())
     finally:
         broker.close()

@@ -63,6 +63,9 @@ extension Gtk {
   static func dropDown(_ labels: [String], accessibleLabel: String) -> Widget {
     let dropDown = withStrings(labels) { gtk_drop_down_new_from_strings($0) }!
     dropDown.setAccessibleLabel(accessibleLabel)
+    // GTK 4.8 gives the keyboard focus to the drop-down's inner toggle button, which has no name
+    // of its own: a screen reader would say "toggle button". It gets the drop-down's name.
+    if let button = gtk_widget_get_first_child(dropDown) { button.setAccessibleLabel(accessibleLabel) }
     return dropDown
   }
 
