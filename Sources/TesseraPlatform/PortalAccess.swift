@@ -147,13 +147,7 @@ public final class PortalAccessPrompter: AccessPrompter {
       .objectPath(handle), .string(appID), .string(""), .string(title), .string(subtitle),
       .string(choice.app.assurance), .dict(options),
     ]
-    let result = await withCheckedContinuation {
-      (done: CheckedContinuation<Result<(sender: String, values: [BusValue]), BusCallError>, Never>) in
-      server.call(
-        destination: backend.busName, path: Self.objectPath, interface: Self.interface, member: "AccessDialog",
-        arguments: arguments, timeoutSeconds: Double(DesktopNotifier.questionSeconds), autoStart: true
-      ) { done.resume(returning: $0) }
-    }
+    let result = await accessDialog(backend, arguments)
     guard case .success(let reply) = result, case .uint32(let response)? = reply.values.first else { return nil }
     var chosen: String?
     var remember = false
@@ -177,6 +171,19 @@ public final class PortalAccessPrompter: AccessPrompter {
     }
   }
 
+  /// One AccessDialog call to the backend: its reply, or why there is none (waits as long as a
+  /// person may take to answer).
+  private func accessDialog(_ backend: Backend, _ arguments: [BusValue]) async
+    -> Result<(sender: String, values: [BusValue]), BusCallError>
+  {
+    await withCheckedContinuation { done in
+      server.call(
+        destination: backend.busName, path: Self.objectPath, interface: Self.interface, member: "AccessDialog",
+        arguments: arguments, timeoutSeconds: Double(DesktopNotifier.questionSeconds), autoStart: true
+      ) { done.resume(returning: $0) }
+    }
+  }
+
   public func ask(_ question: AccessQuestion) async -> AccessAnswer? {
     guard let backend = backend() else { return await fallback?.ask(question) }
     let handle = "/org/tessera/Broker1/request/access\(nextHandle.add(1, ordering: .relaxed).newValue)"
@@ -193,13 +200,7 @@ public final class PortalAccessPrompter: AccessPrompter {
       .objectPath(handle), .string(appID), .string(""), .string(texts.title), .string(texts.subtitle),
       .string(texts.body), .dict(options),
     ]
-    let result = await withCheckedContinuation {
-      (done: CheckedContinuation<Result<(sender: String, values: [BusValue]), BusCallError>, Never>) in
-      server.call(
-        destination: backend.busName, path: Self.objectPath, interface: Self.interface, member: "AccessDialog",
-        arguments: arguments, timeoutSeconds: Double(DesktopNotifier.questionSeconds), autoStart: true
-      ) { done.resume(returning: $0) }
-    }
+    let result = await accessDialog(backend, arguments)
     switch result {
     case .success(let reply):
       guard case .uint32(let response)? = reply.values.first else { return nil }

@@ -43,12 +43,7 @@ final class QuestionTests: XCTestCase {
   }
 
   func testConsentIsAskedThroughTheAppAndAnswersFromAnyoneElseAreRefused() async throws {
-    let h = await Harness(accessMode: .confirm)
-    _ = try await signInAsFlatpak(h)
-    try await h.broker.registerPrompter(accountsApp)
-    var silent = try h.request()
-    silent.caller = other
-    let asking = Task { try await h.broker.acquireTokenSilent(silent) }
+    let (h, asking) = try await otherAppAsksForAlice()
     let (id, info) = try await waitForQuestion(h)
     XCTAssertEqual(info[Question.kind]?.stringValue, "consent")
     XCTAssertEqual(info[Question.app]?.stringValue, "/usr/bin/python3 (unverified)", "named as identified")
@@ -77,12 +72,7 @@ final class QuestionTests: XCTestCase {
   }
 
   func testTheAppLeavingEndsItsQuestions() async throws {
-    let h = await Harness(accessMode: .confirm)
-    _ = try await signInAsFlatpak(h)
-    try await h.broker.registerPrompter(accountsApp)
-    var silent = try h.request()
-    silent.caller = other
-    let asking = Task { try await h.broker.acquireTokenSilent(silent) }
+    let (h, asking) = try await otherAppAsksForAlice()
     _ = try await waitForQuestion(h)
     await h.broker.callerLeft(accountsApp.busName)
     await XCTAssertThrowsTessera(.accessDenied) { _ = try await asking.value }
@@ -135,6 +125,18 @@ final class QuestionTests: XCTestCase {
     try await restarted.signOut(SignOutRequest(accountID: bob, clientID: nil, correlationID: "c", caller: nil))
     await restarted.finishStoreWrites()
     XCTAssertEqual(h.store.secrets(kind: "account_choice").count, 0)
+  }
+
+  /// confirm mode: the Flatpak app signed alice in, the Accounts app takes the questions, and
+  /// another program (python3) asks for alice's token: a consent question is on its way.
+  func otherAppAsksForAlice() async throws -> (Harness, Task<[String: BusValue], any Error>) {
+    let h = await Harness(accessMode: .confirm)
+    _ = try await signInAsFlatpak(h)
+    try await h.broker.registerPrompter(accountsApp)
+    var silent = try h.request()
+    silent.caller = other
+    let request = silent
+    return (h, Task { try await h.broker.acquireTokenSilent(request) })
   }
 
   /// Signs alice and bob in (by the Flatpak app), returns bob's id.
