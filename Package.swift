@@ -1,6 +1,26 @@
 // swift-tools-version:6.2
 import PackageDescription
 
+// The libFuzzer executables (scripts/fuzz, issue 25): one per target of Tests/TesseraFuzzTargets,
+// each a few lines in Fuzz/Sources that hand its arguments to libFuzzer's driver and libFuzzer's
+// inputs to the target. They exist only in the build scripts/lib/sanitize.sh describes, which names
+// libFuzzer's archive (the one without a `main`) in TESSERA_LIBFUZZER: the unit tests under
+// AddressSanitizer and the fuzzers come from that one build, with libFuzzer's coverage compiled into
+// every Swift module (elsewhere its calls land in AddressSanitizer's empty defaults).
+let fuzzers: [Target] =
+  Context.environment["TESSERA_LIBFUZZER"].map { libFuzzer in
+    // libFuzzer's driver, declared (it ships no header).
+    [.systemLibrary(name: "CLibFuzzer", path: "Fuzz/Driver")]
+      + [
+        "FuzzConfig", "FuzzOAuth", "FuzzGitCredential", "FuzzLoopback", "FuzzMicrosoft", "FuzzProvider", "FuzzBus",
+        "FuzzStore",
+      ].map {
+        .executableTarget(
+          name: $0, dependencies: ["TesseraFuzzTargets", "CLibFuzzer"], path: "Fuzz/Sources/\($0)",
+          linkerSettings: [.unsafeFlags(["-Xlinker", libFuzzer, "-Xlinker", "-lstdc++"])])
+      }
+  } ?? []
+
 let package = Package(
   name: "Tessera",
   products: [
@@ -10,9 +30,6 @@ let package = Package(
     // The values both sides of the bus share (accounts, tokens, status, errors): for TesseraClient's
     // users, Desktop/ (tessera-accounts) among them.
     .library(name: "TesseraInterface", targets: ["TesseraInterface"]),
-    // For Fuzz/ (scripts/fuzz) only: the fuzz targets, which its libFuzzer executables wrap. A
-    // package can use another's products alone; nothing in this package links it.
-    .library(name: "TesseraFuzzable", targets: ["TesseraFuzzTargets"]),
   ],
   dependencies: [
     .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -179,6 +196,6 @@ let package = Package(
       ],
       resources: []
     ),
-  ],
+  ] + fuzzers,
   swiftLanguageModes: [.v6]
 )

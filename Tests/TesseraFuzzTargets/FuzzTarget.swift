@@ -2,8 +2,8 @@ import Dispatch
 import Logging
 
 /// Tessera's fuzz targets (issue 25): each reads one kind of untrusted input with the project's own
-/// code, and must end in a value or a named error, never a crash, a leak or a hang. The Fuzz
-/// package (scripts/fuzz) wraps each in a libFuzzer executable of the same name; the unit tests
+/// code, and must end in a value or a named error, never a crash, a leak or a hang. Fuzz/Sources
+/// (built by scripts/fuzz) wraps each in a libFuzzer executable of the same name; the unit tests
 /// (TesseraFuzzTargetsTests) replay every seed and every input that once failed through the same
 /// functions, so a fixed finding stays fixed without the fuzzer.
 public enum FuzzTarget: String, CaseIterable, Sendable {

@@ -1,8 +1,14 @@
+import CLibFuzzer
+import Glibc
 import TesseraFuzzTargets
 
-/// libFuzzer's entry point for FuzzTarget.gitCredential (Tests/TesseraFuzzTargets says what it reads).
-@_cdecl("LLVMFuzzerTestOneInput")
-public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
-  FuzzTarget.gitCredential.run(data, size)
-  return 0
-}
+// libFuzzer runs FuzzTarget.gitCredential (Tests/TesseraFuzzTargets says what it reads) with this program's
+// arguments: -max_total_time, the corpus folders, an input to replay.
+var argc = CommandLine.argc
+var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
+exit(
+  LLVMFuzzerRunDriver(&argc, &argv) { data, size in
+    guard let data else { return 0 }
+    FuzzTarget.gitCredential.run(data, size)
+    return 0
+  })
