@@ -30,6 +30,9 @@ public struct BrokerDependencies: Sendable {
   public var forwards: (any ForwardListeners)?
   /// Providers' client secrets (`[[provider]]` client_secret_file); nil: none can be read.
   public var secrets: (any ClientSecretSource)?
+  /// How long a question waits in Tessera Accounts for a person's answer, on the wall clock (the
+  /// injected clock stands for the IdP's and the tokens' time, which tests move at will).
+  public var questionTimeout: Duration = .seconds(Int64(Question.seconds))
 
   public init(
     http: any HTTPClient, store: any SecretStore, browser: any BrowserLauncher, listeners: any RedirectListenerFactory,

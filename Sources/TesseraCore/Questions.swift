@@ -100,11 +100,10 @@ extension Broker {
     let id = CorrelationID.new()
     var info = info
     info[Question.kind] = .string(kind.rawValue)
-    info[Question.expiresIn] = .uint32(Question.seconds)
-    // A person's time to answer, on the wall clock (the injected clock stands for the IdP's and
-    // the tokens' time, which tests move at will).
+    let wait = deps.questionTimeout
+    info[Question.expiresIn] = .uint32(UInt32(clamping: wait.components.seconds))
     let timeout = Task {
-      try await Task.sleep(nanoseconds: UInt64(Question.seconds) * 1_000_000_000)
+      try await Task.sleep(for: wait)
       self.questionTimedOut(id)
     }
     defer { timeout.cancel() }

@@ -71,6 +71,33 @@ final class QuestionTests: XCTestCase {
     }
   }
 
+  func testAQuestionNobodyAnswersEndsInARefusalAndALateAnswerFindsNothing() async throws {
+    // Nobody is at the screen: the question waits its time (here a tenth of a second, 120 s in
+    // tesserad), then the app is refused as on Deny, and is not granted anything.
+    let (h, asking) = try await otherAppAsksForAlice(questionTimeout: .milliseconds(100))
+    let (id, _) = try await waitForQuestion(h)
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await asking.value }
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      try await h.broker.answerQuestion(
+        id: id, answer: Question.allowAlways, remember: false, caller: self.accountsAppAgain)
+    }
+    let grants = try await h.broker.grants()
+    XCTAssertFalse(grants.contains { $0.app == "exe:/usr/bin/python3" }, "no grant from a question nobody answered")
+    // An app calling in a loop is not asked again at once (no answer keeps it quiet a minute,
+    // as a dismissed dialog does): refused without a question. After that minute it is asked.
+    var again = try h.request()
+    again.caller = other
+    let request = again
+    await XCTAssertThrowsTessera(.accessDenied) { _ = try await h.broker.acquireTokenSilent(request) }
+    XCTAssertEqual(h.events.questions.withLock { $0.count }, 1, "not asked again at once")
+    h.clock.advance(61)
+    let second = Task { try await h.broker.acquireTokenSilent(request) }
+    let (next, _) = try await waitForQuestion(h, count: 2)
+    try await h.broker.answerQuestion(id: next, answer: Question.allowOnce, remember: false, caller: accountsAppAgain)
+    let token = try await second.value
+    XCTAssertNotNil(token["access_token"])
+  }
+
   func testTheAppLeavingEndsItsQuestions() async throws {
     let (h, asking) = try await otherAppAsksForAlice()
     _ = try await waitForQuestion(h)
@@ -129,8 +156,10 @@ final class QuestionTests: XCTestCase {
 
   /// confirm mode: the Flatpak app signed alice in, the Accounts app takes the questions, and
   /// another program (python3) asks for alice's token: a consent question is on its way.
-  func otherAppAsksForAlice() async throws -> (Harness, Task<[String: BusValue], any Error>) {
-    let h = await Harness(accessMode: .confirm)
+  func otherAppAsksForAlice(questionTimeout: Duration? = nil) async throws -> (
+    Harness, Task<[String: BusValue], any Error>
+  ) {
+    let h = await Harness(accessMode: .confirm, questionTimeout: questionTimeout)
     _ = try await signInAsFlatpak(h)
     try await h.broker.registerPrompter(accountsApp)
     var silent = try h.request()

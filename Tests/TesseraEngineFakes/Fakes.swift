@@ -343,7 +343,7 @@ package struct Harness {
     config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
     prompter: (any AccessPrompter)? = nil, journal: (any RefreshJournal)? = nil,
     redirect: (@Sendable (String) -> RedirectParameters)? = nil, logger: Logger = Logger(label: "test"),
-    secrets: (any ClientSecretSource)? = nil
+    secrets: (any ClientSecretSource)? = nil, questionTimeout: Duration? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
     let answer = redirect ?? { state in ["code": "the-code", "state": state] }
@@ -353,13 +353,12 @@ package struct Harness {
     cfg.accessMode = accessMode
     // Off unless a test is about it: it makes the bus thread answer only apps it has seen.
     cfg.notifyFirstUse = notifyFirstUse
-    broker = Broker(
-      config: cfg,
-      dependencies: BrokerDependencies(
-        http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
-        events: events,
-        clock: clock, prompter: prompter, journal: journal, secrets: secrets),
-      logger: logger)
+    var dependencies = BrokerDependencies(
+      http: idp, store: store, browser: RecordingBrowser(listeners: listeners, idp: idp), listeners: listeners,
+      events: events,
+      clock: clock, prompter: prompter, journal: journal, secrets: secrets)
+    if let questionTimeout { dependencies.questionTimeout = questionTimeout }
+    broker = Broker(config: cfg, dependencies: dependencies, logger: logger)
   }
 
   package func request(clientID: String = "", scopes: [String] = [], options: [String: BusValue] = [:]) throws
