@@ -81,6 +81,10 @@ public final class BusServer: @unchecked Sendable {
   /// Linux 6.5) where it has it; false plays an older kernel, where pidfd_open at accept pins the
   /// process instead. Set before `start` (the tests of that path).
   package var kernelPeerPidfd = true
+  /// Whether the server must have its session bus even with a socket of its own: a broker that
+  /// bus started (D-Bus activation without systemd) exits when that bus is already gone, rather
+  /// than serve its socket alone with nothing left to stop it. Set before `start`.
+  public var sessionBusRequired = false
   var serverID = sd_id128_t()
   var postSource: OpaquePointer?
   /// Makes the loop iterate again while a fresh connection has more to read (processFreshPeers).
@@ -240,6 +244,12 @@ public final class BusServer: @unchecked Sendable {
       let why = "Could not connect to the session bus (\(Errno(rawValue: -opened))); is DBUS_SESSION_BUS_ADDRESS set?"
       // With a socket of its own the broker serves that alone; without one it has nothing to serve.
       guard listener != nil else { throw StartError(description: why) }
+      guard !sessionBusRequired else {
+        throw StartError(
+          description:
+            "The session bus that started tesserad is gone (\(Errno(rawValue: -opened))): its session has ended, so tesserad leaves too. The next program that asks starts it again."
+        )
+      }
       sessionBusMissing = why
       return objects.map(\.description.busName)
     }

@@ -81,6 +81,9 @@ struct Tesserad: AsyncParsableCommand {
     // Microsoft's broker protocol is one more front of the same engine, unless config.toml turns it off.
     let fronts = [BrokerInterface.description] + (brokerConfig.microsoftBroker ? [MicrosoftBrokerInterface.served] : [])
     let server = Self.busServer(fronts, requests, listener: listener, logger: logger)
+    // Started by a session bus itself (dbus-daemon sets this; systemd's activation does not): when
+    // that bus is gone by the time tesserad connects, the session has ended, and tesserad with it.
+    server.sessionBusRequired = environment["DBUS_STARTER_BUS_TYPE"] == "session"
     // Forwards' sockets go beside tesserad's own (`tessera/forward/`); a killed run's are removed.
     let forwardDirectory = listener.map { DirectSocket.directory(of: $0.path) + "/forward" }
     if let forwardDirectory { BusForwards.removeStale(in: forwardDirectory) }

@@ -224,3 +224,23 @@ def test_without_a_session_bus_git_kubectl_and_msmtp_get_their_tokens(bare, git_
     finally:
         api.close()
         smtp.close()
+
+
+def test_a_tesserad_its_session_bus_started_leaves_when_that_bus_is_already_gone(tmp_path, write_config, browser):
+    """dbus-daemon started tesserad (D-Bus activation without systemd: DBUS_STARTER_BUS_TYPE), and
+    the session ended before tesserad connected. With nobody left to stop it, tesserad must not stay
+    on serving its socket: it says why and exits. Started any other way with no bus (an SSH login,
+    a container), it serves its socket alone, as above."""
+    b = Bare(tmp_path, write_config(store="file"), browser)
+    gone = f"unix:path={tmp_path}/ended-session-bus"
+    b.env.update(DBUS_SESSION_BUS_ADDRESS=gone, DBUS_STARTER_ADDRESS=gone, DBUS_STARTER_BUS_TYPE="session")
+    proc = subprocess.run([TESSERAD, "--config", b.env["TESSERA_CONFIG"]], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=b.env, timeout=60)
+    assert proc.returncode != 0, proc.stderr
+    assert "The session bus that started tesserad is gone" in proc.stderr, proc.stderr
+    assert not os.path.exists(b.socket), "no socket is left behind"
+
+    del b.env["DBUS_STARTER_ADDRESS"], b.env["DBUS_STARTER_BUS_TYPE"]
+    b.start()
+    assert b.ok("status", "--json")
+    assert b.stop() == 0
