@@ -12,8 +12,12 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
+import tempfile
 import threading
+import time
+import uuid
 
 import pytest
 
@@ -72,14 +76,13 @@ class Machine:
             assert out.returncode == 0, f"{script}\nrc {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         return out
 
-    def popen(self, script, env):
+    def popen(self, script, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
         args = ["bwrap", "--clearenv", "--bind", self.path, "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
                 "--die-with-parent", "--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin"]
         for k, v in env.items():
             args += ["--setenv", k, v]
         args += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--init-groups", "/bin/sh", "-c", script]
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, text=True)
 
     @property
     def uid(self):
@@ -139,14 +142,64 @@ def write_config(machine):
     machine.sh(f"chown -R 1000:1000 /home/{USER}/.config")
 
 
+def session_processes(marker):
+    """The processes a session started (its marker in their environment), as `pid command` lines."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"TESSERA_TEST_SESSION={marker}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid} {command}")
+        except OSError:
+            continue  # ended, or a kernel thread
+    return "\n".join(found)
+
+
+def kill_session(listing):
+    for line in listing.splitlines():
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def assert_session_ended(marker, result):
+    """Nothing a session started outlives it: its bus gone, tesserad and the app end too. Waits for
+    them to go (each exits on its own when the bus does), and names any that stay."""
+    deadline = time.monotonic() + 60
+    while (left := session_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kill_session(left)
+    assert not left, f"still running after the session ended:\n{left}\n{result}"
+
+
 def in_session(machine, commands, idp=None, user="alice"):
     """Runs shell commands in a session bus of their own (dbus-run-session) as the test user; with
     idp, approves the device code `tessera login --device-code` prints."""
-    env = session_env()
-    proc = machine.popen("exec dbus-run-session -- /bin/sh -ec '" + commands + "'", env)
+    env = dict(session_env(), TESSERA_TEST_SESSION=uuid.uuid4().hex)
     if idp is None:
-        out, err = proc.communicate(timeout=300)
-        return proc.returncode, out, err
+        # Into files, not pipes: the session is over when its shell is, whatever it started.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = machine.popen("exec dbus-run-session -- /bin/sh -ec '" + commands + "'", env, out, err)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                left = session_processes(env["TESSERA_TEST_SESSION"])
+                kill_session(left)
+                proc.kill()
+                proc.wait()
+                out.seek(0), err.seek(0)
+                raise AssertionError(f"the session did not end in 180 s; its processes:\n{left}\n"
+                                     f"{out.read()[-3000:]}\n{err.read()[-3000:]}")
+            out.seek(0), err.seek(0)
+            result = proc.returncode, out.read(), err.read()
+        assert_session_ended(env["TESSERA_TEST_SESSION"], result)
+        return result
+    out_file = tempfile.TemporaryFile("w+")
+    proc = machine.popen("exec dbus-run-session -- /bin/sh -ec '" + commands + "'", env, out_file)
     since = idp.last_device_grant()
     collected = []
     approved = set()
@@ -162,14 +215,18 @@ def in_session(machine, commands, idp=None, user="alice"):
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
-        out = proc.stdout.read()
         proc.wait(timeout=300)
         reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, out, "".join(collected)
+        out_file.seek(0)
+        out = out_file.read()
+        out_file.close()
+    result = proc.returncode, out, "".join(collected)
+    assert_session_ended(env["TESSERA_TEST_SESSION"], result)
+    return result
 
 
 def test_the_packages_install_and_work_on_debian_12_without_swift(machine, idp):
@@ -247,17 +304,20 @@ def test_the_desktop_app_package_installs_and_opens_its_window_under_xvfb(machin
     libs = machine.sh("ldd /usr/bin/tessera-accounts").stdout
     assert "not found" not in libs and "swift" not in libs.lower() and "libadwaita-1" in libs, libs
     write_config(machine)
-    # Xvfb, then the app; done when its window is mapped (xwininfo), or the app ended (its status).
+    # Xvfb (-displayfd: a display no other server on this host holds), then the app; done when its
+    # window is mapped (xwininfo), or the app ended (its status). Each wait is bounded in time, and
+    # what the app said is shown when it fails. (GTK_A11Y=none: no accessibility bus, which
+    # this test does not use, to start and outlive the session.)
     rc, out, err = in_session(
         machine,
-        "Xvfb :7 -nolisten tcp >/dev/null 2>&1 & xvfb=$!; "
-        "export DISPLAY=:7 GSK_RENDERER=cairo NO_AT_BRIDGE=1; "
-        "i=0; until xwininfo -root >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 600 ] || exit 3; sleep 0.1; done; "
-        "tessera-accounts & app=$!; "
-        "i=0; until xwininfo -root -tree | grep -q \"Tessera Accounts\"; do "
-        "kill -0 $app 2>/dev/null || { rc=0; wait $app || rc=$?; echo app-ended-$rc; exit 4; }; "
-        "i=$((i+1)); [ $i -lt 600 ] || exit 5; sleep 0.1; done; echo window-mapped; "
-        "kill $app $xvfb || true")
+        "Xvfb -displayfd 3 -nolisten tcp 3>/tmp/display >/dev/null 2>&1 & xvfb=$!; "
+        "timeout 60 sh -c \"until [ -s /tmp/display ]; do sleep 0.1; done\" || { echo no-display; exit 3; }; "
+        "export DISPLAY=:$(cat /tmp/display) GSK_RENDERER=cairo GTK_A11Y=none; "
+        "tessera-accounts >/tmp/app.log 2>&1 & app=$!; "
+        "mapped=0; timeout 90 sh -c \"until xwininfo -root -tree | grep -q \\\"Tessera Accounts\\\"; do "
+        "kill -0 $app 2>/dev/null || exit 4; sleep 0.1; done\" || mapped=$?; "
+        "[ $mapped -eq 0 ] && echo window-mapped || { echo not-mapped-$mapped; xwininfo -root -tree | head -n 20; "
+        "cat /tmp/app.log; }; kill $app $xvfb 2>/dev/null || true")
     assert rc == 0 and "window-mapped" in out, f"rc {rc}\n{out}\n{err}"
     machine.sh("apt-get purge -y tessera-gtk tessera && apt-get autoremove -y --purge")
 
