@@ -61,9 +61,9 @@ def launch_app(display, tmp_path):
     assert os.access(APP, os.X_OK), f"{APP} is not built (cd Desktop && swift build)"
     started = []
 
-    def launch():
+    def launch(**env):
         log = open(tmp_path / "tessera-accounts.log", "w")
-        proc = subprocess.Popen([APP], env=app_env(display), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([APP], env=dict(app_env(display), **env), stdout=log, stderr=subprocess.STDOUT)
         started.append((proc, log))
         return proc
 
@@ -580,3 +580,53 @@ def test_the_activity_is_filtered_by_decision_from_the_keyboard(start_daemon, wr
         assert any(": token for alice: Refused (strict)" in n for n in names())
     finally:
         broker.close()
+
+
+def colour_pixels(path, colour):
+    """How many pixels of the PNG at `path` are exactly `colour`."""
+    out = subprocess.run(["convert", str(path), "-fill", "black", "+opaque", colour, "-fill", "white", "-opaque", colour,
+                          "-format", "%[fx:round(mean*w*h)]", "info:"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    return int(out)
+
+
+def test_apps_show_the_icons_their_packaging_installed(daemon, launch_app, display, tmp_path):
+    """The Apps page draws each app's own icon, found as the desktop finds it: a snap's by the
+    desktop file snapd writes (named SNAP_APP.desktop, its Icon a path into the snap), a Flatpak's
+    by its id in the icon theme. Two solid-colour icons, and the screenshot holds both colours."""
+    share = tmp_path / "share"
+    (share / "applications").mkdir(parents=True)
+    snap_icon = tmp_path / "snap" / "paint" / "7" / "meta" / "gui" / "icon.png"
+    snap_icon.parent.mkdir(parents=True)
+    subprocess.run(["convert", "-size", "64x64", "xc:#ff00ff", str(snap_icon)], check=True, timeout=60)
+    (share / "applications" / "paint_paint.desktop").write_text(
+        f"[Desktop Entry]\nType=Application\nName=Paint\nExec=paint\nIcon={snap_icon}\n")
+    themed = share / "icons" / "hicolor" / "64x64" / "apps"
+    themed.mkdir(parents=True)
+    subprocess.run(["convert", "-size", "64x64", "xc:#00ffff", str(themed / "org.example.Viewer.png")], check=True,
+                   timeout=60)
+    broker = Broker()
+    try:
+        broker.sign_in("alice")
+        for key in ("snap:paint.paint", "flatpak:org.example.Viewer"):
+            run_cli("access", "grant", "--app", key, "--client-id", "tessera-test", "--account", "alice", check_rc=0)
+    finally:
+        broker.close()
+
+    data_dirs = f"{share}:{os.environ.get('XDG_DATA_DIRS') or '/usr/local/share:/usr/share'}"
+    launch_app(XDG_DATA_DIRS=data_dirs)
+    wait_until(lambda: press("Apps"), what="the Apps page's tab")
+    wait_for_name(lambda n: "snap:paint.paint" in n, "the snap's row")
+    wait_for_name(lambda n: "flatpak:org.example.Viewer" in n, "the Flatpak's row")
+    shot = tmp_path / "apps-icons.png"
+    found = {}
+
+    def both_drawn():
+        screenshot(display, shot)
+        found.update(snap=colour_pixels(shot, "#ff00ff"), flatpak=colour_pixels(shot, "#00ffff"))
+        # Drawn at 32 px: about a thousand pixels each.
+        return found["snap"] >= 500 and found["flatpak"] >= 500
+    try:
+        wait_until(both_drawn, timeout=30, interval=0.5, what="both icons drawn")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: pixels of each colour {found}; the screen is {shot}") from None

@@ -102,6 +102,13 @@ public struct AppRow: Sendable, Equatable {
   public var lastSeen: Int64?
   public var refusals: Int
 
+  public init(
+    key: String, display: String, verified: Bool, accounts: [String], grants: Int, lastSeen: Int64?, refusals: Int
+  ) {
+    (self.key, self.display, self.verified, self.accounts) = (key, display, verified, accounts)
+    (self.grants, self.lastSeen, self.refusals) = (grants, lastSeen, refusals)
+  }
+
   public static func rows(grants: [GrantInfo], log: [AccessRecord]) -> [AppRow] {
     var apps: [String: AppRow] = [:]
     for grant in grants {
@@ -129,8 +136,26 @@ public struct AppRow: Sendable, Equatable {
     return apps.values.sorted { ($0.display.lowercased(), $0.key) < ($1.display.lowercased(), $1.key) }
   }
 
-  /// The icon the Apps page shows: a Flatpak app's own (the icon theme has it under the app's
-  /// id), a generic one for every other program.
+  /// The desktop file that describes the app, by the name its packaging gives it: a Flatpak's
+  /// `ID.desktop` (Flatpak exports it), a snap's `SNAP_APP.desktop` (snapd writes it to
+  /// /var/lib/snapd/desktop/applications), a desktop app's own id. A program known by its
+  /// executable alone has none. Only its icon is taken from it: the app's name stays the broker's.
+  public var desktopFileID: String? {
+    // A file name, never a path: "applications/" + the id is looked up under each data folder.
+    guard !key.contains("/") else { return nil }
+    if key.hasPrefix("flatpak:") { return "\(key.dropFirst("flatpak:".count)).desktop" }
+    if key.hasPrefix("desktop:") { return "\(key.dropFirst("desktop:".count)).desktop" }
+    if key.hasPrefix("snap:") {
+      // The broker's snap id is `name.app`; snapd names the file `name_app.desktop`.
+      let id = key.dropFirst("snap:".count)
+      guard let dot = id.firstIndex(of: ".") else { return nil }
+      return "\(id[..<dot])_\(id[id.index(after: dot)...]).desktop"
+    }
+    return nil
+  }
+
+  /// The icon the Apps page shows when the desktop file names none: a Flatpak app's own (the icon
+  /// theme has it under the app's id), a generic one for every other program.
   public var iconName: String {
     if key.hasPrefix("flatpak:") { return String(key.dropFirst("flatpak:".count)) }
     if key.hasPrefix("forward:") { return "network-server-symbolic" }

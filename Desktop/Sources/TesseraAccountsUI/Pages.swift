@@ -22,13 +22,34 @@ final class AppsPage {
     model.onChange { [unowned self] in self.update() }
   }
 
+  /// The icon its desktop file names (a theme name, or a file: snaps name theirs by path), found
+  /// where the desktop looks for desktop files (XDG_DATA_DIRS, with snapd's folder on a system
+  /// with snaps); else a Flatpak's icon by its id; else a generic one.
+  static func icon(_ app: AppRow) -> UnsafeMutablePointer<GtkWidget> {
+    if let id = app.desktopFileID {
+      let file = g_key_file_new()!
+      defer { g_key_file_unref(file) }
+      if g_key_file_load_from_data_dirs(file, "applications/\(id)", nil, G_KEY_FILE_NONE, nil) != 0,
+        let value = g_key_file_get_string(file, "Desktop Entry", "Icon", nil)
+      {
+        defer { g_free(value) }
+        let named = String(cString: value)
+        if named.hasPrefix("/") {
+          if g_file_test(named, G_FILE_TEST_IS_REGULAR) != 0 { return gtk_image_new_from_file(named)! }
+        } else if !named.isEmpty {
+          return gtk_image_new_from_icon_name(named)!
+        }
+      }
+    }
+    return gtk_image_new_from_icon_name(app.iconName)!
+  }
+
   private func update() {
     let now = BrokerModel.now
     apps.set(
       AppRow.rows(grants: model.grants, log: model.log).map { app in
         let row = Gtk.row(title: app.display, subtitle: app.subtitle(now: now))
-        // A Flatpak's icon by its id (Flatpak exports it to the icon theme); a generic one else.
-        let icon = gtk_image_new_from_icon_name(app.iconName)!
+        let icon = Self.icon(app)
         gtk_image_set_pixel_size(icon.opaque, 32)
         adw_action_row_add_prefix(row.as(AdwActionRow.self), icon)
         if app.grants > 0 {

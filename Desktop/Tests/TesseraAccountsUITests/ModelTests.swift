@@ -57,6 +57,21 @@ struct ModelTests {
     #expect(apps.map(\.iconName) == ["application-x-executable-symbolic", "org.example.Mail"])
   }
 
+  @Test func eachKindOfAppIsLookedUpByTheDesktopFileItsPackagingWrites() {
+    func app(_ key: String) -> AppRow {
+      AppRow(key: key, display: key, verified: true, accounts: [], grants: 0, lastSeen: nil, refusals: 0)
+    }
+    #expect(app("flatpak:org.example.Mail").desktopFileID == "org.example.Mail.desktop")
+    #expect(app("snap:firefox.firefox").desktopFileID == "firefox_firefox.desktop")
+    #expect(app("snap:code.url-handler").desktopFileID == "code_url-handler.desktop")
+    #expect(app("desktop:org.gnome.Evolution").desktopFileID == "org.gnome.Evolution.desktop")
+    #expect(app("snap:no-app").desktopFileID == nil)
+    #expect(app("snap:a.b/../../x").desktopFileID == nil)
+    #expect(app("flatpak:../../../etc/x").desktopFileID == nil)
+    #expect(app("exe:/usr/bin/git").desktopFileID == nil)
+    #expect(app("forward:devbox").desktopFileID == nil)
+  }
+
   @Test func activityIsFilteredByAppAccountAndDecisionNewestFirst() {
     let log = [
       Self.record("exe:/a", "/a", at: 1), Self.record("exe:/b", "/b", account: "bob", at: 2),
