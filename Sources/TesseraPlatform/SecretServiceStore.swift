@@ -22,8 +22,10 @@ public final class SecretServiceStore: SecretStore, @unchecked Sendable {
 
   /// libsecret schema name; stored as `xdg:schema` on every item. Documented in docs/storage.md.
   public static let schemaName = "org.tessera.Broker1"
+  /// Every attribute an item of TokenCache's schema carries (StoreSchemaTests checks each kind's):
+  /// libsecret refuses to store an item with an attribute its schema does not name.
   static let attributeNames = [
-    "tessera_schema", "kind", "account_id", "environment", "client_id", "realm", "scopes", "app",
+    "tessera_schema", "kind", "account_id", "environment", "client_id", "realm", "scopes", "app", "authority", "jkt",
   ]
 
   /// The collection new items go to: nil for the default (the user's login keyring). Loading
