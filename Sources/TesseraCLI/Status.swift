@@ -71,6 +71,14 @@ extension Tessera {
       /// The configuration in force: its files, warnings, locked keys, a refused reload; nil when
       /// not running (or from an older broker).
       var config: StatusReport.ConfigStatus?
+      /// Where the keys tokens are bound to are made: "tpm", "software" or "none", and that in
+      /// words; nil when not running (or from an older broker).
+      var dpop: DPoP?
+
+      struct DPoP: Encodable {
+        var kind: String
+        var summary: String
+      }
 
       struct Owner: Encodable {
         var pid: UInt32?
@@ -89,7 +97,7 @@ extension Tessera {
         case storeNotes = "store_notes"
         case microsoftBroker = "microsoft_broker"
         case microsoftBrokerOwner = "microsoft_broker_owner"
-        case connection, socket, config
+        case connection, socket, config, dpop
         case sessionBus = "session_bus"
         case sessionBusMessage = "session_bus_message"
       }
@@ -185,6 +193,7 @@ extension Tessera {
       // Shown, but no reason for a failing status: the broker serves (under the configuration
       // in force), and the configuration's own notes are in `config`.
       report.config = health.config
+      if let kind = health.dpopKind { report.dpop = .init(kind: kind, summary: health.dpopSummary ?? "") }
       switch health.sessionBus {
       case .connected?: report.sessionBus = "connected"
       case .missing(let why)?:
@@ -281,6 +290,14 @@ extension Tessera {
         print("Store: the Secret Service (desktop keyring).")
       }
       for note in report.storeNotes ?? [] { print("  \(SafeText.clip(note, limit: 1000))") }
+      switch report.dpop?.kind {
+      case "tpm"?, "software"?:
+        print(
+          "Tokens bound to this machine (DPoP, where the provider binds them): \(SafeText.clip(report.dpop?.summary ?? "", limit: 500))."
+        )
+      case "none"?: print("Tokens are not bound to this machine (no DPoP keys).")
+      default: break
+      }
       if let config = report.config { Self.printConfig(config) }
       switch report.microsoftBroker {
       case "no_session_bus":
@@ -334,6 +351,9 @@ extension Tessera {
       default: line += ": ok"
       }
       print(line)
+      if h.tokenBinding == "dpop" {
+        print("    bound to this machine's key (DPoP): its refresh token is refused anywhere else")
+      }
       if h.tokens.isEmpty {
         print("    no access token cached")
       }

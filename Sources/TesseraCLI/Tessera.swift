@@ -36,6 +36,7 @@ struct Tessera: ParsableCommand {
     subcommands: [
       Login.self, Token.self, Accounts.self, Account.self, Logout.self, Status.self, GitCredential.self,
       KubeCredential.self, Sasl.self, Exec.self, Access.self, Config.self, Store.self, Forward.self, Provider.self,
+      Proof.self,
     ])
 }
 

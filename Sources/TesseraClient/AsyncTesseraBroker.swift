@@ -115,6 +115,15 @@ public struct AsyncTesseraBroker: Sendable {
     try await run { broker throws(TesseraClientError) in try broker.revoke(app: app, clientID: clientID) }
   }
 
+  /// The DPoP header value for one request with a key-bound access token (see TesseraBroker.proof).
+  public func proof(method: String, url: String, token: String, nonce: String? = nil) async throws(TesseraClientError)
+    -> String
+  {
+    try await run { broker throws(TesseraClientError) in
+      try broker.proof(method: method, url: url, token: token, nonce: nonce)
+    }
+  }
+
   /// Takes an app's grants for one account away (see TesseraBroker.revokeGrant); returns how many.
   @discardableResult
   public func revokeGrant(app: String, clientID: String? = nil, account: String) async throws(TesseraClientError)

@@ -413,6 +413,21 @@ public final class TesseraBroker {
     return dropped
   }
 
+  /// The DPoP header value for one request with a key-bound access token (GetProof): `method` and
+  /// `url` are the request's, `nonce` the DPoP-Nonce a resource server asked for. One per request.
+  public func proof(method: String, url: String, token: String, nonce: String? = nil) throws(TesseraClientError)
+    -> String
+  {
+    var options: [String: BusValue] = [:]
+    if let nonce { options[RequestOptions.nonce.key] = .string(nonce) }
+    guard
+      case .string(let proof)? = try call(
+        .getProof, [.string(method), .string(url), .string(token), .dict(options)], timeout: Self.silentTimeout
+      ).first
+    else { throw .broker(.internal("GetProof answered without a proof.")) }
+    return proof
+  }
+
   public func accounts(clientID: String? = nil, authority: String? = nil, username: String? = nil)
     throws(TesseraClientError) -> [TesseraAccount]
   {

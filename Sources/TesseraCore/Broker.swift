@@ -30,6 +30,8 @@ public struct BrokerDependencies: Sendable {
   public var forwards: (any ForwardListeners)?
   /// Providers' client secrets (`[[provider]]` client_secret_file); nil: none can be read.
   public var secrets: (any ClientSecretSource)?
+  /// Where DPoP keys are made and used (a TPM, else software); nil: tokens are never bound.
+  public var proofKeys: (any ProofKeySource)?
   /// How long a question waits in Tessera Accounts for a person's answer, on the wall clock (the
   /// injected clock stands for the IdP's and the tokens' time, which tests move at will).
   public var questionTimeout: Duration = .seconds(Int64(Question.seconds))
@@ -113,6 +115,11 @@ public actor Broker {
   }
   /// Tenant names to the realm (`tid`) the IdP answered with.
   var tenantRealms: [TenantKey: String] = [:]
+  /// The last DPoP nonce each server sent (RFC 9449 §8), by origin: its next proof carries it.
+  var dpopNonces: [String: String] = [:]
+  /// Which apps (AppIdentity keys) were handed each key-bound access token (by its hash): only
+  /// they get proofs for it (GetProof).
+  var proofRecipients: [String: Set<String>] = [:]
 
   public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
     self.config = config
@@ -367,7 +374,7 @@ public actor Broker {
   /// without an id_token cannot say who signed in, and is refused.
   func identify(
     _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, nonce: String?,
-    knownAccount: Account?, hint: String? = nil
+    knownAccount: Account?, hint: String? = nil, proofKey: ProofKeyRecord? = nil
   ) async throws -> (Account, IDTokenClaims?) {
     var claims: IDTokenClaims?
     // Without signing keys (a provider written out, or RFC 8414 metadata naming none) an id_token
@@ -392,7 +399,7 @@ public actor Broker {
     } else if let knownAccount {
       account = knownAccount
     } else if let named = try await accountWithoutIDToken(
-      response, metadata: metadata, authority: authority, clientID: clientID, hint: hint)
+      response, metadata: metadata, authority: authority, clientID: clientID, hint: hint, proofKey: proofKey)
     {
       account = named
     } else {
@@ -409,13 +416,27 @@ public actor Broker {
   func accept(
     _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String,
     requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil,
-    hint: String? = nil
+    hint: String? = nil, proofKey: ProofKeyRecord? = nil
   ) async throws -> TokenResult {
+    // Sent with a proof: bound to its key (or refused where dpop = "required" and it is not).
+    let bound: Bool
+    do {
+      bound = try checkBinding(response, key: proofKey, authority: authority, clientID: clientID)
+    } catch {
+      if knownAccount == nil, let issued = response.refreshToken {
+        await revoke(
+          RefreshTokenRecord(
+            accountID: "", environment: authority.environment, clientID: clientID, authority: authority.url,
+            secret: issued),
+          correlationID: CorrelationID.new())
+      }
+      throw error
+    }
     let identified: (Account, IDTokenClaims?)
     do {
       identified = try await identify(
         response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
-        knownAccount: knownAccount, hint: hint)
+        knownAccount: knownAccount, hint: hint, proofKey: bound ? proofKey : nil)
     } catch {
       // A sign-in whose account cannot be named keeps nothing, and leaves no live grant at the
       // provider either: the refresh token it was just given is revoked.
@@ -447,6 +468,13 @@ public actor Broker {
     // sign-in never finished), never an account without its token.
     let accountWrites = cache.accounts[account.id] != account ? cache.upsert(account: account) : []
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
+    // The key goes into the store before the first token bound to it.
+    var boundKey: String?
+    if bound, var key = proofKey {
+      key.accountID = account.id
+      operations += cache.keep(proofKey: key)
+      boundKey = key.thumbprint
+    }
     if let newRefreshToken = response.refreshToken {
       // A rotated token is the same grant (RFC 6749 §6: the same scopes); a sign-in's token is
       // bound to what it granted, except at Entra, whose refresh tokens serve any scope.
@@ -456,7 +484,8 @@ public actor Broker {
         refreshToken: RefreshTokenRecord(
           accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
           secret: newRefreshToken, familyID: response.foci, scopes: grantScopes,
-          expiresOn: response.refreshTokenExpiresIn.map { Int64(deps.clock.now().timeIntervalSince1970) + $0 }),
+          expiresOn: response.refreshTokenExpiresIn.map { Int64(deps.clock.now().timeIntervalSince1970) + $0 },
+          proofKey: boundKey),
         replacing: redeemed)
     }
     // Family membership is remembered only where families exist (Entra answers `foci`).
@@ -500,8 +529,10 @@ public actor Broker {
         ?? cache.accessToken(
           accountID: account.id, environment: authority.environment, realm: nil, clientID: clientID, scopes: [])?
         .idToken,
-      extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn, cachedAt: now)
+      extExpiresOn: lifetimes.extExpiresOn, refreshOn: lifetimes.refreshOn, cachedAt: now, proofKey: boundKey)
     let accessTokenWrites = cache.insert(accessToken: accessToken)
+    // A key no token of the account is bound to any more (a new sign-in's replaced it) goes.
+    operations += cache.dropUnusedProofKeys(accountID: account.id)
     if isNewAccount { deps.events.accountsChanged() }
     noteSuccess(
       accountID: account.id, clientID: clientID, authority: authority.url, scopes: scopes,

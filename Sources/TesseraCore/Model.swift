@@ -56,12 +56,16 @@ public struct RefreshTokenRecord: Codable, Sendable, Equatable {
   /// When the token itself lapses (Unix seconds), from `refresh_token_expires_in` (a GitHub App's
   /// lasts about 6 months); nil when the identity provider did not say.
   public var expiresOn: Int64? = nil
+  /// The thumbprint of the DPoP key it is bound to (RFC 9449): every refresh sends a proof made
+  /// with that key, which never leaves this machine. Nil for a bearer token.
+  public var proofKey: String? = nil
 
   public init(
     accountID: String, environment: String, clientID: String, authority: String, secret: String,
     familyID: String? = nil,
-    scopes: [String]? = nil, expiresOn: Int64? = nil
+    scopes: [String]? = nil, expiresOn: Int64? = nil, proofKey: String? = nil
   ) {
+    self.proofKey = proofKey
     self.expiresOn = expiresOn
     self.accountID = accountID
     self.environment = environment
@@ -112,12 +116,16 @@ public struct AccessTokenRecord: Codable, Sendable, Equatable {
   public var refreshOn: Int64? = nil
   /// When it arrived (Unix seconds); nil in records stored before this was kept.
   public var cachedAt: Int64? = nil
+  /// The thumbprint of the DPoP key it is bound to: the app that holds it asks the broker for a
+  /// proof with every request it makes (GetProof). Nil for a bearer token.
+  public var proofKey: String? = nil
 
   public init(
     accountID: String, environment: String, realm: String, clientID: String, scopes: [String], secret: String,
     tokenType: String, expiresOn: Int64, idToken: String?, extExpiresOn: Int64? = nil, refreshOn: Int64? = nil,
-    cachedAt: Int64? = nil
+    cachedAt: Int64? = nil, proofKey: String? = nil
   ) {
+    self.proofKey = proofKey
     self.cachedAt = cachedAt
     self.accountID = accountID
     self.environment = environment

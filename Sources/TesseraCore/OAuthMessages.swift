@@ -59,6 +59,11 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
   public var userinfoEndpoint: String? = nil
   /// OpenID Connect RP-Initiated Logout 1.0: where the browser ends the user's session there.
   public var endSessionEndpoint: String? = nil
+  /// RFC 9449 §5.1: the algorithms the server takes DPoP proofs in; nil or empty: no DPoP.
+  public var dpopSigningAlgValuesSupported: [String]? = nil
+
+  /// Whether the server takes DPoP proofs made with the broker's keys (ES256).
+  public var supportsDPoP: Bool { dpopSigningAlgValuesSupported?.contains(DPoP.algorithm) ?? false }
 
   /// Whether id_tokens can be checked: a provider without discovery, or with RFC 8414 metadata
   /// naming no keys, has none (its id_tokens are not trusted, and the account comes from userinfo
@@ -69,8 +74,9 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     issuer: String, authorizationEndpoint: String, tokenEndpoint: String, jwksURI: String,
     deviceAuthorizationEndpoint: String? = nil, revocationEndpoint: String? = nil,
     authorizationResponseIssParameterSupported: Bool? = nil, userinfoEndpoint: String? = nil,
-    endSessionEndpoint: String? = nil
+    endSessionEndpoint: String? = nil, dpopSigningAlgValuesSupported: [String]? = nil
   ) {
+    self.dpopSigningAlgValuesSupported = dpopSigningAlgValuesSupported
     self.issuer = issuer
     self.authorizationEndpoint = authorizationEndpoint
     self.tokenEndpoint = tokenEndpoint
@@ -94,6 +100,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     var userinfo_endpoint: String?
     var end_session_endpoint: String?
     var authorization_response_iss_parameter_supported: Bool?
+    var dpop_signing_alg_values_supported: [String]?
 
     var metadata: OIDCMetadata {
       OIDCMetadata(
@@ -101,7 +108,8 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
         jwksURI: jwks_uri ?? "", deviceAuthorizationEndpoint: device_authorization_endpoint,
         revocationEndpoint: revocation_endpoint,
         authorizationResponseIssParameterSupported: authorization_response_iss_parameter_supported,
-        userinfoEndpoint: userinfo_endpoint, endSessionEndpoint: end_session_endpoint)
+        userinfoEndpoint: userinfo_endpoint, endSessionEndpoint: end_session_endpoint,
+        dpopSigningAlgValuesSupported: dpop_signing_alg_values_supported)
     }
   }
 
@@ -115,6 +123,7 @@ public struct OIDCMetadata: Codable, Sendable, Equatable {
     case authorizationResponseIssParameterSupported = "authorization_response_iss_parameter_supported"
     case userinfoEndpoint = "userinfo_endpoint"
     case endSessionEndpoint = "end_session_endpoint"
+    case dpopSigningAlgValuesSupported = "dpop_signing_alg_values_supported"
   }
 }
 
@@ -372,6 +381,16 @@ public struct OAuthErrorResponse: Decodable, Sendable {
     case "invalid_client", "unauthorized_client", "incorrect_client_credentials":  // the last: GitHub's
       return .invalidArgument(
         "The identity provider rejected the client id (\(detail)). Check the app registration (a public client with the needed redirect or grant), or the provider's client secret (its client_secret_file; GitHub's browser sign-in needs one)."
+      )
+    case "invalid_dpop_proof":
+      // RFC 9449 §5: a proof the server would not take. The usual cause on a machine whose key is
+      // fine is its clock: the proof's `iat` is outside the server's window.
+      return .provider(
+        "The identity provider refused this machine's DPoP proof (\(detail)). If this machine's clock is off, set it right (timedatectl set-ntp true) and try again; if the provider stopped taking proofs, set dpop = \"off\" for it in config.toml and sign in again."
+      )
+    case "use_dpop_nonce":
+      return .provider(
+        "The identity provider asked twice for a new DPoP nonce (\(detail)). Try again in a moment; if it keeps asking, set dpop = \"off\" for it in config.toml and sign in again."
       )
     case "temporarily_unavailable", "server_error":
       return .network("The identity provider is temporarily unavailable (\(detail)). Try again in a moment.")

@@ -111,7 +111,8 @@ extension Broker {
   /// (`login_hint`). Only for a provider of config.toml: an OpenID provider of the default kind
   /// must send an id_token.
   func accountWithoutIDToken(
-    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, hint: String?
+    _ response: TokenResponse, metadata: OIDCMetadata, authority: Authority, clientID: String, hint: String?,
+    proofKey: ProofKeyRecord? = nil
   ) async throws -> Account? {
     guard let provider = config.provider(for: authority, clientID: clientID) else { return nil }
     func account(id: String, username: String, name: String?) -> Account {
@@ -125,7 +126,8 @@ extension Broker {
     }
     if let userinfo = metadata.userinfoEndpoint {
       do {
-        let fields = try await userFields(userinfo, token: response.accessToken, provider: provider)
+        let fields = try await userFields(
+          userinfo, token: response.accessToken, provider: provider, proofKey: proofKey)
         guard let sub = fields["sub"] else {
           throw TesseraError.provider(
             "The userinfo endpoint \(userinfo) answered without a sub, so the account cannot be named.")
@@ -138,7 +140,7 @@ extension Broker {
       }
     }
     if let api = provider.userAPI {
-      let fields = try await userFields(api.url, token: response.accessToken, provider: provider)
+      let fields = try await userFields(api.url, token: response.accessToken, provider: provider, proofKey: proofKey)
       guard let id = fields[api.idField], let username = fields[api.usernameField] else {
         throw TesseraError.provider(
           "\(api.url) answered without \(api.idField) and \(api.usernameField), so the account cannot be named.")
@@ -156,11 +158,25 @@ extension Broker {
   }
 
   /// A user API's (or userinfo's) JSON object, its strings and numbers as text (GitHub's `id` is
-  /// a number), each clipped and made safe to show.
-  func userFields(_ url: String, token: String, provider: ProviderConfig) async throws -> [String: String] {
-    let response = try await deps.http.send(
-      HTTPRequest(
-        method: "GET", url: url, headers: [("Authorization", "Bearer \(token)"), ("Accept", "application/json")]))
+  /// a number), each clipped and made safe to show. A token bound to `proofKey` goes with the
+  /// DPoP scheme and a proof (RFC 9449 §7), once more with the server's nonce when it asks.
+  func userFields(_ url: String, token: String, provider: ProviderConfig, proofKey: ProofKeyRecord? = nil)
+    async throws -> [String: String]
+  {
+    var response: HTTPResponse
+    var askedForNonce = false
+    repeat {
+      response = try await deps.http.send(
+        HTTPRequest(
+          method: "GET", url: url,
+          headers: [
+            ("Authorization", "\(proofKey == nil ? "Bearer" : DPoP.tokenType) \(token)"),
+            ("Accept", "application/json"),
+          ]
+            + (try await proofHeaders(proofKey, method: "GET", url: url, accessToken: token))))
+      let newNonce = proofKey != nil && noteNonce(response, url: url)
+      askedForNonce = !askedForNonce && newNonce && Self.asksForNonce(response)
+    } while askedForNonce
     guard response.status == 200 else {
       if response.status >= 500 || response.status == 429 {
         throw TesseraError.network(

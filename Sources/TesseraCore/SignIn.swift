@@ -12,6 +12,12 @@ extension Broker {
 
   /// An interactive sign-in (browser or device code), for any front.
   public func signIn(_ asked: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
+    let result = try await signInUnnoted(asked, caller: caller)
+    noteRecipient(result.accessToken, caller: asked.caller ?? caller)
+    return result
+  }
+
+  private func signInUnnoted(_ asked: TokenRequest, caller: CallerInfo) async throws -> TokenResult {
     // Visible to Cancel (and to the caller leaving) from here, before the first suspension.
     signIns.announce(correlationID: asked.correlationID, caller: caller.busName)
     var registered = false
@@ -184,6 +190,9 @@ extension Broker {
         "The identity provider at \(authority.url) has no authorization endpoint (browser sign-in). Use flow 'device_code'."
       )
     }
+    // The key its tokens will be bound to, made now: `required` at a server that cannot bind
+    // fails before the browser opens.
+    let proofKey = try await signInProofKey(metadata: metadata, authority: authority, clientID: clientID)
     let separator = metadata.authorizationEndpoint.contains(Character("?")) ? "&" : "?"
     let url = metadata.authorizationEndpoint + separator + FormEncoding.encode(query)
     let timeout = request.timeout ?? InteractiveTimeouts.browser
@@ -230,10 +239,10 @@ extension Broker {
     if let claims = try claimsParameter(request.claims) { fields.append(("claims", claims)) }
     let response = try await postToken(
       metadata.tokenEndpoint, fields, correlationID: request.correlationID,
-      client: try clientCredentials(for: authority, clientID: clientID))
+      client: try clientCredentials(for: authority, clientID: clientID), proof: proofKey)
     return try await accept(
       response, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes,
-      nonce: pkce.nonce, knownAccount: nil, hint: hints.login)
+      nonce: pkce.nonce, knownAccount: nil, hint: hints.login, proofKey: proofKey)
   }
 
   /// RFC 9207: an authorization response's `iss` must be the issuer the request went to, and an
@@ -285,6 +294,8 @@ extension Broker {
         "The identity provider at \(authority.url) does not offer the device code flow. Use flow 'browser'.")
     }
     let client = try clientCredentials(for: authority, clientID: clientID)
+    // The key its tokens will be bound to (the first proof at the token endpoint binds them).
+    let proofKey = try await signInProofKey(metadata: metadata, authority: authority, clientID: clientID)
     let response = try await deps.http.send(
       .form(
         endpoint,
@@ -327,8 +338,9 @@ extension Broker {
     let deadline = deps.clock.now().addingTimeInterval(
       Double(min(expiresIn, request.timeout ?? InteractiveTimeouts.deviceCode)))
     var interval = Double(min(max(1, device.interval?.value ?? 5), 60))
+    var nonceRetry = false
     while true {
-      try await deps.clock.sleep(seconds: interval)
+      if !nonceRetry { try await deps.clock.sleep(seconds: interval) }
       guard deps.clock.now() < deadline else {
         throw TesseraError.timedOut("Nobody entered the device code in time. Start the sign-in again.")
       }
@@ -339,14 +351,19 @@ extension Broker {
             ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"), ("client_id", clientID),
             ("device_code", device.device_code), ("client_info", "1"),
           ] + client.fields,
-          headers: [("client-request-id", request.correlationID), ("Accept", "application/json")] + client.headers))
+          headers: [("client-request-id", request.correlationID), ("Accept", "application/json")] + client.headers
+            + (try await proofHeaders(proofKey, url: metadata.tokenEndpoint))))
+      // A nonce the server asks for is sent at once, once (RFC 9449 §8); a later one waits its turn.
+      let newNonce = proofKey != nil && noteNonce(poll, url: metadata.tokenEndpoint)
+      nonceRetry = !nonceRetry && newNonce && Self.asksForNonce(poll)
+      if nonceRetry { continue }
       // Read whatever the status: GitHub answers authorization_pending and slow_down with HTTP 200.
       let error = OAuthErrorResponse.decode(poll.body)
       if poll.status == 200 && error == nil {
         let token = try TokenResponse.parse(poll.body, endpoint: metadata.tokenEndpoint)
         return try await accept(
           token, metadata: metadata, authority: authority, clientID: clientID, requestedScopes: scopes, nonce: nil,
-          knownAccount: nil, hint: request.loginHint)
+          knownAccount: nil, hint: request.loginHint, proofKey: proofKey)
       }
       switch error?.error {
       case "authorization_pending": continue

@@ -23,9 +23,20 @@ extension Broker {
   }
 
   /// `onCacheHit` runs when a fresh cached token answers: a front publishes its reply to the
-  /// silent fast path there, for the bus thread to repeat while the token stays fresh.
+  /// silent fast path there, for the bus thread to repeat while the token stays fresh. A token
+  /// bound to a key is never published: each hand-out is noted (who may ask for its proofs).
   func silentToken(_ asked: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void) async throws
     -> TokenResult
+  {
+    let result = try await silentTokenUnnoted(asked) { result, target in
+      if result.accessToken.proofKey == nil { onCacheHit(result, target) }
+    }
+    noteRecipient(result.accessToken, caller: asked.caller)
+    return result
+  }
+
+  private func silentTokenUnnoted(_ asked: TokenRequest, onCacheHit: (TokenResult, SilentTarget) -> Void)
+    async throws -> TokenResult
   {
     // The configuration this request is decided under: the defaults, the trust, the access mode.
     let generation = configGeneration
@@ -42,7 +53,7 @@ extension Broker {
       authority: authority.url, operation: .token)
     // A reload while this request waited (for the store, for the user's answer): decided again
     // under the new configuration, so nothing the old one allowed is answered or published.
-    guard generation == configGeneration else { return try await silentToken(asked, onCacheHit: onCacheHit) }
+    guard generation == configGeneration else { return try await silentTokenUnnoted(asked, onCacheHit: onCacheHit) }
     let now = deps.clock.now()
     var usesCache = !request.forceRefresh && request.claims == nil
     // The caller found the token it holds rejected (accessTokenToRenew): it is dropped, and a new
@@ -137,6 +148,7 @@ extension Broker {
       target.authority.isMicrosoft && target.authority.environment == record.environment
       ? target.authority : try Authority(parsing: record.authority)
     try checkStillTrusted(tokenAuthority, account: account)
+    let proofKey = try refreshProofKey(record, account: account)
     let metadata = try await self.metadata(for: tokenAuthority, clientID: target.clientID)
     // The keys that check the answer's id_token, fetched now if unknown: keys the IdP cannot serve
     // must fail the refresh before the token endpoint rotates the refresh token, not after.
@@ -158,7 +170,7 @@ extension Broker {
     do {
       let result = try await exchange(
         fields, metadata: metadata, tokenAuthority: tokenAuthority, target: target, record: record,
-        knownInFamily: knownInFamily, correlationID: correlationID)
+        knownInFamily: knownInFamily, correlationID: correlationID, proofKey: proofKey)
       deps.journal?.end(note)
       return result
     } catch {
@@ -170,7 +182,7 @@ extension Broker {
   /// The refresh request itself, and what a family member refused by the IdP means.
   private func exchange(
     _ fields: [(String, String)], metadata: OIDCMetadata, tokenAuthority: Authority, target: SilentTarget,
-    record: RefreshTokenRecord, knownInFamily: Bool, correlationID: String
+    record: RefreshTokenRecord, knownInFamily: Bool, correlationID: String, proofKey: ProofKeyRecord?
   ) async throws -> TokenResult {
     let account = target.account
     let environment = target.authority.environment
@@ -182,12 +194,12 @@ extension Broker {
       do {
         let response = try await postToken(
           metadata.tokenEndpoint, fields, correlationID: correlationID,
-          client: try clientCredentials(for: tokenAuthority, clientID: target.clientID),
+          client: try clientCredentials(for: tokenAuthority, clientID: target.clientID), proof: proofKey,
           unreadableAnswer: { rotated = TokenResponse.refreshToken(in: $0) })
         do {
           return try await accept(
             response, metadata: metadata, authority: tokenAuthority, clientID: target.clientID,
-            requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record)
+            requestedScopes: target.scopes, nonce: nil, knownAccount: account, redeemed: record, proofKey: proofKey)
         } catch {
           // Read, but refused: its id_token failed validation or names another user. Its refresh
           // token is not trusted with this account (an IdP that sends no id_token on later refreshes
@@ -257,23 +269,31 @@ extension Broker {
     try ClaimsRequest.merge(claims: claims, capabilities: config.clientCapabilities)
   }
 
-  /// POSTs to a token endpoint, honouring Retry-After from earlier answers.
+  /// POSTs to a token endpoint, honouring Retry-After from earlier answers. With `proof`, the
+  /// request carries a DPoP proof made with that key, and is sent once more when the server asks
+  /// for its nonce (RFC 9449 §8; the refused request used nothing up).
   func postToken(
     _ endpoint: String, _ fields: [(String, String)], correlationID: String, client: ClientCredentials = .none,
-    unreadableAnswer: (([UInt8]) -> Void)? = nil
+    proof: ProofKeyRecord? = nil, unreadableAnswer: (([UInt8]) -> Void)? = nil
   ) async throws -> TokenResponse {
     if let wait = scheduler.throttleRemaining(endpoint, now: deps.clock.now()) {
       throw TesseraError(
         .network, "The identity provider asked for a pause; retry in \(Int(wait.rounded(.up))) s.",
         detail: ErrorDetail(providerAskedToWait: true))
     }
-    // No cancellation check after this: a refresh token the IdP has rotated must be stored.
-    let response = try await deps.http.send(
-      .form(
-        endpoint, fields + client.fields,
-        headers: [
-          ("client-request-id", correlationID), ("return-client-request-id", "true"), ("Accept", "application/json"),
-        ] + client.headers))
+    var response: HTTPResponse
+    var askedForNonce = false
+    repeat {
+      // No cancellation check after this: a refresh token the IdP has rotated must be stored.
+      response = try await deps.http.send(
+        .form(
+          endpoint, fields + client.fields,
+          headers: [
+            ("client-request-id", correlationID), ("return-client-request-id", "true"), ("Accept", "application/json"),
+          ] + client.headers + (try await proofHeaders(proof, url: endpoint))))
+      let newNonce = proof != nil && noteNonce(response, url: endpoint)
+      askedForNonce = !askedForNonce && newNonce && Self.asksForNonce(response)
+    } while askedForNonce
     guard response.status == 200 else {
       if response.status == 429 || response.status == 503,
         let seconds = OAuthErrorResponse.retryAfterSeconds(response.headers["retry-after"]), seconds > 0

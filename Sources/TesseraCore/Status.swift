@@ -100,7 +100,7 @@ extension Broker {
     do { try await ensureLoadedOrSayWhy() } catch { storeError = TesseraError.wrap(error) }
     let now = deps.clock.now()
     let recent = scheduler.recentTargets(now: now, accountExists: { cache.accounts[$0] != nil })
-    let accounts = cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }).map {
+    var accounts = cache.accounts.values.sorted(by: { ($0.username, $0.id) < ($1.username, $1.id) }).map {
       account in
       let entry = health.entry(account.id)
       var lastError: StatusReport.AccountStatus.LastErrorInfo?
@@ -132,6 +132,10 @@ extension Broker {
         refreshTokenExpiresOn: cache.refreshTokens.filter { $0.accountID == account.id }.compactMap(\.expiresOn).min(),
         name: account.name, current: cache.currentAccounts.contains(account.id))
     }
+    let bound = boundAccountIDs()
+    for index in accounts.indices {
+      accounts[index].tokenBinding = bound.contains(accounts[index].id) ? "dpop" : "bearer"
+    }
     let store = deps.store.storeDescription
     var notes = configNotes
     notes.providers = config.providers.map {
@@ -144,6 +148,8 @@ extension Broker {
       storeKeyLocation: store.key,
       storeNotes: store.notes.suffix(20).map { SafeText.clip($0, limit: 1000) }, config: notes)
     report.sessionBus = sessionBus
+    report.dpopKind = deps.proofKeys?.kind.rawValue ?? "none"
+    report.dpopSummary = deps.proofKeys?.summary ?? "tokens are not bound to this machine"
     return report
   }
 }

@@ -19,11 +19,13 @@ extension TesseraFront {
     let accounts = try await broker.knownAccounts(matching: parsed)
     metadata["accounts"] = "\(accounts.count)"
     let current = await broker.currentAccountIDs()
+    let bound = await broker.boundAccountIDs()
     return [
       .dicts(
         accounts.map { account in
           var info = account.info
           info.current = current.contains(account.id)
+          info.tokenBinding = bound.contains(account.id) ? "dpop" : "bearer"
           return info.busValue
         })
     ]

@@ -209,6 +209,14 @@ public struct TesseraFront: Sendable {
       let dropped = try await broker.rejectToken(request, token: token)
       metadata["dropped"] = "\(dropped)"
       return [.bool(dropped)]
+    case .getProof:
+      try RequestOptions.validate(a.dict(3), for: .getProof)
+      // Where the proof is for, by origin: a URL's path and query may carry what is not the log's.
+      metadata["proof_for"] = "\(Broker.origin(SafeText.clip(a.string(1), limit: 300)))"
+      let proof = try await broker.proof(
+        method: a.string(0), url: a.string(1), accessToken: a.string(2),
+        nonce: RequestParser.string(a.dict(3), RequestOptions.nonce), caller: caller)
+      return [.string(proof)]
     case .cancel:
       metadata["correlation_id"] = "\(a.string(0))"
       try await broker.cancel(correlationID: a.string(0), caller: caller)

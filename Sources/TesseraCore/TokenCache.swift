@@ -51,6 +51,8 @@ public struct TokenCache: Sendable {
   /// The accounts the user made current (`tessera account use`): at most one per identity
   /// provider (environment). A request that names no account gets it when several are signed in.
   public private(set) var currentAccounts: Set<String> = []
+  /// The DPoP keys tokens are bound to, by thumbprint (docs/dpop.md).
+  public private(set) var proofKeys: [String: ProofKeyRecord] = [:]
 
   public init() {}
 
@@ -63,6 +65,7 @@ public struct TokenCache: Sendable {
     case use = "app_use"
     case current = "current_account"
     case choice = "account_choice"
+    case proofKey = "dpop_key"
   }
 
   // MARK: Lookups
@@ -165,6 +168,29 @@ public struct TokenCache: Sendable {
 
   static func choiceAttributes(app: String, authority: String, accountID: String) -> [String: String] {
     [base: schemaVersion, "kind": Kind.choice.rawValue, "app": app, "authority": authority, "account_id": accountID]
+  }
+
+  static func proofKeyAttributes(_ k: ProofKeyRecord) -> [String: String] {
+    [base: schemaVersion, "kind": Kind.proofKey.rawValue, "account_id": k.accountID, "jkt": k.thumbprint]
+  }
+
+  /// Keeps a DPoP key that tokens of its account are now bound to.
+  public mutating func keep(proofKey: ProofKeyRecord) -> [StoreOperation] {
+    guard proofKeys[proofKey.thumbprint] != proofKey else { return [] }
+    proofKeys[proofKey.thumbprint] = proofKey
+    return [.save(Self.item(.proofKey(proofKey)))]
+  }
+
+  /// Deletes the DPoP keys of `accountID` that no refresh or access token is bound to any more
+  /// (a sign-in that brought a new key replaced the last token bound to the old one).
+  public mutating func dropUnusedProofKeys(accountID: String) -> [StoreOperation] {
+    let used = Set(refreshTokens.compactMap(\.proofKey) + accessTokens.compactMap(\.proofKey))
+    var operations: [StoreOperation] = []
+    for (thumbprint, key) in proofKeys where key.accountID == accountID && !used.contains(thumbprint) {
+      proofKeys[thumbprint] = nil
+      operations.append(.delete(Self.proofKeyAttributes(key)))
+    }
+    return operations
   }
 
   public func hasUsed(app: String, accountID: String) -> Bool {
@@ -305,6 +331,8 @@ public struct TokenCache: Sendable {
       ]
       // The apps' grants for this client and account go too: signing in again grants anew.
       operations += removeGrants { $0.accountID == accountID && $0.clientID == clientID }
+      // The key of that client's sign-in, unless another token of the account is bound to it.
+      operations += dropUnusedProofKeys(accountID: accountID)
       // The family's token still serves the other apps: this one is told not to use it.
       if let environment = accounts[accountID]?.environment,
         let family = refreshToken(accountID: accountID, environment: environment, clientID: clientID)
@@ -332,6 +360,8 @@ public struct TokenCache: Sendable {
     uses = uses.filter { !$0.hasSuffix("\u{0}\(accountID)") }
     // The choices that named it (their items carry its account_id too).
     choices = choices.filter { $0.value != accountID }
+    // Its DPoP keys (their items carry its account_id too): its tokens are worthless anywhere now.
+    proofKeys = proofKeys.filter { $0.value.accountID != accountID }
     // The account item goes first: a kill after it leaves items without their account, which the
     // next start removes (the sign-out is finished), never an account missing its tokens.
     let accountItem = [Self.base: Self.schemaVersion, "kind": Kind.account.rawValue, "account_id": accountID]
@@ -356,6 +386,7 @@ public struct TokenCache: Sendable {
       gone.insert(grant.accountID)
     }
     for id in currentAccounts where accounts[id] == nil { gone.insert(id) }
+    for key in proofKeys.values where accounts[key.accountID] == nil { gone.insert(key.accountID) }
     for use in uses {
       if let id = use.split(separator: "\u{0}", omittingEmptySubsequences: false).last.map(String.init),
         accounts[id] == nil
@@ -370,6 +401,7 @@ public struct TokenCache: Sendable {
     grants.removeAll { gone.contains($0.accountID) }
     uses = uses.filter { use in !gone.contains { use.hasSuffix("\u{0}\($0)") } }
     currentAccounts.subtract(gone)
+    proofKeys = proofKeys.filter { !gone.contains($0.value.accountID) }
     return (gone, dropped)
   }
 
@@ -385,6 +417,7 @@ public struct TokenCache: Sendable {
     for grant in before.grants where grant.accountID == accountID && !grants.contains(grant) { grants.append(grant) }
     uses.formUnion(before.uses.filter { $0.hasSuffix("\u{0}\(accountID)") })
     if before.currentAccounts.contains(accountID) { currentAccounts.insert(accountID) }
+    for (thumbprint, key) in before.proofKeys where key.accountID == accountID { proofKeys[thumbprint] = key }
     // What the sign-out noted about clients goes back to what it was.
     appMetadata.merge(before.appMetadata) { _, old in old }
   }
@@ -395,7 +428,7 @@ public struct TokenCache: Sendable {
   /// The `kind` attribute of every item type, for stores that load by kind.
   public static let itemKinds = [
     Kind.account.rawValue, Kind.refreshToken.rawValue, Kind.accessToken.rawValue, Kind.appMetadata.rawValue,
-    Kind.grant.rawValue, Kind.use.rawValue, Kind.current.rawValue, Kind.choice.rawValue,
+    Kind.grant.rawValue, Kind.use.rawValue, Kind.current.rawValue, Kind.choice.rawValue, Kind.proofKey.rawValue,
   ]
   /// Attributes every Tessera item carries; deleting by these removes everything Tessera stored.
   public static let allItemsAttributes = [base: schemaVersion]
@@ -416,6 +449,7 @@ public struct TokenCache: Sendable {
     /// The current account; `environment` (its identity provider's host) names it in the label.
     case current(CurrentAccountRecord, environment: String?)
     case choice(AccountChoiceRecord)
+    case proofKey(ProofKeyRecord)
   }
 
   /// The item a record is stored as.
@@ -457,6 +491,10 @@ public struct TokenCache: Sendable {
       StoredItem(
         attributes: choiceAttributes(app: c.app, authority: c.authority, accountID: c.accountID), secret: json(c),
         label: "Tessera: the account \(c.app) uses")
+    case .proofKey(let k):
+      StoredItem(
+        attributes: proofKeyAttributes(k), secret: json(k),
+        label: "Tessera: the key \(k.kind == .tpm ? "in this machine's TPM " : "")this machine's tokens are bound to")
     }
   }
 
@@ -477,6 +515,7 @@ public struct TokenCache: Sendable {
     case .use: decode(AppUseRecord.self).map(Record.use)
     case .current: decode(CurrentAccountRecord.self).map { Record.current($0, environment: nil) }
     case .choice: decode(AccountChoiceRecord.self).map(Record.choice)
+    case .proofKey: decode(ProofKeyRecord.self).map(Record.proofKey)
     }
   }
 
@@ -526,6 +565,7 @@ public struct TokenCache: Sendable {
       case .current(let c, _)?: cache.currentAccounts.insert(c.accountID)
       case .use(let u)?: cache.uses.insert(useKey(app: u.app, accountID: u.accountID))
       case .choice(let c)?: cache.choices[choiceKey(app: c.app, authority: c.authority)] = c.accountID
+      case .proofKey(let k)?: cache.proofKeys[k.thumbprint] = k
       }
     }
     return (cache, skipped)

@@ -31,6 +31,8 @@ public struct BrokerConfig: Sendable, Equatable {
   public var providers: [ProviderConfig] = []
   /// Where accounts and tokens are kept (docs/storage.md): chosen once, when tesserad starts.
   public var store: StoreChoice = .auto
+  /// DPoP for the authorities no `[[provider]]` names (the default authority among them).
+  public var dpop: DPoPMode = .auto
 
   public init() {}
 
@@ -52,6 +54,7 @@ public struct BrokerConfig: Sendable, Equatable {
     case accessMode = "access_mode"
     case notifyFirstUse = "notify_first_use"
     case store
+    case dpop
   }
 
   /// `store`: where tesserad keeps accounts and tokens: `auto`, or one store.
@@ -131,6 +134,7 @@ public struct BrokerConfig: Sendable, Equatable {
     case .accessMode: .string(accessMode.rawValue)
     case .notifyFirstUse: .bool(notifyFirstUse)
     case .store: .string(store.rawValue)
+    case .dpop: .string(dpop.rawValue)
     }
   }
 
@@ -190,6 +194,11 @@ public struct BrokerConfig: Sendable, Equatable {
       }
       accessMode = mode
     case .notifyFirstUse: notifyFirstUse = try flag()
+    case .dpop:
+      guard let s = value.string, let mode = DPoPMode(rawValue: s) else {
+        throw fail("must be one of \(DPoPMode.allCases.map(\.rawValue).joined(separator: ", "))")
+      }
+      dpop = mode
     case .store:
       guard let s = value.string, let choice = StoreChoice(rawValue: s) else {
         throw fail("must be one of \(StoreChoice.names.joined(separator: ", "))")
@@ -294,4 +303,17 @@ public enum ConfigLocation {
   public static func isNamed(option: String?, environment: [String: String]) -> Bool {
     !(option ?? "").isEmpty || !(environment["TESSERA_CONFIG"] ?? "").isEmpty
   }
+}
+
+/// `dpop`: whether tokens are bound to a key of this machine (RFC 9449), for an authority or a
+/// `[[provider]]`.
+public enum DPoPMode: String, CaseIterable, Sendable, Equatable, Codable {
+  /// Bound where the server's metadata lists ES256 in `dpop_signing_alg_values_supported`;
+  /// bearer tokens elsewhere.
+  case auto
+  /// Bound, or no token at all: a server that does not bind is refused, with a message that says so.
+  case required
+  /// Bearer tokens: for servers whose tokens go to helpers that cannot send proofs (git, kubectl,
+  /// mail).
+  case off
 }

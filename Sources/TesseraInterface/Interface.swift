@@ -121,6 +121,7 @@ public enum BrokerInterface {
     case revokeGrant = "RevokeGrant"
     case registerPrompter = "RegisterPrompter"
     case answerQuestion = "AnswerQuestion"
+    case getProof = "GetProof"
 
     /// The method's arguments and results, as the contract XML declares them.
     public var spec: Method {
@@ -154,6 +155,10 @@ public enum BrokerInterface {
           ], outputs: [])
       case .revoke: Method(rawValue, inputs: [Arg("app", "s"), Arg("client_id", "s")], outputs: [Arg("removed", "u")])
       case .registerPrompter: Method(rawValue, inputs: [], outputs: [])
+      case .getProof:
+        Method(
+          rawValue, inputs: [Arg("method", "s"), Arg("url", "s"), Arg("token", "s"), Arg("options", "a{sv}")],
+          outputs: [Arg("proof", "s")])
       case .answerQuestion:
         Method(rawValue, inputs: [Arg("id", "s"), Arg("answer", "s"), Arg("options", "a{sv}")], outputs: [])
       case .revokeGrant:
@@ -210,11 +215,12 @@ public enum BrokerInterface {
   }
 
   /// What a caller that came through a forward may call (issue 24): tokens (and dropping one a
-  /// resource refused), the accounts it holds a grant for, and cancelling its own call. Everything else is refused on the bus
+  /// resource refused, and the DPoP proofs of one it holds), the accounts it holds a grant for, and
+  /// cancelling its own call. Everything else is refused on the bus
   /// thread, before the engine sees it, and again by the engine.
   public static let forwardedMethods: Set<String> = [
     MethodName.acquireTokenSilent.rawValue, MethodName.getAccounts.rawValue, MethodName.countHiddenAccounts.rawValue,
-    MethodName.rejectToken.rawValue, MethodName.cancel.rawValue,
+    MethodName.rejectToken.rawValue, MethodName.cancel.rawValue, MethodName.getProof.rawValue,
   ]
   /// The one property a forwarded caller may read.
   public static let forwardedProperties: Set<String> = ["Version"]

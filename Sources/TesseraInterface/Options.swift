@@ -12,6 +12,7 @@ public enum OptionMethod: String, Sendable, CaseIterable {
   case rejectToken = "RejectToken"
   case addForward = "AddForward"
   case answerQuestion = "AnswerQuestion"
+  case getProof = "GetProof"
 
   /// What its `a{sv}` argument is called, in messages: GetAccounts takes a filter.
   public var argumentWord: String { self == .getAccounts ? "filter" : "option" }
@@ -156,11 +157,13 @@ public enum RequestOptions {
   public static let lasting = RequestOption("lasting", .bool, [.addForward], default: "false")
   /// An account chooser's answer holds for that app (and identity provider) from now on.
   public static let remember = RequestOption("remember", .bool, [.answerQuestion], default: "false")
+  /// The DPoP-Nonce a resource server sent (RFC 9449 §9): the proof carries it.
+  public static let nonce = RequestOption("nonce", .string, [.getProof], maxBytes: 1024, spaces: false, default: "none")
 
   /// Every entry of the table.
   public static let all: [RequestOption] = [
     authority, accountID, loginHint, domainHint, prompt, flow, claims, extraQuery, correlationID, forceRefresh,
-    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, browser, lasting, remember,
+    minValidity, timeout, rejectedToken, provider, clientID, username, revoke, browser, lasting, remember, nonce,
   ]
 
   /// The default of `min_validity`, in seconds.

@@ -10,6 +10,7 @@
 ///     client_authentication = "client_secret_post"  # or client_secret_basic, none
 ///     scopes = ["repo"]
 ///     authorization_parameters = ["access_type=offline"]
+///     dpop = "auto"                   # or "required", "off": tokens bound to this machine
 ///
 /// Without a profile: `discovery = "openid"` or `"oauth"` (RFC 8414) with `issuer`, or
 /// `discovery = "none"` with `authorization_endpoint` and `token_endpoint` (and, where the
@@ -39,6 +40,8 @@ public struct ProviderConfig: Sendable, Equatable {
   public var gitUsername: String?
   /// Where the user revokes the grant by hand, when there is no revocation endpoint.
   public var revokePage: String?
+  /// Whether its tokens are bound to a key of this machine (RFC 9449).
+  public var dpop: DPoPMode = .auto
   /// Where the table is.
   public var file: String = ""
   /// Whether it comes from the administrator's file (its secret file may be root's and shared).
@@ -48,7 +51,7 @@ public struct ProviderConfig: Sendable, Equatable {
   public static let keys = [
     "name", "profile", "host", "discovery", "issuer", "authorization_endpoint", "token_endpoint",
     "device_authorization_endpoint", "revocation_endpoint", "userinfo_endpoint", "client_id", "client_secret_file",
-    "client_authentication", "scopes", "authorization_parameters",
+    "client_authentication", "scopes", "authorization_parameters", "dpop",
   ]
   /// The longest provider name.
   public static let maxNameBytes = 64
@@ -114,6 +117,7 @@ public struct ProviderConfig: Sendable, Equatable {
     var clientAuthentication: ClientAuthentication?
     var scopes: [String]?
     var parameters: [ProviderParameter] = []
+    var dpop: DPoPMode?
   }
 
   /// One key of the table, checked on its own.
@@ -180,6 +184,11 @@ public struct ProviderConfig: Sendable, Equatable {
       written.scopes = scopes
     case "authorization_parameters":
       written.parameters = try parameters(entry.value, fail: fail)
+    case "dpop":
+      guard let s = entry.value.string, let mode = DPoPMode(rawValue: s) else {
+        throw fail("must be one of \(DPoPMode.allCases.map(\.rawValue).joined(separator: ", "))")
+      }
+      written.dpop = mode
     default:
       throw fail(
         "unknown key; " + NearestName.suggestion(for: entry.key, among: keys, known: "a [[provider]] entry takes"))
@@ -315,6 +324,7 @@ extension ProviderConfig {
       gitUsername: profile?.gitUsername, revokePage: profile?.revokePage.map(expand))
     provider.clientSecretFileLine = w.clientSecretFileLine
     provider.line = line
+    provider.dpop = w.dpop ?? .auto
     if discovery == .none, let issuerURL = w.issuer ?? (profile == nil ? endpoints.token.map(Self.origin) : nil) {
       provider.issuer = issuerURL
     }

@@ -35,6 +35,10 @@ public enum StatusReport {
   /// tesserad over its socket may see no bus where tesserad has one, or the other way round.
   public static let sessionBusKey = "session_bus"
 
+  /// {kind: "tpm", "software" or "none", summary}: where the keys tokens are bound to (DPoP) are
+  /// made and kept, in words. Absent from older brokers.
+  public static let dpopKey = "dpop"
+
   /// Whether tesserad has a session bus: connected, or missing and why.
   public enum SessionBus: Sendable, Equatable {
     case connected
@@ -135,6 +139,9 @@ public enum StatusReport {
   }
 
   public enum Account {
+    /// "dpop" when the account's refresh tokens are bound to a key of this machine (RFC 9449),
+    /// else "bearer"; absent from older brokers.
+    public static let tokenBinding = "token_binding"
     public static let id = "id"
     public static let username = "username"
     public static let authority = "authority"
@@ -209,6 +216,8 @@ public enum StatusReport {
     public var name: String?
     /// Whether it is the current account of its identity provider (nil from older brokers).
     public var current: Bool?
+    /// "dpop" or "bearer" (nil from older brokers).
+    public var tokenBinding: String?
 
     public struct LastErrorInfo: Sendable, Equatable, Encodable {
       public var code: String
@@ -247,6 +256,7 @@ public enum StatusReport {
       case refreshTokenClients = "refresh_token_clients"
       case refreshTokenExpiresOn = "refresh_token_expires_on"
       case name, current
+      case tokenBinding = "token_binding"
     }
 
     public init(
@@ -293,6 +303,7 @@ public enum StatusReport {
       if let refreshTokenExpiresOn { item[Account.refreshTokenExpiresOn] = .int64(refreshTokenExpiresOn) }
       if let name, !name.isEmpty { item[Account.name] = .string(name) }
       if let current { item[Account.current] = .bool(current) }
+      if let tokenBinding { item[Account.tokenBinding] = .string(tokenBinding) }
       return item
     }
 
@@ -330,6 +341,7 @@ public enum StatusReport {
       refreshTokenExpiresOn = int(d, Account.refreshTokenExpiresOn)
       name = d[Account.name]?.stringValue
       if case .bool(let current)? = d[Account.current] { self.current = current }
+      tokenBinding = d[Account.tokenBinding]?.stringValue
     }
   }
 
@@ -352,6 +364,9 @@ public enum StatusReport {
     public var config: ConfigStatus?
     /// Whether tesserad has a session bus; nil when not known (an older broker).
     public var sessionBus: SessionBus?
+    /// Where DPoP keys are made ("tpm", "software", "none") and that in words; nil from older brokers.
+    public var dpopKind: String?
+    public var dpopSummary: String?
 
     public init(
       storeProblem: String?, accounts: [AccountStatus], attentionNeeded: [String], schema: UInt32 = StatusReport.schema,
@@ -389,6 +404,11 @@ public enum StatusReport {
         report[sessionBusKey] = .dict([Store.state: .string("missing"), Store.message: .string(why)])
       case nil: break
       }
+      if let dpopKind {
+        report[StatusReport.dpopKey] = .dict([
+          Store.kind: .string(dpopKind), "summary": .string(dpopSummary ?? ""),
+        ])
+      }
       return report
     }
 
@@ -413,6 +433,10 @@ public enum StatusReport {
       if case .uint32(let n)? = report[schemaKey] { schema = n }
       version = report[versionKey]?.stringValue ?? ""
       if case .dict(let config)? = report[configKey] { self.config = ConfigStatus(busValue: config) }
+      if case .dict(let dpop)? = report[StatusReport.dpopKey] {
+        dpopKind = dpop[Store.kind]?.stringValue
+        dpopSummary = dpop["summary"]?.stringValue
+      }
       if case .dict(let bus)? = report[sessionBusKey] {
         switch bus[Store.state]?.stringValue {
         case "connected": sessionBus = .connected

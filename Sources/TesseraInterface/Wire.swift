@@ -90,6 +90,9 @@ public struct AccountInfo: Sendable, Equatable, Codable {
   /// requests that name no account get when several are signed in there. GetAccounts and
   /// SetCurrentAccount say; nil elsewhere.
   public var current: Bool?
+  /// GetAccounts only: "dpop" when its refresh tokens are bound to a key of this machine (RFC
+  /// 9449), else "bearer"; nil elsewhere.
+  public var tokenBinding: String?
 
   public init(
     id: String, username: String, name: String, authority: String, environment: String, realm: String,
@@ -108,6 +111,7 @@ public struct AccountInfo: Sendable, Equatable, Codable {
   enum CodingKeys: String, CodingKey {
     case id, username, name, authority, environment, realm, current
     case localAccountID = "local_account_id"
+    case tokenBinding = "token_binding"
   }
 
   public init(busValue d: [String: BusValue]) {
@@ -116,6 +120,7 @@ public struct AccountInfo: Sendable, Equatable, Codable {
       id: s(.id), username: s(.username), name: s(.name), authority: s(.authority), environment: s(.environment),
       realm: s(.realm), localAccountID: s(.localAccountID))
     if case .bool(let current)? = d[CodingKeys.current.rawValue] { self.current = current }
+    tokenBinding = d[CodingKeys.tokenBinding.rawValue]?.stringValue
   }
 
   public var busValue: [String: BusValue] {
@@ -126,6 +131,7 @@ public struct AccountInfo: Sendable, Equatable, Codable {
       CodingKeys.localAccountID.rawValue: .string(localAccountID),
     ]
     if let current { d[CodingKeys.current.rawValue] = .bool(current) }
+    if let tokenBinding { d[CodingKeys.tokenBinding.rawValue] = .string(tokenBinding) }
     return d
   }
 }

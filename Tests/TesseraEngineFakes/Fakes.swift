@@ -195,6 +195,8 @@ package final class FakeIdP: HTTPClient, Sendable {
   package let audienceOverride = Locked<String?>(nil)
   /// The discovery document's end_session_endpoint (RP-Initiated Logout); none when nil.
   package let endSessionEndpoint = Locked<String?>(nil)
+  /// A DPoP server (RFC 9449) when set: see FakeDPoPServer.
+  package let dpop = Locked<FakeDPoPServer?>(nil)
 
   package init(clock: FakeClock) async {
     let key = ES256PrivateKey()
@@ -287,7 +289,9 @@ package final class FakeIdP: HTTPClient, Sendable {
       return HTTPResponse(status: 200, body: Array(jwks.withLock { $0 }.utf8))
     }
     if url.hasSuffix("/.well-known/openid-configuration") {
-      let endSession = endSessionEndpoint.withLock { $0 }.map { #","end_session_endpoint":"\#($0)""# } ?? ""
+      let endSession =
+        (endSessionEndpoint.withLock { $0 }.map { #","end_session_endpoint":"\#($0)""# } ?? "")
+        + (dpop.withLock { $0 } == nil ? "" : #","dpop_signing_alg_values_supported":["ES256","RS256"]"#)
       return HTTPResponse(
         status: 200,
         body: Array(
@@ -313,8 +317,21 @@ package final class FakeIdP: HTTPClient, Sendable {
         return HTTPResponse(
           status: 400, body: Array(#"{"error":"invalid_grant","error_description":"not in family"}"#.utf8))
       }
+      var tokenType = "Bearer"
+      if let server = dpop.withLock({ $0 }) {
+        switch await server.check(request, now: clock.now(), fields: fields) {
+        case .refuse(let answer): return answer
+        case .bound(let jkt) where server.binds.withLock({ $0 }):
+          tokenType = "DPoP"
+          server.pendingBinding.withLock { $0 = jkt }
+        case .bound, .bearer: server.pendingBinding.withLock { $0 = nil }
+        }
+      }
       let n = tokenCounter.withLock {
         $0 += 1; return $0
+      }
+      if let server = dpop.withLock({ $0 }), let jkt = server.pendingBinding.withLock({ $0 }) {
+        server.bound.withLock { $0["rt-\(n)"] = jkt }
       }
       let nonce = fields["grant_type"] == "authorization_code" ? lastNonce.withLock { $0 } : nil
       let tenant = Self.entraTenant(url)
@@ -323,10 +340,106 @@ package final class FakeIdP: HTTPClient, Sendable {
         tenant == nil
         ? "" : #","client_info":"\#(Base64URL.encode(Array(clientInfoJSON.withLock { $0 }.utf8)))""#
       let body =
-        #"{"access_token":"at-\#(n)","token_type":"Bearer","expires_in":\#(accessTokenSeconds.withLock { $0 }),"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
+        #"{"access_token":"at-\#(n)","token_type":"\#(tokenType)","expires_in":\#(accessTokenSeconds.withLock { $0 }),"refresh_token":"rt-\#(n)","scope":"\#(echoScopes.withLock { $0 } ? fields["scope"] ?? "" : "read")","id_token":"\#(idToken)"\#(clientInfo)\#(extraTokenFields.withLock { $0 })}"#
       return HTTPResponse(status: 200, body: Array(body.utf8))
     }
     return HTTPResponse(status: 404, body: [])
+  }
+}
+
+/// The DPoP side of FakeIdP (RFC 9449), as glewlwyd behaves (docs measured in
+/// ../shared/notes/identity-providers.md): every proof checked with jwt-kit (signature, typ, alg,
+/// htm, htu, iat within 60 s, a fresh jti), the server's nonce asked for with use_dpop_nonce and a
+/// DPoP-Nonce header, refresh tokens bound to the proof's key (a refresh without that key's proof is
+/// refused, and uses nothing up), and bound tokens answered as token_type DPoP.
+package final class FakeDPoPServer: Sendable {
+  /// The nonce proofs must carry; nil: none asked for.
+  package let nonce = Locked<String?>("nonce-1")
+  /// Refresh token to the thumbprint of the key it is bound to.
+  package let bound = Locked<[String: String]>([:])
+  /// Every proof accepted, with its key's thumbprint.
+  package let accepted = Locked<[(jkt: String, claims: ProofClaims)]>([])
+  /// Whether tokens asked for with a proof are bound (false: proofs are taken, Bearer answered).
+  package let binds = Locked(true)
+  /// How far the server's clock is ahead of the broker's (seconds), for its iat window.
+  package let clockSkew = Locked<Double>(0)
+  let jtis = Locked<Set<String>>([])
+  let pendingBinding = Locked<String?>(nil)
+
+  package init() {}
+
+  package struct ProofClaims: JWTPayload {
+    package var jti: String
+    package var htm: String
+    package var htu: String
+    package var iat: Int64
+    package var nonce: String?
+    package var ath: String?
+    package func verify(using algorithm: some JWTAlgorithm) async throws {}
+  }
+
+  struct ProofHeader: Decodable {
+    var typ: String
+    var alg: String
+    var jwk: ProofJWK
+  }
+
+  /// A proof's key thumbprint and claims, its signature checked by jwt-kit with the key it carries.
+  package static func verify(_ proof: String) async throws -> (jkt: String, claims: ProofClaims) {
+    let parts = proof.split(separator: ".", omittingEmptySubsequences: false)
+    guard parts.count == 3, let headerBytes = Base64URL.decode(String(parts[0])) else {
+      throw TesseraError.invalidArgument("not a JWS")
+    }
+    let header = try JSONDecoder().decode(ProofHeader.self, from: headerBytes)
+    guard header.typ == "dpop+jwt", header.alg == "ES256", header.jwk.kty == "EC", header.jwk.crv == "P-256" else {
+      throw TesseraError.invalidArgument("typ \(header.typ), alg \(header.alg)")
+    }
+    let keys = JWTKeyCollection()
+    await keys.add(ecdsa: try ES256PublicKey(parameters: (x: header.jwk.x, y: header.jwk.y)))
+    return (header.jwk.thumbprint, try await keys.verify(proof, as: ProofClaims.self))
+  }
+
+  enum Outcome {
+    case refuse(HTTPResponse)
+    case bound(String)
+    case bearer
+  }
+
+  static func error(_ status: Int, _ code: String, _ description: String, nonce: String? = nil) -> Outcome {
+    .refuse(
+      HTTPResponse(
+        status: status, headers: nonce.map { ["dpop-nonce": $0] } ?? [:],
+        body: Array(#"{"error":"\#(code)","error_description":"\#(description)"}"#.utf8)))
+  }
+
+  func check(_ request: HTTPRequest, now: Date, fields: [String: String]) async -> Outcome {
+    let proof = request.headers.first { $0.0.lowercased() == "dpop" }?.1
+    var jkt: String?
+    if let proof {
+      guard let (key, claims) = try? await Self.verify(proof) else {
+        return Self.error(400, "invalid_dpop_proof", "bad proof")
+      }
+      guard claims.htm == "POST", claims.htu == request.url else {
+        return Self.error(400, "invalid_dpop_proof", "htm or htu")
+      }
+      guard abs(Double(claims.iat) - now.timeIntervalSince1970 - clockSkew.withLock({ $0 })) <= 60 else {
+        return Self.error(400, "invalid_dpop_proof", "iat out of range")
+      }
+      if let nonce = nonce.withLock({ $0 }), claims.nonce != nonce {
+        return Self.error(400, "use_dpop_nonce", "nonce", nonce: nonce)
+      }
+      guard jtis.withLock({ $0.insert(claims.jti).inserted }) else {
+        return Self.error(400, "invalid_dpop_proof", "jti replayed")
+      }
+      accepted.withLock { $0.append((key, claims)) }
+      jkt = key
+    }
+    if fields["grant_type"] == "refresh_token", let boundTo = bound.withLock({ $0[fields["refresh_token"] ?? ""] }),
+      boundTo != jkt
+    {
+      return Self.error(400, "invalid_dpop_proof", "the refresh token is bound to another key")
+    }
+    return jkt.map(Outcome.bound) ?? .bearer
   }
 }
 
@@ -343,7 +456,8 @@ package struct Harness {
     config: BrokerConfig? = nil, accessMode: AccessMode = .open, notifyFirstUse: Bool = false,
     prompter: (any AccessPrompter)? = nil, journal: (any RefreshJournal)? = nil,
     redirect: (@Sendable (String) -> RedirectParameters)? = nil, logger: Logger = Logger(label: "test"),
-    secrets: (any ClientSecretSource)? = nil, questionTimeout: Duration? = nil
+    secrets: (any ClientSecretSource)? = nil, questionTimeout: Duration? = nil,
+    proofKeys: (any ProofKeySource)? = nil
   ) async {
     idp = await FakeIdP(clock: clock)
     let answer = redirect ?? { state in ["code": "the-code", "state": state] }
@@ -358,6 +472,7 @@ package struct Harness {
       events: events,
       clock: clock, prompter: prompter, journal: journal, secrets: secrets)
     if let questionTimeout { dependencies.questionTimeout = questionTimeout }
+    dependencies.proofKeys = proofKeys
     broker = Broker(config: cfg, dependencies: dependencies, logger: logger)
   }
 

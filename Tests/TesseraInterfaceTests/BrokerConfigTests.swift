@@ -58,7 +58,7 @@ final class BrokerConfigTests: XCTestCase {
     expected.gitRules = [rule]
     XCTAssertEqual(config, expected)
     // The key table is the enum: every key above is in it, and nothing else.
-    XCTAssertEqual(Set(BrokerConfig.keys).count, 15)
+    XCTAssertEqual(Set(BrokerConfig.keys).count, 16)
   }
 
   func testAnEmptyFileIsTheDefaults() throws {

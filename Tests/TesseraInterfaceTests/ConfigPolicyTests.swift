@@ -134,7 +134,7 @@ final class ConfigPolicyTests: XCTestCase {
       found,
       [
         "/etc/tessera/config.toml:2: [policy] key 'lockd': unknown key; did you mean 'locked'?",
-        "/etc/tessera/config.toml:3: [policy] key 'locked': 'trusted_authority' is not a setting; known keys are default_authority, default_client_id, default_scopes, trusted_authorities, ca_file, ca_file_for_microsoft, browser, redirect_port, allow_insecure_loopback, log_level, client_capabilities, microsoft_broker, access_mode, notify_first_use, store",
+        "/etc/tessera/config.toml:3: [policy] key 'locked': 'trusted_authority' is not a setting; known keys are default_authority, default_client_id, default_scopes, trusted_authorities, ca_file, ca_file_for_microsoft, browser, redirect_port, allow_insecure_loopback, log_level, client_capabilities, microsoft_broker, access_mode, notify_first_use, store, dpop",
         "/etc/tessera/config.toml:4: [policy] key 'minimum_access_mode': must be one of open, confirm, strict",
         "/etc/tessera/config.toml:5: [policy] key 'allow_forwarding': must be true or false",
         "/etc/tessera/config.toml:6: [policy] key 'allowed_stores': 'auto' is not a store; the stores are secret-service, file, memory",

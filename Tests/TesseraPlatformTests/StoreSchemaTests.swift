@@ -47,11 +47,31 @@ final class StoreSchemaTests: XCTestCase {
         AccountChoiceRecord(
           app: "flatpak:org.example.Mail", authority: "https://idp.test/t", accountID: "acct-1", chosenAt: 9)
       ),
+      .proofKey(proofKey),
+      .refreshToken(
+        RefreshTokenRecord(
+          accountID: "acct-1", environment: "idp.test", clientID: "app3", authority: "https://idp.test/t",
+          secret: "rt-4", proofKey: proofKey.thumbprint)),
     ]
+  }
+
+  /// A DPoP key (software: its scalar is the blob) and what binds to it.
+  static var proofKey: ProofKeyRecord {
+    ProofKeyRecord(
+      accountID: "acct-1", kind: .software,
+      jwk: try! ProofJWK(point: [4] + Array(repeating: 1, count: 32) + Array(repeating: 2, count: 32)),
+      blob: "c2NhbGFy", createdAt: 10)
   }
 
   func testEveryKindIsRebuiltAsTheCacheWritesItFromWhatTheSecretServiceReturns() {
     let written = Self.everyKind.map(TokenCache.item)
+    // libsecret refuses an item with an attribute its schema does not name (the account chooser's
+    // kept choice and a DPoP key were once refused by the Secret Service for "authority", "jkt").
+    for item in written {
+      XCTAssertEqual(
+        Set(item.attributes.keys).subtracting(SecretServiceStore.attributeNames), [], "\(item.label): not in the schema"
+      )
+    }
     XCTAssertEqual(Set(written.compactMap { $0.attributes["kind"] }).count, TokenCache.itemKinds.count, "every kind")
     // The Secret Service's load returns each item's schema version and kind, and its secret.
     let loaded = written.map {
@@ -69,7 +89,9 @@ final class StoreSchemaTests: XCTestCase {
     // And the cache reads back what it wrote.
     let (cache, skipped) = TokenCache.load(written)
     XCTAssertEqual(skipped, 0)
-    XCTAssertEqual(cache.refreshTokens.count, 3)
+    XCTAssertEqual(cache.refreshTokens.count, 4)
+    XCTAssertEqual(cache.proofKeys[Self.proofKey.thumbprint], Self.proofKey)
+    XCTAssertEqual(cache.refreshTokens.last?.proofKey, Self.proofKey.thumbprint)
     XCTAssertEqual(cache.grants.count, 1)
     XCTAssertTrue(cache.hasUsed(app: "exe:/usr/bin/git", accountID: "acct-1"))
     XCTAssertEqual(cache.current(among: [Self.account])?.id, "acct-1")

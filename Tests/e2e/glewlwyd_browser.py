@@ -56,7 +56,8 @@ class Browser:
 
     def grant(self, client_id, scope):
         """The consent page's "Grant" button: the client may have `scope` (space- or comma-separated)."""
-        scopes = ",".join(s for s in scope.replace(",", " ").split() if s)
+        # glewlwyd reads the granted list space-separated ("openid,read" would be one unknown scope).
+        scopes = " ".join(s for s in scope.replace(",", " ").split() if s)
         r = self.s.put(f"{self.url}/api/auth/grant/{client_id}", json={"scope": scopes}, timeout=30)
         if r.status_code != 200:
             raise SystemExit(f"granting {scopes} to {client_id} failed: HTTP {r.status_code} {r.text}")

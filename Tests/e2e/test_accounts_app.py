@@ -425,7 +425,8 @@ def test_a_sandboxed_app_can_neither_answer_nor_take_the_questions(start_daemon,
         broker.close()
 
 
-def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config, launch_app, idp, display, tmp_path):
+def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config, launch_app, idp, display, tmp_path,
+                                                    keyring):
     """Two accounts signed in and an app asks to sign in without naming one: the app shows both
     (the one it used last first), the user picks bob and keeps the choice; the app gets bob's token
     without a browser, and its next request gets bob without a question."""
@@ -448,6 +449,10 @@ def test_the_account_chooser_asks_once_and_remembers(start_daemon, write_config,
         again = app_broker.acquire("tessera-test")
         assert again["account"]["id"] == bob
         assert not any(n.startswith("Use bob for ") for n in names()), "no second question"
+        # Kept in the keyring, so it holds after a restart (the Secret Service once refused the
+        # item for an attribute its schema did not name, and the choice lived in memory only).
+        wait_until(lambda: any(a.get("kind") == "account_choice" for _, a in keyring.tessera_items()),
+                   what="the kept choice in the keyring")
     finally:
         app_broker.close()
         broker.close()

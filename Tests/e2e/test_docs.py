@@ -79,6 +79,10 @@ SUBSTITUTIONS = [
 # The blocks, and who runs or covers each: (file, sha256 of the text [:10], first line, claim).
 
 DOC_BLOCKS = [
+    # DPoP: test_dpop runs this recipe (with the test IdP's CA and the resource's nonce) against
+    # glewlwyd's userinfo, a real resource that checks the proof.
+    ("README.md", "8ec09bacda", "url=https://api.example.com/me",
+     "Tests/e2e/test_dpop.py::-H \"DPoP: $(tessera proof --provider"),
     # Providers: `provider add` with the secret on stdin, `provider list`, `login --provider` and
     # `token --provider` run against the test IdP's confidential client (GitHub itself cannot be
     # reached here; ProviderCommandTests runs `provider add` from a profile).
