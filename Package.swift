@@ -47,11 +47,14 @@ let package = Package(
     .target(name: "TesseraInterface"),
 
     // System libraries. libsystemd is reached only through TesseraBus (sd-bus) and TesseraPlatform
-    // (journal); libsecret and libcurl only through TesseraPlatform.
+    // (journal); libsecret, libcurl and tpm2-tss only through TesseraPlatform.
     .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
     .systemLibrary(name: "CSecret", pkgConfig: "libsecret-1", providers: [.apt(["libsecret-1-dev"])]),
     // Headers only: libcurl itself is loaded on the first HTTP request (CurlLibrary.swift).
     .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+    // Headers only: tpm2-tss (ESAPI, marshalling, the TCTI loader) is loaded on the first use of a
+    // TPM (Tss2Library.swift); a machine without one never maps it.
+    .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
     // What Swift cannot call of sd-bus: the vtable macros.
     .target(name: "CTesseraBusShim", dependencies: ["CSystemd"]),
     // What Swift cannot call of libcurl, with its reason in tessera_shim.h: the variadic
@@ -93,11 +96,11 @@ let package = Package(
       ]
     ),
     // The engine's adapters: libsecret, libcurl, the loopback listener, the browser, the journal, and
-    // the engine's events on the bus. The only importer of libsecret and libcurl.
+    // the engine's events on the bus. The only importer of libsecret, libcurl and tpm2-tss.
     .target(
       name: "TesseraPlatform",
       dependencies: [
-        "TesseraInterface", "TesseraCore", "TesseraBus", "TesseraSystem", "CSystemd", "CSecret", "CCurl",
+        "TesseraInterface", "TesseraCore", "TesseraBus", "TesseraSystem", "CSystemd", "CSecret", "CCurl", "CTss2",
         "CTesseraShim",
         "CTesseraSystemShim", .product(name: "Logging", package: "swift-log"),
         .product(name: "SystemPackage", package: "swift-system"),
@@ -192,7 +195,8 @@ let package = Package(
     .testTarget(
       name: "TesseraPlatformTests",
       dependencies: [
-        "TesseraInterface", "TesseraPlatform", "TesseraCore", "TesseraSystem",
+        "TesseraInterface", "TesseraPlatform", "TesseraCore", "TesseraSystem", "TesseraEngineFakes",
+        .product(name: "Crypto", package: "swift-crypto"),
       ],
       resources: []
     ),

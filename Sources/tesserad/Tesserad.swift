@@ -91,20 +91,20 @@ struct Tesserad: AsyncParsableCommand {
     let notifier = DesktopNotifier(server: server, logger: logger)
     let browser = ReloadableBrowserLauncher(
       CommandBrowserLauncher(configured: brokerConfig.browser, environment: environment))
-    let broker = Broker(
-      config: brokerConfig,
-      dependencies: BrokerDependencies(
-        http: http, store: store,
-        browser: browser,
-        listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
-        clock: SystemClock(),
-        afterLoad: { ProcessMemory.releaseFreed() },
-        prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
-        // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
-        journal: store is MemoryStore
-          ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
-        storeOpener: opener, moveJournal: moveJournal, forwards: forwards, secrets: FileClientSecrets()),
-      logger: logger)
+    var dependencies = BrokerDependencies(
+      http: http, store: store,
+      browser: browser,
+      listeners: LoopbackListenerFactory(), events: BrokerSignals(server: server, notifier: notifier),
+      clock: SystemClock(),
+      afterLoad: { ProcessMemory.releaseFreed() },
+      prompter: PortalAccessPrompter(server: server, logger: logger, fallback: notifier),
+      // The memory store writes nothing: no journal either (after a restart there is nothing to redo).
+      journal: store is MemoryStore
+        ? nil : FileRefreshJournal.defaultDirectory().map(FileRefreshJournal.init(directory:)),
+      storeOpener: opener, moveJournal: moveJournal, forwards: forwards, secrets: FileClientSecrets())
+    // The keys tokens are bound to (DPoP): in the TPM when the user may use it, else software.
+    dependencies.proofKeys = MachineKeys.source(environment: environment)
+    let broker = Broker(config: brokerConfig, dependencies: dependencies, logger: logger)
     await broker.noteConfiguration(effective)
     let reloader = ConfigReloader(
       option: config, environment: environment, started: effective, broker: broker, http: http, browser: browser,

@@ -4,7 +4,9 @@
 # scripts/bench, scripts/install). Tests/scripts checks that each script the README names does.
 
 # To build tesserad and tessera: the headers of the C libraries they reach.
-TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev)
+# tpm2-tss's headers too (its libraries are loaded only where a TPM is used; libtss2-dev pulls
+# them in for the tests).
+TESSERA_BUILD_PACKAGES=(libsystemd-dev libsecret-1-dev libcurl4-openssl-dev libtss2-dev)
 # To run them in a private headless session with the test IdP (scripts/test-session, scripts/idp).
 TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbus-bin libglib2.0-bin python3-dbus python3-venv
     openssl systemd)
@@ -16,7 +18,8 @@ TESSERA_SESSION_PACKAGES=(ca-certificates git gnome-keyring dbus-daemon dbus dbu
 TESSERA_HELPER_PACKAGES=(msmtp python3-gi bubblewrap faketime)
 # For the unit tests of the man pages (Tests/TesseraCLITests/ManPageTests.swift runs
 # `man --warnings` on docs/man/*): man-db's man(1) and the groff it formats with.
-TESSERA_TEST_PACKAGES=(man-db groff-base)
+# swtpm: a software TPM 2.0 for the tests of keys kept in a TPM (TPMProofKeysTests, test_dpop).
+TESSERA_TEST_PACKAGES=(man-db groff-base swtpm swtpm-tools)
 # To build the Debian packages and check them (scripts/package), and to try them on a Debian 12
 # root of their own with no Swift (Tests/e2e/test_package.py: debootstrap makes it, bubblewrap
 # enters it).

@@ -1,0 +1,307 @@
+"""Tokens bound to this machine (issue 40, RFC 9449 DPoP) against a real third-party server that
+binds them: glewlwyd 2.7's OpenID Connect plugin with DPoP and server nonces required
+(Tests/e2e/glewlwyd.py). tesserad makes a key per sign-in (software keys here), proves it at every
+token request, and hands proofs to the app that holds a bound token; glewlwyd refuses the refresh
+token without that key, so a copy of it taken from the keyring is worthless elsewhere.
+
+glewlwyd's userinfo takes a valid proof from any key (a gap measured in
+../shared/notes/identity-providers.md), so the tests compare the proof's key with the token's
+cnf.jkt themselves."""
+import base64
+import json
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+
+import dbus
+
+from conftest import BUS_NAME, IFACE, OBJECT_PATH, REPO, TESSERA, expect_error, run_cli, wait_until
+from glewlwyd import (INSTANCE, OIDC_CLIENT, OIDC_INSTANCE, DPoPKey, approve_device, glewlwyd,  # noqa: F401
+                      jwk_thumbprint)
+
+BROWSER = os.path.join(REPO, "Tests", "e2e", "glewlwyd_browser.py")
+USER_CODE_RE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}\b")
+NAME = "glwd-dpop"
+
+
+def dpop_config(write_config, glewlwyd, mode="auto", plain=False):
+    """config.toml with a [[provider]] for glewlwyd's OpenID Connect plugin (discovery), `dpop` as
+    given; with `plain`, the plain OAuth 2.0 plugin instead (no metadata, so no DPoP)."""
+    config = write_config(redirect_port=glewlwyd.redirect_port,
+                          browser=f"{sys.executable} {BROWSER} {glewlwyd.browser_state}")
+    if plain:
+        table = f"""
+[[provider]]
+name = "{NAME}"
+discovery = "none"
+issuer = "{glewlwyd.issuer}"
+authorization_endpoint = "{glewlwyd.endpoint('auth')}"
+token_endpoint = "{glewlwyd.endpoint('token')}"
+client_id = "tessera-public"
+scopes = ["read"]
+dpop = "{mode}"
+"""
+    else:
+        table = f"""
+[[provider]]
+name = "{NAME}"
+discovery = "openid"
+issuer = "{glewlwyd.oidc_issuer}"
+client_id = "{OIDC_CLIENT}"
+scopes = ["read"]
+dpop = "{mode}"
+"""
+    with open(config, "a") as f:
+        f.write(table)
+    return config
+
+
+def token(*args):
+    return json.loads(run_cli("token", "--provider", NAME, "--json", *args, check_rc=0).stdout)
+
+
+def stored(keyring, kind):
+    return [(attributes, json.loads(secret)) for _, attributes, secret in keyring.tessera_items(secrets=True)
+            if attributes.get("kind") == kind]
+
+
+def proof_jkt(proof):
+    header = json.loads(base64.urlsafe_b64decode(proof.split(".")[0] + "=="))
+    assert header["typ"] == "dpop+jwt" and header["alg"] == "ES256", header
+    return jwk_thumbprint(header["jwk"])
+
+
+def test_a_sign_in_binds_the_tokens_to_this_machine_and_a_copied_refresh_token_is_refused(
+        start_daemon, write_config, glewlwyd, keyring):
+    """The browser sign-in at glewlwyd: the token is DPoP-bound (token_type DPoP, cnf.jkt the key
+    tesserad kept), glewlwyd bound the refresh token to that key, and `tessera accounts` and
+    `tessera status` say so. The refresh token copied out of the keyring is refused by glewlwyd
+    from another key and without a proof, and that costs tesserad nothing: its own refresh still
+    works, bound to the same key."""
+    start_daemon(dpop_config(write_config, glewlwyd, mode="required"))
+    login = run_cli("login", "--provider", NAME, timeout=120)
+    assert login.returncode == 0 and "Signed in as alice" in login.stdout, login.stdout + login.stderr
+    first = token()
+    assert first["token_type"] == "DPoP", first
+    [(attributes, key)] = stored(keyring, "dpop_key")
+    assert key["kind"] == "software" and attributes["jkt"] == jwk_thumbprint(key["jwk"]), attributes
+    jkt = attributes["jkt"]
+    assert glewlwyd.access_token_jkt(first["access_token"]) == jkt, "the access token is bound to the kept key"
+    assert glewlwyd.oidc_refresh_tokens("alice")[-1]["jkt"] == jkt, "so is the refresh token, at glewlwyd"
+    [(_, refresh)] = stored(keyring, "refresh_token")
+    assert refresh["proofKey"] == jkt, refresh
+
+    [account] = json.loads(run_cli("accounts", "--json", check_rc=0).stdout)
+    assert account["token_binding"] == "dpop", account
+    status = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+    assert status["dpop"]["kind"] == "software", status["dpop"]
+    text = run_cli("status", check_rc=0).stdout
+    assert "bound to this machine's key (DPoP)" in text, text
+
+    # Copied out of the keyring: worthless without the key, from another key or with none, and
+    # the refused attempts use nothing up.
+    stolen = refresh["secret"]
+    other = glewlwyd.oidc_redeem(stolen, DPoPKey())
+    assert other.status_code in (400, 403) and other.json().get("error") == "invalid_dpop_proof", other.text
+    bare = glewlwyd.oidc_redeem(stolen, None)
+    assert bare.status_code in (400, 401, 403), bare.text
+    refreshed = token("--force-refresh")
+    assert refreshed["token_type"] == "DPoP" and refreshed["access_token"] != first["access_token"]
+    assert glewlwyd.access_token_jkt(refreshed["access_token"]) == jkt, "the refresh proved the same key"
+    assert len(stored(keyring, "dpop_key")) == 1
+
+
+def test_an_app_gets_proofs_for_its_own_token_and_curl_reaches_the_resource(
+        start_daemon, write_config, glewlwyd, tmp_path):
+    """`tessera proof` for the token `tessera token` printed: curl with both headers gets alice's
+    userinfo from glewlwyd, the resource's nonce taken with --nonce, and the proof is made with the
+    key the token is bound to. Another program that never got the token gets no proof for it
+    (GetProof refuses it), and a bearer token gets none either."""
+    start_daemon(dpop_config(write_config, glewlwyd))
+    assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
+    url = glewlwyd.oidc_endpoint("userinfo")
+    ca = os.environ["TESSERA_IDP_CA"]
+    # The README's recipe, with the resource's nonce: the first answer names it, the second proof
+    # carries it.
+    script = f"""set -e
+url={url}
+at=$(tessera token --provider {NAME})
+curl -s -o /dev/null -D headers --cacert {ca} -H "Authorization: DPoP $at" \\
+     -H "DPoP: $(tessera proof --provider {NAME} --method GET --url "$url")" "$url"
+nonce=$(sed -n 's/^[Dd][Pp][Oo][Pp]-[Nn]once: *//p' headers | tr -d '\\r')
+proof=$(tessera proof --provider {NAME} --method GET --url "$url" ${{nonce:+--nonce "$nonce"}})
+echo "$proof" >proof
+curl -sf --cacert {ca} -H "Authorization: DPoP $at" -H "DPoP: $proof" "$url"
+"""
+    env = dict(os.environ, PATH=os.path.dirname(TESSERA) + os.pathsep + os.environ["PATH"])
+    out = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["preferred_username"] == "alice", out.stdout
+    at = token()["access_token"]
+    assert proof_jkt((tmp_path / "proof").read_text().strip()) == glewlwyd.access_token_jkt(at)
+
+    # Another program on the bus that never got the token: no proof.
+    bus = dbus.SessionBus()
+    broker = dbus.Interface(bus.get_object(BUS_NAME, OBJECT_PATH), IFACE)
+    expect_error("AccessDenied", broker.GetProof, "GET", url, at, dbus.Dictionary({}, signature="sv"))
+    # Once it gets the token itself, it gets proofs for it.
+    got = broker.AcquireTokenSilent(OIDC_CLIENT, dbus.Array(["read"], signature="s"), "",
+                                    dbus.Dictionary({"provider": NAME}, signature="sv"))
+    assert str(got["access_token"]) == at
+    proof = str(broker.GetProof("GET", url, at, dbus.Dictionary({}, signature="sv")))
+    assert proof_jkt(proof) == glewlwyd.access_token_jkt(at)
+    expect_error("InvalidArgument", broker.GetProof, "GET", "ftp://x/", at, dbus.Dictionary({}, signature="sv"))
+    expect_error("InvalidArgument", broker.GetProof, "GET", url, "not-a-token", dbus.Dictionary({}, signature="sv"))
+
+
+def test_the_device_code_sign_in_binds_too(start_daemon, write_config, glewlwyd):
+    """`tessera login --device-code` at glewlwyd: the code is approved, the token request carries a
+    proof with glewlwyd's nonce, and the token is bound."""
+    start_daemon(dpop_config(write_config, glewlwyd, mode="required"))
+    proc = subprocess.Popen([TESSERA, "login", "--provider", NAME, "--device-code", "--timeout", "120"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    shown = ""
+    try:
+        user_code = None
+        while user_code is None:
+            line = lines.get(timeout=60)
+            shown += line
+            found = USER_CODE_RE.findall(line)
+            user_code = found[0] if found else None
+        approve_device(glewlwyd, "bob", OIDC_CLIENT, user_code, instance=OIDC_INSTANCE, scope="read openid")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, shown + err
+    assert "Signed in as bob" in out, out
+    bound = token()
+    assert bound["token_type"] == "DPoP" and glewlwyd.access_token_jkt(bound["access_token"]), bound
+
+
+def test_required_refuses_a_server_that_cannot_bind_before_the_browser_opens(start_daemon, write_config, glewlwyd):
+    """dpop = "required" for glewlwyd's plain OAuth 2.0 plugin, which publishes no metadata (so no
+    dpop_signing_alg_values_supported): the sign-in is refused at once with what to change, and no
+    browser opens."""
+    start_daemon(dpop_config(write_config, glewlwyd, mode="required", plain=True))
+    before = glewlwyd.access_tokens_by("code")
+    out = run_cli("login", "--provider", NAME, "--login-hint", "alice", timeout=60)
+    assert out.returncode != 0, out.stdout
+    assert 'dpop = "required"' in out.stderr and 'dpop = "auto" or "off"' in out.stderr, out.stderr
+    assert glewlwyd.access_tokens_by("code") == before
+    assert json.loads(run_cli("accounts", "--json", check_rc=0).stdout) == []
+
+
+def test_a_key_this_machine_lost_means_sign_in_again_and_nothing_else_is_lost(
+        start_daemon, write_config, glewlwyd, keyring):
+    """The key's item gone from the keyring (a keyring restored from an old backup): after a
+    restart the account says it needs a sign-in because this machine's key changed, the bound
+    refresh token is not sent to glewlwyd, and the account and its refresh token stay. A sign-in
+    makes a new key and everything works again."""
+    daemon = start_daemon(dpop_config(write_config, glewlwyd))
+    assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
+    daemon.stop()
+    gone = [(path, attributes) for path, attributes in keyring.tessera_items() if attributes.get("kind") == "dpop_key"]
+    assert keyring.delete(gone) == 1
+    daemon.start()
+    proofs = len(glewlwyd.dpop_proofs())
+    refused = run_cli("token", "--provider", NAME, "--force-refresh")
+    assert refused.returncode == 4, refused.stderr
+    assert "this machine's key changed" in refused.stderr, refused.stderr
+    assert len(glewlwyd.dpop_proofs()) == proofs, "nothing was sent to glewlwyd"
+    assert [a["username"] for a in json.loads(run_cli("accounts", "--json", check_rc=0).stdout)] == ["alice"]
+    assert stored(keyring, "refresh_token"), "the refresh token stays"
+    assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
+    assert token("--force-refresh")["token_type"] == "DPoP"
+
+
+class SoftwareTPM:
+    """swtpm, a software TPM 2.0, on a socket: `restart(clear=True)` starts it with a new storage
+    hierarchy, as `tpm2_clear` leaves a real one."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.socket = os.path.join(directory, "swtpm.sock")
+        self.proc = None
+        self.generation = 0
+
+    def start(self):
+        self.generation += 1
+        state = os.path.join(self.directory, f"state-{self.generation}")
+        os.makedirs(state, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["swtpm", "socket", "--tpm2", "--server", f"type=unixio,path={self.socket}",
+             # tpm2-tss's swtpm TCTI finds the control channel at the socket's path + ".ctrl".
+             "--ctrl", f"type=unixio,path={self.socket}.ctrl", "--tpmstate", f"dir={state}",
+             "--flags", "not-need-init,startup-clear"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+
+        def answers():
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.socket)
+                return True
+            except OSError:
+                assert self.proc.poll() is None, "swtpm exited"
+                return False
+            finally:
+                s.close()
+        wait_until(answers, what="swtpm's socket")
+
+    def stop(self):
+        # SIGKILL: swtpm waits for its client to hang up before it honours SIGTERM, and what a TPM
+        # keeps across a restart (its seeds) is written when it changes, not at exit.
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    @property
+    def tcti(self):
+        return f"swtpm:path={self.socket}"
+
+
+def test_with_a_tpm_the_key_is_made_in_it_and_a_cleared_tpm_means_sign_in_again(
+        start_daemon, write_config, glewlwyd, keyring, tmp_path):
+    """tesserad with a TPM (swtpm here, /dev/tpmrm0 on a machine): the key tokens are bound to is
+    made by the TPM and the keyring keeps only the TPM's wrapped copy; glewlwyd takes the proofs it
+    signs, at the sign-in and at every refresh, and `tessera status` says where the keys are. When
+    the TPM is cleared, the account says it needs a sign-in because this machine's key changed, and
+    a sign-in makes a key in the new TPM."""
+    tpm = SoftwareTPM(str(tmp_path))
+    tpm.start()
+    try:
+        daemon = start_daemon(dpop_config(write_config, glewlwyd, mode="required"),
+                              extra_env={"TESSERA_TPM_TCTI": tpm.tcti})
+        assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
+        [(attributes, key)] = stored(keyring, "dpop_key")
+        assert key["kind"] == "tpm", key["kind"]
+        assert "." in key["blob"] and len(key["blob"]) > 100, "the TPM's wrapped key, not a bare scalar"
+        first = token()
+        assert glewlwyd.access_token_jkt(first["access_token"]) == attributes["jkt"]
+        status = json.loads(run_cli("status", "--json", check_rc=0).stdout)
+        assert status["dpop"]["kind"] == "tpm" and "TPM" in status["dpop"]["summary"], status["dpop"]
+        refreshed = token("--force-refresh")
+        assert glewlwyd.access_token_jkt(refreshed["access_token"]) == attributes["jkt"], "the TPM signed the refresh"
+
+        # The TPM cleared (a new storage hierarchy): its old keys load no more.
+        daemon.stop()
+        tpm.stop()
+        tpm.start()
+        daemon.start()
+        refused = run_cli("token", "--provider", NAME, "--force-refresh")
+        assert refused.returncode == 4 and "this machine's key changed" in refused.stderr, refused.stderr
+        assert [a["username"] for a in json.loads(run_cli("accounts", "--json", check_rc=0).stdout)] == ["alice"]
+        assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
+        again = token("--force-refresh")
+        assert again["token_type"] == "DPoP"
+        [(attributes, key)] = stored(keyring, "dpop_key")
+        assert key["kind"] == "tpm" and glewlwyd.access_token_jkt(again["access_token"]) == attributes["jkt"]
+    finally:
+        tpm.stop()
