@@ -8,6 +8,8 @@ glewlwyd's userinfo takes a valid proof from any key (a gap measured in
 ../shared/notes/identity-providers.md), so the tests compare the proof's key with the token's
 cnf.jkt themselves."""
 import base64
+import hashlib
+import http.server
 import json
 import os
 import queue
@@ -15,11 +17,17 @@ import re
 import socket
 import subprocess
 import sys
+import ssl
 import threading
+import time
 
 import dbus
+import requests
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from conftest import BUS_NAME, IFACE, OBJECT_PATH, REPO, TESSERA, expect_error, run_cli, wait_until
+from conftest import BUS_NAME, IDP_DIR, IFACE, OBJECT_PATH, REPO, TESSERA, expect_error, run_cli, wait_until
 from glewlwyd import (INSTANCE, OIDC_CLIENT, OIDC_INSTANCE, DPoPKey, approve_device, glewlwyd,  # noqa: F401
                       jwk_thumbprint)
 
@@ -69,6 +77,93 @@ def stored(keyring, kind):
             if attributes.get("kind") == kind]
 
 
+def b64decode(part):
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+class DPoPResource:
+    """A resource server that checks DPoP as RFC 9449 §7 says, written here because glewlwyd's own
+    userinfo takes a valid proof from any key: the access token must be glewlwyd's (its signature
+    and expiry), and the proof a JWS signed by the key the token names in cnf.jkt, for this method
+    and URL (htm, htu), for this token (ath), fresh (iat within 60 s, a jti never seen) and with
+    this server's nonce (a request without it gets 401 with use_dpop_nonce and the nonce). Answers
+    {"user": preferred_username}; every refusal is recorded with its reason."""
+
+    def __init__(self, glewlwyd):
+        self.glewlwyd = glewlwyd
+        self.nonce = "resource-nonce-1"
+        self.jtis = set()
+        self.refusals = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                status, headers, body = outer.check(self)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                data = json.dumps(body).encode()
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(os.path.join(IDP_DIR, "server.pem"), os.path.join(IDP_DIR, "server-key.pem"))
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}/me"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def refuse(self, why, nonce=False):
+        self.refusals.append(why)
+        challenge = 'DPoP error="use_dpop_nonce"' if nonce else f'DPoP error="invalid_token", error_description="{why}"'
+        headers = {"WWW-Authenticate": challenge}
+        if nonce:
+            headers["DPoP-Nonce"] = self.nonce
+        return 401, headers, {"error": why}
+
+    def check(self, handler):
+        scheme, _, token = (handler.headers.get("Authorization") or "").partition(" ")
+        proof = handler.headers.get("DPoP")
+        if scheme != "DPoP" or not token or not proof:
+            return self.refuse("no DPoP token and proof")
+        try:
+            claims = self.glewlwyd.verify_oidc(token)
+            head, payload, signature = proof.split(".")
+            header, body = json.loads(b64decode(head)), json.loads(b64decode(payload))
+            assert header["typ"] == "dpop+jwt" and header["alg"] == "ES256", "typ or alg"
+            jwk = header["jwk"]
+            key = ec.EllipticCurvePublicNumbers(int.from_bytes(b64decode(jwk["x"]), "big"),
+                                                int.from_bytes(b64decode(jwk["y"]), "big"),
+                                                ec.SECP256R1()).public_key()
+            raw = b64decode(signature)
+            key.verify(encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big")),
+                       f"{head}.{payload}".encode(), ec.ECDSA(hashes.SHA256()))
+        except Exception as e:  # noqa: BLE001
+            return self.refuse(f"bad token or proof: {e}")
+        if jwk_thumbprint(jwk) != claims.get("cnf", {}).get("jkt"):
+            return self.refuse("the proof's key is not the one the token is bound to")
+        if body.get("htm") != handler.command or body.get("htu") != self.url:
+            return self.refuse("htm or htu")
+        if body.get("ath") != base64.urlsafe_b64encode(hashlib.sha256(token.encode()).digest()).rstrip(b"=").decode():
+            return self.refuse("ath")
+        if abs(body.get("iat", 0) - time.time()) > 60 or body.get("jti") in self.jtis:
+            return self.refuse("stale or replayed")
+        if body.get("nonce") != self.nonce:
+            return self.refuse("use_dpop_nonce", nonce=True)
+        self.jtis.add(body["jti"])
+        return 200, {}, {"sub": claims["sub"], "client_id": claims.get("client_id")}
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 def proof_jkt(proof):
     header = json.loads(base64.urlsafe_b64decode(proof.split(".")[0] + "=="))
     assert header["typ"] == "dpop+jwt" and header["alg"] == "ES256", header
@@ -82,7 +177,7 @@ def test_a_sign_in_binds_the_tokens_to_this_machine_and_a_copied_refresh_token_i
     `tessera status` say so. The refresh token copied out of the keyring is refused by glewlwyd
     from another key and without a proof, and that costs tesserad nothing: its own refresh still
     works, bound to the same key."""
-    start_daemon(dpop_config(write_config, glewlwyd, mode="required"))
+    daemon = start_daemon(dpop_config(write_config, glewlwyd, mode="required"))
     login = run_cli("login", "--provider", NAME, timeout=120)
     assert login.returncode == 0 and "Signed in as alice" in login.stdout, login.stdout + login.stderr
     first = token()
@@ -114,20 +209,36 @@ def test_a_sign_in_binds_the_tokens_to_this_machine_and_a_copied_refresh_token_i
     assert glewlwyd.access_token_jkt(refreshed["access_token"]) == jkt, "the refresh proved the same key"
     assert len(stored(keyring, "dpop_key")) == 1
 
+    # glewlwyd rotates its nonce every few requests: tesserad follows it, refresh after refresh.
+    nonce = glewlwyd.dpop_nonce()
+    for _ in range(4):
+        assert glewlwyd.access_token_jkt(token("--force-refresh")["access_token"]) == jkt
+    assert glewlwyd.dpop_nonce() != nonce, "the nonce rotated mid-session"
+
+    # A restart of tesserad: the binding survives (the key from the keyring signs the refresh).
+    daemon.stop()
+    daemon.start()
+    assert glewlwyd.access_token_jkt(token("--force-refresh")["access_token"]) == jkt
+
+    # Signed out: the key goes with the account; nothing of Tessera's is left in the keyring.
+    run_cli("logout", check_rc=0)
+    assert keyring.tessera_items() == []
+
 
 def test_an_app_gets_proofs_for_its_own_token_and_curl_reaches_the_resource(
         start_daemon, write_config, glewlwyd, tmp_path):
-    """`tessera proof` for the token `tessera token` printed: curl with both headers gets alice's
-    userinfo from glewlwyd, the resource's nonce taken with --nonce, and the proof is made with the
-    key the token is bound to. Another program that never got the token gets no proof for it
-    (GetProof refuses it), and a bearer token gets none either."""
+    """`tessera proof` for the token `tessera token` printed: curl with both headers (the README's
+    recipe) reaches a resource server that checks DPoP fully, taking its nonce with --nonce; a
+    proof from another key for the same token is refused there. Another program that was never
+    handed the token gets no proof for it (GetProof refuses), until it asks for the token itself."""
     start_daemon(dpop_config(write_config, glewlwyd))
     assert run_cli("login", "--provider", NAME, timeout=120).returncode == 0
-    url = glewlwyd.oidc_endpoint("userinfo")
-    ca = os.environ["TESSERA_IDP_CA"]
-    # The README's recipe, with the resource's nonce: the first answer names it, the second proof
-    # carries it.
-    script = f"""set -e
+    resource = DPoPResource(glewlwyd)
+    try:
+        url = resource.url
+        ca = os.environ["TESSERA_IDP_CA"]
+        # The README's recipe; the first answer names the resource's nonce, the second proof carries it.
+        script = f"""set -e
 url={url}
 at=$(tessera token --provider {NAME})
 curl -s -o /dev/null -D headers --cacert {ca} -H "Authorization: DPoP $at" \\
@@ -137,25 +248,35 @@ proof=$(tessera proof --provider {NAME} --method GET --url "$url" ${{nonce:+--no
 echo "$proof" >proof
 curl -sf --cacert {ca} -H "Authorization: DPoP $at" -H "DPoP: $proof" "$url"
 """
-    env = dict(os.environ, PATH=os.path.dirname(TESSERA) + os.pathsep + os.environ["PATH"])
-    out = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert json.loads(out.stdout)["preferred_username"] == "alice", out.stdout
-    at = token()["access_token"]
-    assert proof_jkt((tmp_path / "proof").read_text().strip()) == glewlwyd.access_token_jkt(at)
+        env = dict(os.environ, PATH=os.path.dirname(TESSERA) + os.pathsep + os.environ["PATH"])
+        out = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr + str(resource.refusals)
+        at = token()["access_token"]
+        assert json.loads(out.stdout) == {"sub": glewlwyd.verify_oidc(at)["sub"], "client_id": OIDC_CLIENT}
+        assert resource.refusals == ["use_dpop_nonce"], "refused once, for its nonce"
+        assert proof_jkt((tmp_path / "proof").read_text().strip()) == glewlwyd.access_token_jkt(at)
 
-    # Another program on the bus that never got the token: no proof.
-    bus = dbus.SessionBus()
-    broker = dbus.Interface(bus.get_object(BUS_NAME, OBJECT_PATH), IFACE)
-    expect_error("AccessDenied", broker.GetProof, "GET", url, at, dbus.Dictionary({}, signature="sv"))
-    # Once it gets the token itself, it gets proofs for it.
-    got = broker.AcquireTokenSilent(OIDC_CLIENT, dbus.Array(["read"], signature="s"), "",
-                                    dbus.Dictionary({"provider": NAME}, signature="sv"))
-    assert str(got["access_token"]) == at
-    proof = str(broker.GetProof("GET", url, at, dbus.Dictionary({}, signature="sv")))
-    assert proof_jkt(proof) == glewlwyd.access_token_jkt(at)
-    expect_error("InvalidArgument", broker.GetProof, "GET", "ftp://x/", at, dbus.Dictionary({}, signature="sv"))
-    expect_error("InvalidArgument", broker.GetProof, "GET", url, "not-a-token", dbus.Dictionary({}, signature="sv"))
+        # Another key's proof for the same token: refused by a server that checks.
+        thief = DPoPKey().proof("GET", url, nonce=resource.nonce, access_token=at)
+        r = requests.get(url, headers={"Authorization": f"DPoP {at}", "DPoP": thief}, verify=ca, timeout=30)
+        assert r.status_code == 401 and resource.refusals[-1].startswith("the proof's key"), r.text
+
+        # Another program on the bus that never got the token: no proof.
+        bus = dbus.SessionBus()
+        broker = dbus.Interface(bus.get_object(BUS_NAME, OBJECT_PATH), IFACE)
+        none = dbus.Dictionary({}, signature="sv")
+        expect_error("AccessDenied", broker.GetProof, "GET", url, at, none)
+        # Once it gets the token itself, it gets proofs for it, with the resource's nonce.
+        got = broker.AcquireTokenSilent(OIDC_CLIENT, dbus.Array(["read"], signature="s"), "",
+                                        dbus.Dictionary({"provider": NAME}, signature="sv"))
+        assert str(got["access_token"]) == at
+        proof = str(broker.GetProof("GET", url, at, dbus.Dictionary({"nonce": resource.nonce}, signature="sv")))
+        r = requests.get(url, headers={"Authorization": f"DPoP {at}", "DPoP": proof}, verify=ca, timeout=30)
+        assert r.status_code == 200, r.text
+        expect_error("InvalidArgument", broker.GetProof, "GET", "ftp://x/", at, none)
+        expect_error("InvalidArgument", broker.GetProof, "GET", url, "not-a-token", none)
+    finally:
+        resource.close()
 
 
 def test_the_device_code_sign_in_binds_too(start_daemon, write_config, glewlwyd):
