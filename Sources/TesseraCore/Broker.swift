@@ -119,7 +119,7 @@ public actor Broker {
   var dpopNonces: [String: String] = [:]
   /// Which apps (AppIdentity keys) were handed each key-bound access token (by its hash): only
   /// they get proofs for it (GetProof).
-  var proofRecipients: [String: Set<String>] = [:]
+  var proofRecipients: [String: HandedOut] = [:]
 
   public init(config: BrokerConfig, dependencies: BrokerDependencies, logger: Logger) {
     self.config = config
@@ -421,7 +421,8 @@ public actor Broker {
     // Sent with a proof: bound to its key (or refused where dpop = "required" and it is not).
     let bound: Bool
     do {
-      bound = try checkBinding(response, key: proofKey, authority: authority, clientID: clientID)
+      bound = try checkBinding(
+        response, key: proofKey, authority: authority, clientID: clientID, redeemed: redeemed)
     } catch {
       if knownAccount == nil, let issued = response.refreshToken {
         await revoke(
@@ -468,12 +469,15 @@ public actor Broker {
     // sign-in never finished), never an account without its token.
     let accountWrites = cache.accounts[account.id] != account ? cache.upsert(account: account) : []
     let granted = response.scope.map { $0.split(separator: " ").map(String.init) } ?? scopes
-    // The key goes into the store before the first token bound to it.
+    // The key goes into the store before the first token bound to it. A refresh token stays
+    // bound once it is (a refresh answered with a bearer access token included).
     var boundKey: String?
-    if bound, var key = proofKey {
+    var refreshBoundKey: String?
+    if var key = proofKey, bound || redeemed?.proofKey != nil {
       key.accountID = account.id
       operations += cache.keep(proofKey: key)
-      boundKey = key.thumbprint
+      refreshBoundKey = key.thumbprint
+      if bound { boundKey = key.thumbprint }
     }
     if let newRefreshToken = response.refreshToken {
       // A rotated token is the same grant (RFC 6749 §6: the same scopes); a sign-in's token is
@@ -485,7 +489,7 @@ public actor Broker {
           accountID: account.id, environment: authority.environment, clientID: clientID, authority: authority.url,
           secret: newRefreshToken, familyID: response.foci, scopes: grantScopes,
           expiresOn: response.refreshTokenExpiresIn.map { Int64(deps.clock.now().timeIntervalSince1970) + $0 },
-          proofKey: boundKey),
+          proofKey: refreshBoundKey),
         replacing: redeemed)
     }
     // Family membership is remembered only where families exist (Entra answers `foci`).

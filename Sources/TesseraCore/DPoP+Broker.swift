@@ -45,31 +45,39 @@ extension Broker {
   }
 
   /// The `DPoP` header for a request to `url` made with `key`, carrying the last nonce its server
-  /// sent; no header without a key.
+  /// sent (returned too, to tell a retry from a repeat); no header without a key.
   func proofHeaders(_ key: ProofKeyRecord?, method: String = "POST", url: String, accessToken: String? = nil)
-    async throws -> [(String, String)]
+    async throws -> (headers: [(String, String)], nonce: String?)
   {
-    guard let key else { return [] }
+    guard let key else { return ([], nil) }
     guard let source = deps.proofKeys else {
       throw TesseraError.interactionRequired("This machine cannot use DPoP keys now. Sign in again.")
     }
+    let nonce = dpopNonces[Self.origin(url)]
     let proof = try await ProofBuilder.proof(
-      key: key, source: source, method: method, url: url, now: deps.clock.now(), nonce: dpopNonces[Self.origin(url)],
+      key: key, source: source, method: method, url: url, now: deps.clock.now(), nonce: nonce,
       accessToken: accessToken)
-    return [("DPoP", proof)]
+    return ([("DPoP", proof)], nonce)
   }
 
-  /// Keeps the nonce a server sent (`DPoP-Nonce`, §8) for its next proof; true when it is new.
-  @discardableResult
-  func noteNonce(_ response: HTTPResponse, url: String) -> Bool {
-    guard let nonce = response.headers["dpop-nonce"], !nonce.isEmpty, nonce.utf8.count <= 1024,
-      nonce.utf8.allSatisfy({ (0x21...0x7E).contains($0) })  // NQCHAR (§8.1)
-    else { return false }
+  /// Keeps the nonce a server sent (`DPoP-Nonce`, §8) for its next proof. Whether the request that
+  /// got `response` goes once more with it: the server asked for its nonce (use_dpop_nonce), the
+  /// proof did not carry that nonce (another request may have kept it meanwhile: what counts is
+  /// what this proof carried), and this was not the retry already.
+  func noteNonce(_ response: HTTPResponse, url: String, sent: String?, retried: Bool) -> Bool {
+    guard let nonce = response.headers["dpop-nonce"], Self.isNonce(nonce) else { return false }
     let origin = Self.origin(url)
-    guard dpopNonces[origin] != nonce else { return false }
-    if dpopNonces.count >= 64 { dpopNonces.removeAll() }  // bounded: nonces are only ever a hint
-    dpopNonces[origin] = nonce
-    return true
+    if dpopNonces[origin] != nonce {
+      if dpopNonces.count >= 64 { dpopNonces.removeAll() }  // bounded: nonces are only ever a hint
+      dpopNonces[origin] = nonce
+    }
+    return !retried && nonce != sent && Self.asksForNonce(response)
+  }
+
+  /// NQCHAR (RFC 9449 §8.1): visible ASCII but `"` and `\`; 1 to 1024 of them.
+  static func isNonce(_ value: String) -> Bool {
+    !value.isEmpty && value.utf8.count <= 1024
+      && value.utf8.allSatisfy { (0x21...0x7E).contains($0) && $0 != 0x22 && $0 != 0x5C }
   }
 
   /// Whether an answer asks for a proof with the nonce it carries (§8: `use_dpop_nonce`, in the
@@ -86,17 +94,23 @@ extension Broker {
   static func origin(_ url: String) -> String {
     guard let colon = url.firstIndex(of: ":"), url[colon...].hasPrefix("://") else { return url }
     let rest = url[url.index(colon, offsetBy: 3)...]
-    return String(url[..<colon]).lowercased() + "://"
-      + rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }.lowercased()
+    let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+    // Never credentials in it (it reaches the log): the host and port alone.
+    let host = authority.lastIndex(of: "@").map { authority[authority.index(after: $0)...] } ?? authority
+    return String(url[..<colon]).lowercased() + "://" + host.lowercased()
   }
 
-  /// A token answer to a request that carried a proof: bound, or (where `required`) refused.
-  func checkBinding(_ response: TokenResponse, key: ProofKeyRecord?, authority: Authority, clientID: String) throws
-    -> Bool
-  {
+  /// A token answer to a request that carried a proof: whether its access token is bound (its
+  /// `token_type` says DPoP). A sign-in where dpop = "required" and the answer is not bound is
+  /// refused; a refresh of a bound refresh token is not (that token stays bound whatever type
+  /// the access token has: RFC 9449 §5 binds a public client's refresh token to the key).
+  func checkBinding(
+    _ response: TokenResponse, key: ProofKeyRecord?, authority: Authority, clientID: String,
+    redeemed: RefreshTokenRecord?
+  ) throws -> Bool {
     guard key != nil else { return false }
     if DPoP.isBound(tokenType: response.tokenType) { return true }
-    if dpopMode(for: authority, clientID: clientID) == .required {
+    if dpopMode(for: authority, clientID: clientID) == .required && redeemed?.proofKey == nil {
       throw TesseraError.provider(
         "\(authority.url) answered with a \(SafeText.clip(response.tokenType, limit: 32)) token, not one bound to this machine's key, though dpop = \"required\" for it; the token was not kept. Set dpop = \"auto\" for it in config.toml to take bearer tokens."
       )

@@ -164,19 +164,19 @@ extension Broker {
     async throws -> [String: String]
   {
     var response: HTTPResponse
-    var askedForNonce = false
-    repeat {
+    var retried = false
+    while true {
+      let dpop = try await proofHeaders(proofKey, method: "GET", url: url, accessToken: token)
       response = try await deps.http.send(
         HTTPRequest(
           method: "GET", url: url,
           headers: [
             ("Authorization", "\(proofKey == nil ? "Bearer" : DPoP.tokenType) \(token)"),
             ("Accept", "application/json"),
-          ]
-            + (try await proofHeaders(proofKey, method: "GET", url: url, accessToken: token))))
-      let newNonce = proofKey != nil && noteNonce(response, url: url)
-      askedForNonce = !askedForNonce && newNonce && Self.asksForNonce(response)
-    } while askedForNonce
+          ] + dpop.headers))
+      guard proofKey != nil, noteNonce(response, url: url, sent: dpop.nonce, retried: retried) else { break }
+      retried = true
+    }
     guard response.status == 200 else {
       if response.status >= 500 || response.status == 429 {
         throw TesseraError.network(

@@ -344,6 +344,7 @@ extension Broker {
       guard deps.clock.now() < deadline else {
         throw TesseraError.timedOut("Nobody entered the device code in time. Start the sign-in again.")
       }
+      let dpop = try await proofHeaders(proofKey, url: metadata.tokenEndpoint)
       let poll = try await deps.http.send(
         .form(
           metadata.tokenEndpoint,
@@ -352,10 +353,10 @@ extension Broker {
             ("device_code", device.device_code), ("client_info", "1"),
           ] + client.fields,
           headers: [("client-request-id", request.correlationID), ("Accept", "application/json")] + client.headers
-            + (try await proofHeaders(proofKey, url: metadata.tokenEndpoint))))
+            + dpop.headers))
       // A nonce the server asks for is sent at once, once (RFC 9449 §8); a later one waits its turn.
-      let newNonce = proofKey != nil && noteNonce(poll, url: metadata.tokenEndpoint)
-      nonceRetry = !nonceRetry && newNonce && Self.asksForNonce(poll)
+      nonceRetry =
+        proofKey != nil && noteNonce(poll, url: metadata.tokenEndpoint, sent: dpop.nonce, retried: nonceRetry)
       if nonceRetry { continue }
       // Read whatever the status: GitHub answers authorization_pending and slow_down with HTTP 200.
       let error = OAuthErrorResponse.decode(poll.body)

@@ -282,18 +282,19 @@ extension Broker {
         detail: ErrorDetail(providerAskedToWait: true))
     }
     var response: HTTPResponse
-    var askedForNonce = false
-    repeat {
+    var retried = false
+    while true {
+      let dpop = try await proofHeaders(proof, url: endpoint)
       // No cancellation check after this: a refresh token the IdP has rotated must be stored.
       response = try await deps.http.send(
         .form(
           endpoint, fields + client.fields,
           headers: [
             ("client-request-id", correlationID), ("return-client-request-id", "true"), ("Accept", "application/json"),
-          ] + client.headers + (try await proofHeaders(proof, url: endpoint))))
-      let newNonce = proof != nil && noteNonce(response, url: endpoint)
-      askedForNonce = !askedForNonce && newNonce && Self.asksForNonce(response)
-    } while askedForNonce
+          ] + client.headers + dpop.headers))
+      guard proof != nil, noteNonce(response, url: endpoint, sent: dpop.nonce, retried: retried) else { break }
+      retried = true
+    }
     guard response.status == 200 else {
       if response.status == 429 || response.status == 503,
         let seconds = OAuthErrorResponse.retryAfterSeconds(response.headers["retry-after"]), seconds > 0

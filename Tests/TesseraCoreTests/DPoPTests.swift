@@ -71,6 +71,96 @@ final class DPoPTests: XCTestCase {
     XCTAssertEqual(h.store.secrets(kind: "dpop_key").count, 2)
   }
 
+  func testARequestGoesOnceMoreWithTheNonceItsProofLackedEvenWhenAnotherKeptItFirst() async throws {
+    // Two requests left with the nonce the server sent last; it rotated meanwhile and both were
+    // asked for the new one. The first kept it; the second, whose proof did not carry it either,
+    // must still go once more: what counts is what each proof carried.
+    let h = await harness()
+    let url = FakeIdP.authority + "/token"
+    let asked = HTTPResponse(
+      status: 400, headers: ["dpop-nonce": "n2"], body: Array(#"{"error":"use_dpop_nonce"}"#.utf8))
+    let firstRetries = await h.broker.noteNonce(asked, url: url, sent: "n1", retried: false)
+    XCTAssertTrue(firstRetries)
+    let secondRetries = await h.broker.noteNonce(asked, url: url, sent: "n1", retried: false)
+    XCTAssertTrue(secondRetries, "the nonce already kept by the first does not stop the second")
+    let repeatRetries = await h.broker.noteNonce(asked, url: url, sent: "n2", retried: false)
+    XCTAssertFalse(repeatRetries, "a proof that carried it is not sent again")
+    let afterRetry = await h.broker.noteNonce(asked, url: url, sent: "n1", retried: true)
+    XCTAssertFalse(afterRetry, "once only")
+    let quoted = HTTPResponse(
+      status: 400, headers: ["dpop-nonce": "n\"3"], body: Array(#"{"error":"use_dpop_nonce"}"#.utf8))
+    let badNonce = await h.broker.noteNonce(quoted, url: url, sent: nil, retried: false)
+    XCTAssertFalse(badNonce, "a nonce outside NQCHAR is not taken")
+  }
+
+  func testARefreshAnsweredWithABearerAccessTokenKeepsTheRefreshTokenBound() async throws {
+    // RFC 9449 §5: a public client's refresh token is bound to the key; an access token may still
+    // be a bearer one (a resource that takes no DPoP). The rotated refresh token stays bound, and
+    // the next refresh proves the same key.
+    let h = await harness(.required)
+    let server = try XCTUnwrap(h.idp.dpop.withLock { $0 })
+    try await h.signIn()
+    server.binds.withLock { $0 = false }
+    h.clock.advance(3600)
+    let bearer = try await h.broker.acquireTokenSilent(try h.request())
+    XCTAssertEqual(bearer["token_type"], .string("Bearer"), "required, yet a refresh of a bound token is kept")
+    await h.broker.finishStoreWrites()
+    let refresh = h.store.secrets(kind: "refresh_token")[0]
+    XCTAssertTrue(refresh.contains(#""proofKey""#), "the rotated refresh token is still bound: \(refresh)")
+    XCTAssertEqual(h.store.secrets(kind: "dpop_key").count, 1, "its key kept")
+    h.clock.advance(3600)
+    _ = try await h.broker.acquireTokenSilent(try h.request())
+    let keys = Set(server.accepted.withLock { $0.map(\.jkt) })
+    XCTAssertEqual(keys.count, 1, "every refresh proved the one key")
+  }
+
+  func testAProofIsForTheAppThatWasHandedTheTokenAndNeverForTheProvidersOwnEndpoints() async throws {
+    var config = BrokerConfig.fakeIdP
+    config.accessMode = .open
+    let h = await Harness(config: config, proofKeys: SoftwareProofKeys())
+    h.idp.dpop.withLock { $0 = FakeDPoPServer() }
+    let app = CallerInfo(busName: ":1.60", pid: 60, uid: 1000, app: AppIdentity(kind: .flatpak, id: "org.example.A"))
+    let other = CallerInfo(busName: ":1.61", pid: 61, uid: 1000, app: AppIdentity(kind: .flatpak, id: "org.example.B"))
+    var request = try h.request()
+    request.caller = app
+    _ = try await h.broker.acquireTokenInteractive(request, caller: app)
+    let silent = try await h.broker.acquireTokenSilent(request)
+    let token = try XCTUnwrap(silent["access_token"]?.stringValue)
+    let url = "https://api.idp.test/me?x=1"
+    let proof = try await h.broker.proof(method: "GET", url: url, accessToken: token, nonce: nil, caller: app)
+    let (_, claims) = try await FakeDPoPServer.verify(proof)
+    XCTAssertEqual(claims.htu, "https://api.idp.test/me")
+    XCTAssertEqual(claims.ath, DPoP.tokenHash(token))
+    // Not handed the token: no proof, whatever the policy would let it do.
+    await XCTAssertThrowsTessera(.accessDenied) {
+      _ = try await h.broker.proof(method: "GET", url: url, accessToken: token, nonce: nil, caller: other)
+    }
+    // The provider's token endpoint: never (a copy of the refresh token would redeem elsewhere).
+    await XCTAssertThrowsTessera(.accessDenied) {
+      _ = try await h.broker.proof(
+        method: "POST", url: FakeIdP.authority + "/token", accessToken: token, nonce: nil, caller: app)
+    }
+    // A refresh replaced the token in the cache: the app still holds it, and still gets proofs.
+    h.clock.advance(3600 - 200)
+    var forced = request
+    forced.forceRefresh = true
+    let refreshed = try await h.broker.acquireTokenSilent(forced)
+    let newer = try XCTUnwrap(refreshed["access_token"]?.stringValue)
+    XCTAssertNotEqual(newer, token)
+    _ = try await h.broker.proof(method: "GET", url: url, accessToken: token, nonce: nil, caller: app)
+    // Expired: none.
+    h.clock.advance(400)
+    await XCTAssertThrowsTessera(.invalidArgument) {
+      _ = try await h.broker.proof(method: "GET", url: url, accessToken: token, nonce: nil, caller: app)
+    }
+    // Credentials in the URL, a stray nonce: refused as arguments.
+    for (badURL, badNonce) in [("http://127.0.0.1:80@evil.test/", nil), (url, "a\"b")] as [(String, String?)] {
+      await XCTAssertThrowsTessera(.invalidArgument) {
+        _ = try await h.broker.proof(method: "GET", url: badURL, accessToken: newer, nonce: badNonce, caller: app)
+      }
+    }
+  }
+
   func testTheDeviceCodeFlowBindsToo() async throws {
     let h = await harness()
     let result = try await h.broker.acquireTokenInteractive(
@@ -102,6 +192,7 @@ final class DPoPTests: XCTestCase {
     }
     do {
       _ = try await restarted.acquireTokenSilent(try h.request())
+      XCTFail("refreshed without the key")
     } catch let error as TesseraError {
       XCTAssertTrue(error.message.contains("this machine's key changed"), error.message)
     }
