@@ -51,13 +51,14 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
     }
   }
 
-  public var kind: ProofKeyKind { .tpm }
+  /// `tpm`, or `software` while the TPM fails to make keys (then they are made in software).
+  public var kind: ProofKeyKind { failure.withLock { $0 } == nil ? .tpm : .software }
 
   /// A key in the TPM; should the TPM fail, a software key, so that the sign-in goes on (and
   /// `tessera status` says why).
   public func create() async throws -> (kind: ProofKeyKind, jwk: ProofJWK, blob: String) {
     do {
-      let made = try await run { try self.createKey() }
+      let made = try await run { try self.withTPM { try self.createKey($0, $1, $2) } }
       failure.withLock { $0 = nil }
       return (.tpm, made.jwk, made.blob)
     } catch {
@@ -69,7 +70,7 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
   public func sign(_ input: [UInt8], kind: ProofKeyKind, blob: String) async throws -> [UInt8] {
     guard kind == .tpm else { return try await software.sign(input, kind: kind, blob: blob) }
     let digest = Array(SHA256.hash(data: input))
-    return try await run { try self.signDigest(digest, blob: blob) }
+    return try await run { try self.withTPM { try self.signDigest(digest, blob: blob, $0, $1, $2) } }
   }
 
   private func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
@@ -79,6 +80,52 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
   }
 
   // MARK: On the queue
+
+  /// A TPM call that failed below the TPM itself (ESAPI, the TCTI, the resource manager), or with
+  /// a handle the TPM no longer has (it restarted): the context is opened again and the call
+  /// made once more.
+  struct Stale: Error {
+    var rc: TSS2_RC
+    var what: String
+  }
+
+  /// Runs `body` with the opened TPM; on a stale context, opens it again and runs it once more.
+  private func withTPM<T>(_ body: (Tss2Library, OpaquePointer?, ESYS_TR) throws -> T) throws -> T {
+    var attempt = 0
+    while true {
+      do {
+        let (library, esys, primary) = try opened()
+        return try body(library, esys, primary)
+      } catch let failure as Stale {
+        reset()
+        attempt += 1
+        guard attempt < 2 else {
+          throw TesseraError.environment(
+            "The TPM could not \(failure.what) (tpm2-tss error 0x\(String(failure.rc, radix: 16))). Try again; `tessera status` says which keys are in use."
+          )
+        }
+      }
+    }
+  }
+
+  /// Forgets the opened context (a stale one): the next call opens the TPM again.
+  private func reset() {
+    dispatchPrecondition(condition: .onQueue(queue))
+    guard var opened = state else { return }
+    opened.library.finalize(&opened.esys)
+    opened.library.tctiFinalize(&opened.tcti)
+    state = nil
+  }
+
+  /// Whether `rc` is the TPM's own answer about the command's inputs (a key blob it will not
+  /// load: integrity, binding, size...) rather than a layer below it or a handle it lost.
+  static func isTPMAnswer(_ rc: TSS2_RC) -> Bool {
+    let layer = (rc >> 16) & 0xFF
+    let formatOne = rc & 0x80 != 0
+    let handle = formatOne && rc & 0x3F == 0x0B  // TPM_RC_HANDLE: the parent is gone
+    let initialize = rc & 0xFFF == 0x100  // TPM_RC_INITIALIZE: the TPM restarted
+    return layer == 0 && !handle && !initialize
+  }
 
   /// ESAPI and the storage primary key, opened once: the primary key is derived from the owner
   /// hierarchy's seed and the template, so the same TPM gives the same key at every start, and a
@@ -127,8 +174,9 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
     return (library, esys, primary)
   }
 
-  private func createKey() throws -> (jwk: ProofJWK, blob: String) {
-    let (library, esys, primary) = try opened()
+  private func createKey(_ library: Tss2Library, _ esys: OpaquePointer?, _ primary: ESYS_TR) throws -> (
+    jwk: ProofJWK, blob: String
+  ) {
     var template = TPM2B_PUBLIC()
     template.publicArea.type = TPM.algECC
     template.publicArea.nameAlg = TPM.algSHA256
@@ -167,8 +215,9 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
     return (jwk, blob)
   }
 
-  private func signDigest(_ digest: [UInt8], blob: String) throws -> [UInt8] {
-    let (library, esys, primary) = try opened()
+  private func signDigest(
+    _ digest: [UInt8], blob: String, _ library: Tss2Library, _ esys: OpaquePointer?, _ primary: ESYS_TR
+  ) throws -> [UInt8] {
     let parts = blob.split(separator: ".", omittingEmptySubsequences: false)
     guard parts.count == 2, let privateData = Base64URL.decode(String(parts[0])),
       let publicData = Base64URL.decode(String(parts[1]))
@@ -188,12 +237,15 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
       }) == 0
     else { throw Self.keyChanged }
     var key = ESYS_TR(ESYS_TR_NONE)
-    // A blob this TPM cannot load: another TPM's, or this one's from before it was cleared.
-    guard
-      library.load(
-        esys, primary, ESYS_TR(ESYS_TR_PASSWORD), ESYS_TR(ESYS_TR_NONE), ESYS_TR(ESYS_TR_NONE), &inPrivate, &inPublic,
-        &key) == 0
-    else { throw Self.keyChanged }
+    let loaded = library.load(
+      esys, primary, ESYS_TR(ESYS_TR_PASSWORD), ESYS_TR(ESYS_TR_NONE), ESYS_TR(ESYS_TR_NONE), &inPrivate, &inPublic,
+      &key)
+    if loaded != 0 {
+      // The TPM will not load the blob: another TPM's, or this one's from before it was cleared.
+      // Anything else (a layer below, a lost parent) is a stale context, opened again.
+      if Self.isTPMAnswer(loaded) { throw Self.keyChanged }
+      throw Stale(rc: loaded, what: "load a key")
+    }
     defer { _ = library.flush(esys, key) }
     var toSign = TPM2B_DIGEST()
     toSign.size = UInt16(digest.count)
@@ -230,8 +282,11 @@ public final class TPMProofKeys: ProofKeySource, @unchecked Sendable {
     return [UInt8](repeating: 0, count: width - size) + value
   }
 
+  /// A failed call: the TPM's own refusal is said as it is; a failure below it (or a lost handle)
+  /// is a stale context, opened again by withTPM.
   private func check(_ rc: TSS2_RC, _ what: String) throws {
     guard rc != 0 else { return }
+    guard Self.isTPMAnswer(rc) else { throw Stale(rc: rc, what: what) }
     throw TesseraError.environment(
       "The TPM could not \(what) (tpm2-tss error 0x\(String(rc, radix: 16))). `tessera status` says which keys are in use; tokens keep working with software keys."
     )

@@ -22,7 +22,8 @@ final class TPMProofKeysTests: XCTestCase {
       directory = state
       let socket = state + "/swtpm.sock"
       unlink(socket)
-      guard let swtpm = ([String](["/usr/bin/swtpm", "/usr/local/bin/swtpm"])).first(where: { access($0, X_OK) == 0 }) else {
+      guard let swtpm = ([String](["/usr/bin/swtpm", "/usr/local/bin/swtpm"])).first(where: { access($0, X_OK) == 0 })
+      else {
         throw XCTSkip("swtpm is not installed here (scripts/test installs it: apt-get install swtpm)")
       }
       process.executableURL = URL(fileURLWithPath: swtpm)
@@ -108,6 +109,10 @@ final class TPMProofKeysTests: XCTestCase {
     let again = TPMProofKeys(tcti: tpm.tcti, summary: "the TPM")
     let second = try await again.sign(input, kind: .tpm, blob: made.blob)
     XCTAssertTrue(try verify(second, input, jwk: made.jwk))
+    // The TPM restarted under a running tesserad: its context is stale, opened again, and it signs.
+    let third = try await keys.sign(input, kind: .tpm, blob: made.blob)
+    XCTAssertTrue(try verify(third, input, jwk: made.jwk))
+    XCTAssertEqual(keys.kind, .tpm)
   }
 
   func testATPMClearedOrAnotherMachinesLoadsNoKeyAndSaysSignInAgain() async throws {
