@@ -19,9 +19,13 @@ import TesseraInterface
 /// is instead a plain OAuth 2.0 server with RFC 8414 metadata (part 0, served at
 /// `/.well-known/oauth-authorization-server/as`), whose userinfo endpoint answers part 6.
 ///
-/// A part that starts with `HTTP 429\n` (any three digits) is sent with that status, else 200.
-/// Each input meets a fresh engine (fake clock, fake keyring), so inputs do not depend on each
-/// other.
+/// A part that starts with `HTTP 429\n` (any three digits) is sent with that status, else 200;
+/// a `DPoP-Nonce: VALUE\n` line after it is sent as that header (RFC 9449's server nonce). The
+/// engine has DPoP keys (software): discovery that lists ES256 in
+/// `dpop_signing_alg_values_supported` sends proofs, and the answers' nonces, `use_dpop_nonce` and
+/// `invalid_dpop_proof` errors and token types are read as from a server that binds tokens; after
+/// the sign-in, a proof for the access token is asked for (GetProof). Each input meets a fresh
+/// engine (fake clock, fake keyring), so inputs do not depend on each other.
 enum FuzzProvider {
   /// A P-256 key made for these tests only (it signs nothing anywhere else).
   static let pem = """
@@ -49,7 +53,14 @@ enum FuzzProvider {
     if part.count >= 9, Array(part[0..<5]) == prefix, part[8] == UInt8(ascii: "\n"),
       let status = Int(String(decoding: part[5..<8], as: UTF8.self))
     {
-      return HTTPResponse(status: status, headers: ["retry-after": "1"], body: Array(part[9...]))
+      var headers = ["retry-after": "1"]
+      var body = Array(part[9...])
+      let nonce = Array("DPoP-Nonce: ".utf8)
+      if body.starts(with: nonce), let end = body.firstIndex(of: UInt8(ascii: "\n")) {
+        headers["dpop-nonce"] = String(decoding: body[nonce.count..<end], as: UTF8.self)
+        body = Array(body[(end + 1)...])
+      }
+      return HTTPResponse(status: status, headers: headers, body: body)
     }
     return HTTPResponse(status: 200, body: part)
   }
@@ -129,14 +140,15 @@ enum FuzzProvider {
       config.providers = parts.count > 7 && parts[7] == Array("rfc8414".utf8) ? rfc8414 : provider
       options[RequestOptions.provider.key] = .string("fuzz")
     }
-    let broker = Broker(
-      config: config,
-      dependencies: BrokerDependencies(
-        http: idp, store: FakeStore(), browser: NoBrowser(),
-        listeners: FakeListeners(answer: { ["code": "c", "state": $0] }), events: RecordingEvents(), clock: clock),
-      logger: quiet)
+    var dependencies = BrokerDependencies(
+      http: idp, store: FakeStore(), browser: NoBrowser(),
+      listeners: FakeListeners(answer: { ["code": "c", "state": $0] }), events: RecordingEvents(), clock: clock)
+    dependencies.proofKeys = SoftwareProofKeys()
+    let broker = Broker(config: config, dependencies: dependencies, logger: quiet)
     let front = TesseraFront(broker: broker, logger: quiet, clock: clock)
-    let caller = CallerInfo(busName: ":1.42")
+    // An app the broker identified: it may ask for proofs for the tokens it is handed.
+    let caller = CallerInfo(
+      busName: ":1.42", pid: 42, uid: 1000, app: AppIdentity(kind: .executable, id: "/usr/bin/fuzz"))
     guard
       let signIn = try? RequestParser.tokenRequest(
         clientID: "", scopes: [], accountID: "",
@@ -144,6 +156,10 @@ enum FuzzProvider {
       let result = try? await front.signIn(signIn, caller: caller),
       let accountID = result["account"]?.dictValue?["id"]?.stringValue
     else { return false }
+    if let token = result["access_token"]?.stringValue {
+      _ = try? await broker.proof(
+        method: "GET", url: "https://api.idp.test/r?q=1", accessToken: token, nonce: "n", caller: caller)
+    }
     for more: [String: BusValue] in [[:], [RequestOptions.forceRefresh.key: .bool(true)]] {
       if let silent = try? RequestParser.tokenRequest(
         clientID: "", scopes: [], accountID: accountID, options: options.merging(more) { $1 })
