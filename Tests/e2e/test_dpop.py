@@ -36,11 +36,11 @@ USER_CODE_RE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}\b")
 NAME = "glwd-dpop"
 
 
-def dpop_config(write_config, glewlwyd, mode="auto", plain=False):
+def dpop_config(write_config, glewlwyd, mode="auto", plain=False, **settings):
     """config.toml with a [[provider]] for glewlwyd's OpenID Connect plugin (discovery), `dpop` as
     given; with `plain`, the plain OAuth 2.0 plugin instead (no metadata, so no DPoP)."""
     config = write_config(redirect_port=glewlwyd.redirect_port,
-                          browser=f"{sys.executable} {BROWSER} {glewlwyd.browser_state}")
+                          browser=f"{sys.executable} {BROWSER} {glewlwyd.browser_state}", **settings)
     if plain:
         table = f"""
 [[provider]]
@@ -426,3 +426,59 @@ def test_with_a_tpm_the_key_is_made_in_it_and_a_cleared_tpm_means_sign_in_again(
         assert key["kind"] == "tpm" and glewlwyd.access_token_jkt(again["access_token"]) == attributes["jkt"]
     finally:
         tpm.stop()
+
+
+def test_the_file_store_and_its_key_copied_to_another_machine_are_worthless_there(write_config, glewlwyd, tmp_path):
+    """A machine without a session bus keeps its accounts in the file store; its tokens are bound
+    to a key in its TPM (swtpm here). The store and the key that seals it are copied to a second
+    machine with a TPM of its own: there the account is named, but its refresh token cannot be
+    used (the key is the first TPM's: "needs sign-in: this machine's key changed"), and the refresh
+    token read out of the copy is refused by glewlwyd from any other key. The first machine keeps
+    working."""
+    import shutil
+
+    from tessera_file_store import FileStoreView
+    from test_no_session_bus import Bare
+
+    config = dpop_config(write_config, glewlwyd, mode="required", store="file")
+    machines = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        tpm = SoftwareTPM(str(tmp_path / name))
+        tpm.start()
+        machine = Bare(tmp_path / name, config, browser=type("NoBrowser", (), {"path": ""})())
+        machine.env["TESSERA_TPM_TCTI"] = tpm.tcti
+        machines.append((machine, tpm))
+    (first, first_tpm), (second, second_tpm) = machines
+    try:
+        first.start()
+        assert first.cli("login", "--provider", NAME, timeout=120).returncode == 0
+        assert json.loads(first.ok("token", "--provider", NAME, "--json"))["token_type"] == "DPoP"
+        first.stop()
+
+        # The copy: the sealed records and the key that opens them, as a backup holds them.
+        shutil.copytree(tmp_path / "first" / "state" / "tessera", tmp_path / "second" / "state" / "tessera")
+        (tmp_path / "second" / "config" / "tessera").mkdir(parents=True)
+        shutil.copy2(tmp_path / "first" / "config" / "tessera" / "store.key",
+                     tmp_path / "second" / "config" / "tessera" / "store.key")
+        view = FileStoreView(tmp_path / "second" / "state" / "tessera" / "store",
+                             tmp_path / "second" / "config" / "tessera" / "store.key")
+        records = {attributes["kind"]: json.loads(secret) for _, attributes, _, secret in view.records()}
+        assert records["dpop_key"]["kind"] == "tpm", "the key itself is in the first TPM: only its wrapped copy here"
+        stolen = records["refresh_token"]["secret"]
+
+        second.start()
+        assert [a["username"] for a in json.loads(second.ok("accounts", "--json"))] == ["alice"]
+        refused = second.cli("token", "--provider", NAME, "--force-refresh")
+        assert refused.returncode == 4 and "this machine's key changed" in refused.stderr, refused.stderr
+        second.stop()
+        elsewhere = glewlwyd.oidc_redeem(stolen, DPoPKey())
+        assert elsewhere.status_code in (400, 403) and elsewhere.json().get("error") == "invalid_dpop_proof", \
+            elsewhere.text
+
+        first.start()
+        assert json.loads(first.ok("token", "--provider", NAME, "--force-refresh", "--json"))["token_type"] == "DPoP"
+    finally:
+        for machine, tpm in machines:
+            machine.stop()
+            tpm.stop()
