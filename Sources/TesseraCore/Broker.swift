@@ -418,29 +418,19 @@ public actor Broker {
     requestedScopes scopes: [String], nonce: String?, knownAccount: Account?, redeemed: RefreshTokenRecord? = nil,
     hint: String? = nil, proofKey: ProofKeyRecord? = nil
   ) async throws -> TokenResult {
-    // Sent with a proof: bound to its key (or refused where dpop = "required" and it is not).
     let bound: Bool
-    do {
-      bound = try checkBinding(
-        response, key: proofKey, authority: authority, clientID: clientID, redeemed: redeemed)
-    } catch {
-      if knownAccount == nil, let issued = response.refreshToken {
-        await revoke(
-          RefreshTokenRecord(
-            accountID: "", environment: authority.environment, clientID: clientID, authority: authority.url,
-            secret: issued),
-          correlationID: CorrelationID.new())
-      }
-      throw error
-    }
     let identified: (Account, IDTokenClaims?)
     do {
+      // Sent with a proof: bound to its key (or refused where dpop = "required" and it is not).
+      bound = try checkBinding(
+        response, key: proofKey, authority: authority, clientID: clientID, redeemed: redeemed)
       identified = try await identify(
         response, metadata: metadata, authority: authority, clientID: clientID, nonce: nonce,
         knownAccount: knownAccount, hint: hint, proofKey: bound ? proofKey : nil)
     } catch {
-      // A sign-in whose account cannot be named keeps nothing, and leaves no live grant at the
-      // provider either: the refresh token it was just given is revoked.
+      // A sign-in whose answer is refused (its account cannot be named, or it is not bound where it
+      // must be) keeps nothing, and leaves no live grant at the provider either: the refresh token
+      // it was just given is revoked.
       if knownAccount == nil, let issued = response.refreshToken {
         await revoke(
           RefreshTokenRecord(
