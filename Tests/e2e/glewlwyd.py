@@ -52,6 +52,7 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import re
 import secrets
 import signal
@@ -59,6 +60,7 @@ import socket
 import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 
@@ -681,3 +683,30 @@ def glewlwyd():
         if crashed:
             pytest.fail(f"glewlwyd died during the tests:\n{server.output()}")
 
+
+
+# glewlwyd's user codes: 8 characters in two groups, e.g. 3246-68C3.
+USER_CODE_RE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}\b")
+
+
+def device_login(argv, approve):
+    """Runs `argv` (a `tessera login --device-code` command line), calls approve(user_code) with
+    the code it shows, and returns (returncode, stdout, what it showed on stderr)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    shown = ""
+    try:
+        user_code = None
+        while user_code is None:
+            line = lines.get(timeout=60)
+            shown += line
+            found = USER_CODE_RE.findall(line)
+            user_code = found[0] if found else None
+        approve(user_code)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, shown + err

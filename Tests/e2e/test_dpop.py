@@ -12,8 +12,6 @@ import hashlib
 import http.server
 import json
 import os
-import queue
-import re
 import socket
 import subprocess
 import sys
@@ -28,11 +26,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from conftest import BUS_NAME, IDP_DIR, IFACE, OBJECT_PATH, REPO, TESSERA, expect_error, run_cli, wait_until
-from glewlwyd import (INSTANCE, OIDC_CLIENT, OIDC_INSTANCE, DPoPKey, approve_device, glewlwyd,  # noqa: F401
-                      jwk_thumbprint)
+from glewlwyd import (INSTANCE, OIDC_CLIENT, OIDC_INSTANCE, DPoPKey, approve_device, device_login,  # noqa: F401
+                      glewlwyd, jwk_thumbprint)
 
 BROWSER = os.path.join(REPO, "Tests", "e2e", "glewlwyd_browser.py")
-USER_CODE_RE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}\b")
 NAME = "glwd-dpop"
 
 
@@ -283,25 +280,10 @@ def test_the_device_code_sign_in_binds_too(start_daemon, write_config, glewlwyd)
     """`tessera login --device-code` at glewlwyd: the code is approved, the token request carries a
     proof with glewlwyd's nonce, and the token is bound."""
     start_daemon(dpop_config(write_config, glewlwyd, mode="required"))
-    proc = subprocess.Popen([TESSERA, "login", "--provider", NAME, "--device-code", "--timeout", "120"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-    shown = ""
-    try:
-        user_code = None
-        while user_code is None:
-            line = lines.get(timeout=60)
-            shown += line
-            found = USER_CODE_RE.findall(line)
-            user_code = found[0] if found else None
-        approve_device(glewlwyd, "bob", OIDC_CLIENT, user_code, instance=OIDC_INSTANCE, scope="read openid")
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, shown + err
+    rc, out, shown = device_login(
+        [TESSERA, "login", "--provider", NAME, "--device-code", "--timeout", "120"],
+        lambda code: approve_device(glewlwyd, "bob", OIDC_CLIENT, code, instance=OIDC_INSTANCE, scope="read openid"))
+    assert rc == 0, shown
     assert "Signed in as bob" in out, out
     bound = token()
     assert bound["token_type"] == "DPoP" and glewlwyd.access_token_jkt(bound["access_token"]), bound

@@ -17,18 +17,13 @@ instead (the `browser` command of config.toml).
 import base64
 import json
 import os
-import queue
-import re
 import subprocess
 import sys
-import threading
 
 from conftest import REPO, TESSERA, run_cli, wait_until
-from glewlwyd import CONFIDENTIAL_CLIENT, INSTANCE, PUBLIC_CLIENT, SCOPE, approve_device, glewlwyd  # noqa: F401
+from glewlwyd import CONFIDENTIAL_CLIENT, INSTANCE, PUBLIC_CLIENT, SCOPE, approve_device, device_login, glewlwyd  # noqa: F401
 
 BROWSER = os.path.join(REPO, "Tests", "e2e", "glewlwyd_browser.py")
-# glewlwyd's user codes: 8 characters in two groups, e.g. 3246-68C3.
-USER_CODE_RE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}\b")
 
 
 def provider_config(write_config, glewlwyd, tmp_path, name, client_id, secret=None, userinfo=False):
@@ -201,27 +196,11 @@ def test_device_code_sign_in_is_approved_at_glewlwyd(start_daemon, write_config,
     # glewlwyd's metrics count a device grant at the approval and again at the token request: its
     # database says better what was issued.
     issued = len(glewlwyd.refresh_tokens("bob", PUBLIC_CLIENT))
-    proc = subprocess.Popen(
+    rc, out, shown = device_login(
         [TESSERA, "login", "--provider", "glwd-device", "--device-code", "--login-hint", "bob", "--timeout", "120"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-    shown = ""
-    try:
-        user_code = None
-        while user_code is None:
-            line = lines.get(timeout=60)
-            shown += line
-            found = USER_CODE_RE.findall(line)
-            user_code = found[0] if found else None
-        assert glewlwyd.endpoint("device").rstrip("/") in shown, f"the CLI shows where to enter the code: {shown!r}"
-        approve_device(glewlwyd, "bob", PUBLIC_CLIENT, user_code)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, shown + err
+        lambda user_code: approve_device(glewlwyd, "bob", PUBLIC_CLIENT, user_code))
+    assert glewlwyd.endpoint("device").rstrip("/") in shown, f"the CLI shows where to enter the code: {shown!r}"
+    assert rc == 0, shown
     assert "Signed in as bob" in out, out
     assert len(glewlwyd.refresh_tokens("bob", PUBLIC_CLIENT)) == issued + 1, "one device grant redeemed"
     token = json.loads(run_cli("token", "--provider", "glwd-device", "--json", check_rc=0).stdout)
