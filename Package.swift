@@ -145,7 +145,7 @@ let package = Package(
       name: "tessera-bench",
       dependencies: [
         "TesseraInterface", "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem", "CSystemd",
-        .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        "TesseraTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
@@ -196,7 +196,7 @@ let package = Package(
       name: "TesseraPlatformTests",
       dependencies: [
         "TesseraInterface", "TesseraPlatform", "TesseraCore", "TesseraSystem", "TesseraEngineFakes",
-        .product(name: "Crypto", package: "swift-crypto"),
+        "TesseraTestSupport", .product(name: "Crypto", package: "swift-crypto"),
       ],
       resources: []
     ),

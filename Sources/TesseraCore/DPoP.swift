@@ -141,7 +141,7 @@ public struct SoftwareProofKeys: ProofKeySource {
 /// A DPoP proof (RFC 9449 §4.2): a JWS whose header carries the public key. jwt-kit signs only
 /// with keys it holds, and a TPM's key never leaves the TPM, so the two JSON parts are encoded
 /// here and the signature comes from the key's source; the tests check every proof with jwt-kit.
-struct ProofBuilder {
+public enum ProofBuilder {
   struct Header: Encodable {
     var typ = DPoP.type
     var alg = DPoP.algorithm
@@ -157,7 +157,7 @@ struct ProofBuilder {
     var ath: String?
   }
 
-  static func proof(
+  public static func proof(
     key: ProofKeyRecord, source: any ProofKeySource, method: String, url: String, now: Date, nonce: String?,
     accessToken: String? = nil
   ) async throws -> String {

@@ -320,8 +320,13 @@ public enum MachineKeys {
   /// The kernel's TPM resource manager: several programs may use the TPM through it at once.
   public static let device = "/dev/tpmrm0"
 
-  /// `TESSERA_TPM_TCTI` names another TPM (the tests' swtpm: `swtpm:path=SOCKET`).
-  public static func source(environment: [String: String]) -> any ProofKeySource {
+  /// `TESSERA_TPM_TCTI` names another TPM (the tests' swtpm: `swtpm:path=SOCKET`). `mayOpen` is
+  /// whether this user may read and write `device` (Debian's udev rule: 0660 for user and group
+  /// tss); a parameter so that the tests, which run as root, can take the refused branch.
+  public static func source(
+    environment: [String: String], device: String = device,
+    mayOpen: (String) -> Bool = { access($0, R_OK | W_OK) == 0 }
+  ) -> any ProofKeySource {
     if let tcti = environment["TESSERA_TPM_TCTI"], !tcti.isEmpty {
       return TPMProofKeys(tcti: tcti, summary: "keys made and kept by the TPM at \(tcti): they cannot be copied off it")
     }
@@ -329,7 +334,7 @@ public enum MachineKeys {
       return SoftwareProofKeys(
         summary: "software keys, kept in the store with the refresh tokens (this machine has no TPM at \(device))")
     }
-    guard access(device, R_OK | W_OK) == 0 else {
+    guard mayOpen(device) else {
       return SoftwareProofKeys(
         summary:
           "software keys, kept in the store with the refresh tokens: this machine has a TPM (\(device)), but you may not use it. To keep keys in it, run `sudo usermod -aG tss $USER`, log in again, and restart tesserad (`systemctl --user restart tessera`)"

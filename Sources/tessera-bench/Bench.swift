@@ -277,6 +277,34 @@ struct Bench: ParsableCommand {
         id: "refresh_ratio", name: "Refresh: broker / direct", value: refresh.broker / refresh.direct, unit: "×",
         goal: 1.2, lowerIsBetter: true))
 
+    // 4b. What binding tokens to this machine costs (DPoP, issue 40).
+    let dpop = try measureDPoPRefresh(daemon: daemon, env: env)
+    report.add(
+      .init(
+        id: "dpop_refresh", name: "Refresh bound to this machine's key (DPoP, software key), median",
+        value: dpop.dpop.p50, unit: "ms",
+        detail:
+          "bearer refresh at the same glewlwyd \(fmt(dpop.plain.p50)) ms; p90 \(fmt(dpop.dpop.p90)) / \(fmt(dpop.plain.p90)) ms"
+      ))
+    report.add(
+      .init(
+        id: "dpop_refresh_ratio", name: "Refresh: DPoP / bearer, same server", value: dpop.dpop.p50 / dpop.plain.p50,
+        unit: "×", goal: 1.3, lowerIsBetter: true))
+    let proofs = try measureProofs(scratch: env.sessionDir)
+    report.add(
+      .init(
+        id: "dpop_proof_software", name: "DPoP proof with a software key, median", value: proofs.software.p50,
+        unit: "µs", goal: 200, lowerIsBetter: true, detail: "p99 \(fmt(proofs.software.p99)) µs"))
+    switch proofs.tpm {
+    case .success(let tpm):
+      report.add(
+        .init(
+          id: "dpop_proof_tpm", name: "DPoP proof with a key in the TPM (swtpm), median", value: tpm.p50, unit: "µs",
+          detail: "p99 \(fmt(tpm.p99)) µs; a hardware TPM is slower"))
+    case .failure(let why):
+      log("DPoP proof with a key in the TPM: not measured: \(why)")
+    }
+
     // 5c. Memory growth over many silent calls.
     let before = daemon.rssMiB()
     for _ in 0..<growthCalls { _ = try client.call(member: silent.member, arguments: silent.arguments) }

@@ -243,27 +243,40 @@ enum Broker {
 
   /// Device-code sign-in through the broker, approved as the user on "another device".
   static func signInWithDeviceCode(_ client: BusClient, clientID: String, env: Environment) throws -> String {
+    let box = UncheckedBox(env)
+    let reply = try signInWithDeviceCode(client, clientID: clientID, approve: { try box.value.approveDeviceCode($0) })
+    return reply["account"]?.dictValue?["username"]?.stringValue ?? "?"
+  }
+
+  /// Device-code sign-in through the broker (`options` beside the flow), with `approve` called
+  /// with the user code it shows; the reply's token dictionary.
+  static func signInWithDeviceCode(
+    _ client: BusClient, clientID: String, options: [String: BusValue] = [:],
+    approve: @escaping @Sendable (String) throws -> Void
+  ) throws -> [String: BusValue] {
     let failure = Locked<(any Error)?>(nil)
     // Signals are taken from the broker's own connection only (the daemon the bench started).
     _ = try client.call(interface: "org.freedesktop.DBus.Peer", member: "Ping", arguments: [])
     guard let broker = try client.owner(of: BrokerInterface.busName) else {
       throw BusCallError(name: "org.freedesktop.DBus.Error.NameHasNoOwner", message: "the broker stopped")
     }
+    var arguments = options
+    arguments["flow"] = .string("device_code")
     let reply = try client.call(
       destination: broker.uniqueName, member: "AcquireToken",
-      arguments: [.string(clientID), .strings([]), .dict(["flow": .string("device_code")])],
+      arguments: [.string(clientID), .strings([]), .dict(arguments)],
       timeoutSeconds: 120, signalSender: broker.uniqueName,
       onSignal: { member, values in
         guard member == "InteractionPending", values.count == 2,
           let code = values[1].dictValue?["user_code"]?.stringValue
         else { return }
-        let approve = UncheckedBox(env)
         Thread.detachNewThread {
-          do { try approve.value.approveDeviceCode(code) } catch { failure.mutate { $0 = error } }
+          do { try approve(code) } catch { failure.mutate { $0 = error } }
         }
       })
     if let error = failure.value { throw error }
-    return reply.first?.dictValue?["account"]?.dictValue?["username"]?.stringValue ?? "?"
+    guard let token = reply.first?.dictValue else { throw BenchError("AcquireToken answered no token") }
+    return token
   }
 }
 

@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 import TesseraEngineFakes
 import TesseraInterface
+import TesseraTestSupport
 import XCTest
 
 @testable import TesseraCore
@@ -13,59 +14,10 @@ import XCTest
 /// its kept blob signs again after the TPM restarts, and a TPM whose storage hierarchy is new (as
 /// after `tpm2_clear`) loads none of it: the account needs a sign-in, in words.
 final class TPMProofKeysTests: XCTestCase {
-  /// A swtpm on a socket of its own, with its state in `state`; stopped by `stop()`.
-  final class SoftwareTPM {
-    let directory: String
-    let process = Process()
-
-    init(state: String) throws {
-      directory = state
-      let socket = state + "/swtpm.sock"
-      unlink(socket)
-      guard let swtpm = ([String](["/usr/bin/swtpm", "/usr/local/bin/swtpm"])).first(where: { access($0, X_OK) == 0 })
-      else {
-        throw XCTSkip("swtpm is not installed here (scripts/test installs it: apt-get install swtpm)")
-      }
-      process.executableURL = URL(fileURLWithPath: swtpm)
-      process.arguments = [
-        "socket", "--tpm2", "--server", "type=unixio,path=\(socket)", "--ctrl", "type=unixio,path=\(socket).ctrl",
-        "--tpmstate", "dir=\(state)", "--flags", "not-need-init,startup-clear",
-      ]
-      // Never the test runner's output: a swtpm left behind would hold `swift test`'s pipes open.
-      process.standardOutput = FileHandle.nullDevice
-      process.standardError = FileHandle.nullDevice
-      try process.run()
-      // Ready when its socket answers a connect (bounded against a hang only).
-      let deadline = Date().addingTimeInterval(30)
-      while !Self.accepts(socket) {
-        guard process.isRunning, Date() < deadline else { throw TesseraError.internal("swtpm did not start") }
-        usleep(10_000)
-      }
-    }
-
-    var tcti: String { "swtpm:path=\(directory)/swtpm.sock" }
-
-    static func accepts(_ path: String) -> Bool {
-      let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-      defer { close(fd) }
-      var address = sockaddr_un()
-      address.sun_family = sa_family_t(AF_UNIX)
-      withUnsafeMutableBytes(of: &address.sun_path) { buffer in
-        buffer.copyBytes(from: Array(path.utf8.prefix(buffer.count - 1)))
-      }
-      return withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-          connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0
-        }
-      }
-    }
-
-    /// SIGKILL: swtpm waits for its client to hang up before it honours SIGTERM, and what a
-    /// TPM keeps across a restart (its seeds) is written when it changes, not at exit.
-    func stop() {
-      guard process.isRunning else { return }
-      kill(process.processIdentifier, SIGKILL)
-      process.waitUntilExit()
+  /// A swtpm (TesseraTestSupport), or a skip where none is installed.
+  func softwareTPM(state: String) throws -> SoftwareTPM {
+    do { return try SoftwareTPM(state: state) } catch let error as SoftwareTPM.NotInstalled {
+      throw XCTSkip(error.description)
     }
   }
 
@@ -84,7 +36,7 @@ final class TPMProofKeysTests: XCTestCase {
 
   func testAKeyMadeInTheTPMSignsProofsAndSignsAgainAfterTheTPMRestarts() async throws {
     let state = try temporaryDirectory()
-    var tpm = try SoftwareTPM(state: state)
+    var tpm = try softwareTPM(state: state)
     defer { tpm.stop() }
     let keys = TPMProofKeys(tcti: tpm.tcti, summary: "the TPM")
     let made = try await keys.create()
@@ -105,7 +57,7 @@ final class TPMProofKeysTests: XCTestCase {
 
     // The machine restarts: the same TPM, a new tesserad, the blob from the store.
     tpm.stop()
-    tpm = try SoftwareTPM(state: state)
+    tpm = try softwareTPM(state: state)
     let again = TPMProofKeys(tcti: tpm.tcti, summary: "the TPM")
     let second = try await again.sign(input, kind: .tpm, blob: made.blob)
     XCTAssertTrue(try verify(second, input, jwk: made.jwk))
@@ -116,13 +68,13 @@ final class TPMProofKeysTests: XCTestCase {
   }
 
   func testATPMClearedOrAnotherMachinesLoadsNoKeyAndSaysSignInAgain() async throws {
-    let first = try SoftwareTPM(state: try temporaryDirectory())
+    let first = try softwareTPM(state: try temporaryDirectory())
     defer { first.stop() }
     let made = try await TPMProofKeys(tcti: first.tcti, summary: "").create()
     XCTAssertEqual(made.kind, .tpm)
     first.stop()
     // Another TPM (a fresh storage seed: what tpm2_clear leaves, or another machine).
-    let other = try SoftwareTPM(state: try temporaryDirectory())
+    let other = try softwareTPM(state: try temporaryDirectory())
     defer { other.stop() }
     do {
       _ = try await TPMProofKeys(tcti: other.tcti, summary: "").sign([1, 2, 3], kind: .tpm, blob: made.blob)
@@ -142,18 +94,30 @@ final class TPMProofKeysTests: XCTestCase {
     XCTAssertTrue(try verify(signature, [1], jwk: made.jwk), "a software key still signs through the TPM's source")
   }
 
-  func testTheMachinesKeysAreTheTPMsOnlyWhenTheUserMayUseIt() {
+  func testTheMachinesKeysAreTheTPMsOnlyWhenTheUserMayUseIt() throws {
     let named = MachineKeys.source(environment: ["TESSERA_TPM_TCTI": "swtpm:path=/x"])
     XCTAssertEqual(named.kind, .tpm)
-    let here = MachineKeys.source(environment: [:])
-    if access(MachineKeys.device, F_OK) != 0 {
-      XCTAssertEqual(here.kind, .software)
-      XCTAssertTrue(here.summary.contains("has no TPM"), here.summary)
-    } else if access(MachineKeys.device, R_OK | W_OK) != 0 {
-      XCTAssertEqual(here.kind, .software)
-      XCTAssertTrue(here.summary.contains("usermod -aG tss"), here.summary)
-    } else {
-      XCTAssertEqual(here.kind, .tpm)
+    // No TPM at all.
+    let directory = try temporaryDirectory()
+    let none = MachineKeys.source(environment: [:], device: directory + "/tpmrm0")
+    XCTAssertEqual(none.kind, .software)
+    XCTAssertTrue(none.summary.contains("has no TPM at \(directory)/tpmrm0"), none.summary)
+    // A TPM this user may not open (not in group tss): software, and what to run.
+    let device = directory + "/tpmrm0-present"
+    XCTAssertTrue(FileManager.default.createFile(atPath: device, contents: nil))
+    var asked: [String] = []
+    let refused = MachineKeys.source(environment: [:], device: device) {
+      asked.append($0)
+      return false
     }
+    XCTAssertEqual(asked, [device])
+    XCTAssertEqual(refused.kind, .software)
+    XCTAssertTrue(refused.summary.contains("has a TPM (\(device)), but you may not use it"), refused.summary)
+    XCTAssertTrue(refused.summary.contains("sudo usermod -aG tss $USER"), refused.summary)
+    XCTAssertTrue(refused.summary.contains("systemctl --user restart tessera"), refused.summary)
+    // One the user may open: keys in it.
+    let allowed = MachineKeys.source(environment: [:], device: device) { _ in true }
+    XCTAssertEqual(allowed.kind, .tpm)
+    XCTAssertTrue(allowed.summary.contains("this machine's TPM (\(device))"), allowed.summary)
   }
 }

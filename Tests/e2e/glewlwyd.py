@@ -657,6 +657,26 @@ def grant(session, url, client_id, scope):
     assert r.status_code == 200, f"granting {scopes!r} to {client_id}: HTTP {r.status_code} {r.text}"
 
 
+def new_server():
+    """A glewlwyd in a new directory of the test session's, with a certificate from its test CA."""
+    ca_cert = os.environ["TESSERA_IDP_CA"]
+    ca_key = os.path.join(os.path.dirname(ca_cert), "ca-key.pem")
+    directory = tempfile.mkdtemp(prefix="glewlwyd.", dir=os.environ["TESSERA_SESSION_DIR"])
+    return Glewlwyd(directory, ca_cert, ca_key)
+
+
+def configure_and_start(server):
+    """Its database, its plugin instances and clients (through the admin API), then a restart to
+    serve them; returns once both instances' token endpoints answer."""
+    server.write_config()
+    server.create_database()
+    server.start()
+    server.configure()
+    server.stop()
+    server.start(f"/api/{INSTANCE}/token/", f"/api/{OIDC_INSTANCE}/token/")
+    server.write_browser_state()
+
+
 @pytest.fixture(scope="module")
 def glewlwyd():
     """A configured glewlwyd for the test module, stopped at its end; one that died meanwhile fails
@@ -664,18 +684,9 @@ def glewlwyd():
     if not installed():
         pytest.fail("glewlwyd is not installed: install Debian's glewlwyd package as scripts/test does "
                     "(tessera_install_glewlwyd in scripts/lib/packages.sh)")
-    ca_cert = os.environ["TESSERA_IDP_CA"]
-    ca_key = os.path.join(os.path.dirname(ca_cert), "ca-key.pem")
-    directory = tempfile.mkdtemp(prefix="glewlwyd.", dir=os.environ["TESSERA_SESSION_DIR"])
-    server = Glewlwyd(directory, ca_cert, ca_key)
+    server = new_server()
     try:
-        server.write_config()
-        server.create_database()
-        server.start()
-        server.configure()
-        server.stop()
-        server.start(f"/api/{INSTANCE}/token/", f"/api/{OIDC_INSTANCE}/token/")
-        server.write_browser_state()
+        configure_and_start(server)
         yield server
     finally:
         crashed = server.proc is not None and server.proc.poll() is not None
