@@ -23,6 +23,9 @@ from resource_servers import CA, KubeAPI
 from test_access import PortalBackend
 from test_integrations import git_server, kubectl_version  # noqa: F401  (the fixture)
 from tessera_sshd import SSHServer, session_user, why_not
+from glewlwyd import glewlwyd  # noqa: F401  (the fixture)
+from test_dpop import NAME as DPOP_NAME, DPoPResource, dpop_config, proof_jkt
+import requests
 
 FORWARD_DIR = os.path.join(os.environ["XDG_RUNTIME_DIR"], "tessera", "forward")
 REMOTE_USER = session_user("tessera-b")
@@ -212,6 +215,45 @@ def test_a_remote_command_gets_the_desktops_token_and_no_refresh_token(daemon, r
     assert mine and all(r["decision"] == "allowed" and r["reason"] == "open mode" for r in mine), mine
     assert all("tessera-remote" in r["app"] for r in mine), mine
     b.close()
+
+
+# A remote command's own GetProof over the forward's socket, with a token it names (busctl, which
+# speaks to the socket as the tessera CLI does): prints the proof as busctl does (s "..."), or the
+# error busctl reports.
+GET_PROOF = ('busctl --address="unix:path=$TESSERA_SOCKET" call org.tessera.Broker1 /org/tessera/Broker1 '
+             'org.tessera.Broker1 GetProof "sssa{sv}" GET "$0" "$1" 0 2>&1')
+
+
+def test_a_remote_command_gets_proofs_for_its_bound_token_and_another_forward_does_not(
+        start_daemon, write_config, remote, glewlwyd):
+    """Issue 40 through a forward: a token bound to the desktop's key (DPoP at glewlwyd) is used on
+    the remote host with proofs the desktop's tesserad signs for it (the key stays here); a resource
+    server that checks DPoP takes them. Another forward, which was never handed that token, gets no
+    proof for it."""
+    start_daemon(dpop_config(write_config, glewlwyd))
+    assert run_cli("login", "--provider", DPOP_NAME, timeout=120).returncode == 0
+    resource = DPoPResource(glewlwyd)
+    try:
+        out = forward(remote, "sh", "-c",
+                      f"{REMOTE_TESSERA} token --provider {DPOP_NAME} && {REMOTE_TESSERA} proof --provider {DPOP_NAME}"
+                      f" --method GET --url {resource.url} --nonce {resource.nonce}")
+        assert out.returncode == 0, out.stderr
+        at, proof = out.stdout.split()
+        assert proof_jkt(proof) == glewlwyd.access_token_jkt(at), "the proof is signed by the token's key"
+        r = requests.get(resource.url, headers={"Authorization": f"DPoP {at}", "DPoP": proof},
+                         verify=os.environ["TESSERA_IDP_CA"], timeout=30)
+        assert r.status_code == 200, (r.text, resource.refusals)
+        # The same token, asked for by a forward that never got it.
+        other = forward(remote, "sh", "-c", GET_PROOF, resource.url, at, name="other")
+        assert other.returncode != 0 and "GetProof" not in other.stdout, other.stdout
+        assert "other (forwarded over ssh to tessera-remote) was not handed this token" in other.stdout, other.stdout
+        # The one that got it still does, through a raw call as well.
+        again = forward(remote, "sh", "-c", GET_PROOF, resource.url, at)
+        assert again.returncode == 0 and again.stdout.startswith('s "'), again.stdout
+        assert proof_jkt(again.stdout.strip()[3:-1]) == proof_jkt(proof), again.stdout
+        assert not any(at in r["app"] for r in access_log())
+    finally:
+        resource.close()
 
 
 def test_a_remote_command_drops_a_token_it_was_refused(daemon, remote, idp):
