@@ -109,9 +109,12 @@ public protocol ProofKeySource: Sendable {
 }
 
 /// Keys made in software with swift-crypto (P-256); signing takes microseconds, so it runs where
-/// it is called.
+/// it is called. A key once read from its blob is kept read (a few dozen at most): reading one
+/// derives its public key, which costs as much as a signature.
 public struct SoftwareProofKeys: ProofKeySource {
   public let summary: String
+  private let read = Locked<[String: P256.Signing.PrivateKey]>([:])
+  private static let readLimit = 64
 
   public init(summary: String = "software keys, kept in the store with the refresh tokens") {
     self.summary = summary
@@ -127,14 +130,24 @@ public struct SoftwareProofKeys: ProofKeySource {
   }
 
   public func sign(_ input: [UInt8], kind: ProofKeyKind, blob: String) async throws -> [UInt8] {
-    guard kind == .software, let raw = Base64URL.decode(blob),
-      let key = try? P256.Signing.PrivateKey(rawRepresentation: raw)
-    else {
+    guard kind == .software, let key = key(blob) else {
       throw TesseraError.interactionRequired(
         "needs sign-in: this machine's key changed (the key its tokens are bound to cannot be used here). Sign in again."
       )
     }
     return Array(try key.signature(for: input).rawRepresentation)
+  }
+
+  private func key(_ blob: String) -> P256.Signing.PrivateKey? {
+    if let key = read.withLock({ $0[blob] }) { return key }
+    guard let raw = Base64URL.decode(blob), let key = try? P256.Signing.PrivateKey(rawRepresentation: raw) else {
+      return nil
+    }
+    read.withLock {
+      if $0.count >= Self.readLimit { $0.removeAll() }
+      $0[blob] = key
+    }
+    return key
   }
 }
 
@@ -157,6 +170,19 @@ public enum ProofBuilder {
     var ath: String?
   }
 
+  /// A key's header part is the same in each of its proofs: encoded once (for a few dozen keys).
+  private static let headers = Locked<[ProofJWK: String]>([:])
+
+  static func header(_ jwk: ProofJWK, encoder: JSONEncoder) throws -> String {
+    if let part = headers.withLock({ $0[jwk] }) { return part }
+    let part = Base64URL.encode(try encoder.encode(Header(jwk: jwk)))
+    headers.withLock {
+      if $0.count >= 64 { $0.removeAll() }
+      $0[jwk] = part
+    }
+    return part
+  }
+
   public static func proof(
     key: ProofKeyRecord, source: any ProofKeySource, method: String, url: String, now: Date, nonce: String?,
     accessToken: String? = nil
@@ -166,8 +192,7 @@ public enum ProofBuilder {
     let claims = Claims(
       jti: UUID().uuidString.lowercased(), htm: method.uppercased(), htu: DPoP.target(url),
       iat: Int64(now.timeIntervalSince1970), nonce: nonce, ath: accessToken.map(DPoP.tokenHash))
-    let input =
-      Base64URL.encode(try encoder.encode(Header(jwk: key.jwk))) + "." + Base64URL.encode(try encoder.encode(claims))
+    let input = try header(key.jwk, encoder: encoder) + "." + Base64URL.encode(try encoder.encode(claims))
     let signature = try await source.sign(Array(input.utf8), kind: key.kind, blob: key.blob)
     guard signature.count == 64 else {
       throw TesseraError.internal("An ES256 signature is 64 bytes; the key's source gave \(signature.count).")

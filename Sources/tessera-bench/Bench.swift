@@ -19,7 +19,7 @@ struct BenchCommand: ParsableCommand {
   static let configuration = CommandConfiguration(
     commandName: "tessera-bench",
     abstract: "Measure tesserad (the default), or hold it under a long load (soak).",
-    subcommands: [Bench.self, Soak.self, P2PFloor.self], defaultSubcommand: Bench.self)
+    subcommands: [Bench.self, Soak.self, P2PFloor.self, ProofsCommand.self], defaultSubcommand: Bench.self)
 }
 
 /// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)

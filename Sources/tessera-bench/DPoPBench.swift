@@ -1,3 +1,4 @@
+import ArgumentParser
 import Foundation
 import TesseraBus
 import TesseraCore
@@ -22,7 +23,11 @@ extension Bench {
   /// Microseconds per proof: the JSON, base64url and the signature, as tesserad makes one for a
   /// token request or GetProof (a nonce and an access token hash included).
   func measureProofs(scratch: String) throws -> ProofTimes {
-    let software = try proofSamples(source: SoftwareProofKeys(), kind: .software, count: smoke ? 50 : 2000)
+    try Self.measureProofs(scratch: scratch, quick: smoke)
+  }
+
+  static func measureProofs(scratch: String, quick: Bool) throws -> ProofTimes {
+    let software = try proofSamples(source: SoftwareProofKeys(), kind: .software, count: quick ? 50 : 2000)
     let tpm: Result<Stats, BenchError>
     if SoftwareTPM.binary == nil {
       tpm = .failure(BenchError("swtpm is not installed (apt-get install swtpm)"))
@@ -33,7 +38,7 @@ extension Bench {
       defer { swtpm.stop() }
       let keys = TPMProofKeys(tcti: swtpm.tcti, summary: "swtpm")
       do {
-        tpm = .success(Stats(try proofSamples(source: keys, kind: .tpm, count: smoke ? 5 : 100)))
+        tpm = .success(Stats(try proofSamples(source: keys, kind: .tpm, count: quick ? 5 : 100)))
       } catch let error as BenchError {
         tpm = .failure(error)
       }
@@ -41,7 +46,7 @@ extension Bench {
     return ProofTimes(software: Stats(software), tpm: tpm)
   }
 
-  private func proofSamples(source: any ProofKeySource, kind: ProofKeyKind, count: Int) throws -> [Double] {
+  private static func proofSamples(source: any ProofKeySource, kind: ProofKeyKind, count: Int) throws -> [Double] {
     try blocking {
       let made = try await source.create()
       guard made.kind == kind else {
@@ -133,6 +138,25 @@ extension Bench {
   private func baseConfig() -> String {
     let path = (ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"] ?? "") + "/tessera/config.toml"
     return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+  }
+}
+
+/// `tessera-bench proofs`: the proof rows alone, without a session (a quick check of a change to
+/// how proofs are made).
+struct ProofsCommand: ParsableCommand {
+  static let configuration = CommandConfiguration(
+    commandName: "proofs", abstract: "Time DPoP proofs with a software key and with a key in swtpm.")
+
+  func run() throws {
+    var template = Array("/tmp/tessera-bench-XXXXXX".utf8CString)
+    let scratch = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+    defer { try? FileManager.default.removeItem(atPath: scratch) }
+    let times = try Bench.measureProofs(scratch: scratch, quick: false)
+    print("software key: median \(fmt(times.software.p50)) µs, p99 \(fmt(times.software.p99)) µs")
+    switch times.tpm {
+    case .success(let tpm): print("key in swtpm: median \(fmt(tpm.p50)) µs, p99 \(fmt(tpm.p99)) µs")
+    case .failure(let why): print("key in swtpm: not measured (\(why))")
+    }
   }
 }
 

@@ -25,6 +25,9 @@ APPS = [  # client_id, grant type, skip consent screen
 # Confidential clients (a [[provider]] with a client secret): client_id, grant type, secret.
 CONFIDENTIAL = [
     ("tessera-confidential", AUTH_CODE, "conf-secret-1"),
+    # oidc-agent, the peer the benchmark compares with (scripts/bench), set up without a browser
+    # by its password flow (oidc-gen --flow=password).
+    ("tessera-oidc-agent", Application.GRANT_PASSWORD, "agent-secret-1"),
 ]
 
 
