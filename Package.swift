@@ -155,7 +155,10 @@ let package = Package(
     .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraInterface", "TesseraTestSupport"]),
     .testTarget(
       name: "TesseraCLITests",
-      dependencies: ["TesseraCLI", "TesseraInterface", "TesseraTestSupport"]),
+      dependencies: [
+        "TesseraCLI", "TesseraInterface", "TesseraTestSupport",
+        .product(name: "ArgumentParser", package: "swift-argument-parser"),
+      ]),
     // The engine's fakes (a clock, a keyring, a scripted identity provider, a broker wired to them),
     // for the engine's unit tests and the fuzz targets: pure logic only.
     .target(

@@ -16,6 +16,7 @@ import TesseraSystem
 extension Tessera.Provider {
   struct Add: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "add",
       abstract: "Add a provider: a [[provider]] table in your config.toml, its secret in a file only you can read.",
       discussion: """
         With --profile, the profile knows the endpoints; give your app's client id (and the \
@@ -178,6 +179,7 @@ extension Tessera.Provider {
 
   struct Remove: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "remove",
       abstract: "Remove a provider from your config.toml, and its secret file when Tessera made it.",
       discussion: """
         Accounts signed in through it stay until you sign them out (`tessera logout`). An \

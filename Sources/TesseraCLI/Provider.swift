@@ -119,6 +119,7 @@ extension Tessera {
 extension Tessera.Provider {
   struct List: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "list",
       abstract: "List the providers config.toml names (the administrator's first).")
 
     @Option(name: .long, help: ArgumentHelp("Read this file as yours instead of the default.", valueName: "path"))
@@ -151,6 +152,7 @@ extension Tessera.Provider {
 
   struct Show: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "show",
       abstract: "Show one provider: its endpoints, scopes and where it is written; the secret only as set.")
 
     @Argument(help: "The provider's name.")
@@ -183,6 +185,7 @@ extension Tessera.Provider {
 
   struct Profiles: ParsableCommand {
     static let configuration = CommandConfiguration(
+      commandName: "profiles",
       abstract: "List the built-in profiles: their hosts, whether they need a secret, and their default scopes.")
 
     @Flag(name: .long, help: "Print JSON: [{\"name\", \"host\", \"secret_required\", \"scopes\", \"git_username\"}].")
