@@ -32,7 +32,9 @@ public struct MicrosoftFront: Sendable {
         requestText, from: broker.fastPath.microsoft, now: clock.now().timeIntervalSince1970,
         elapsed: clock.elapsed(), app: caller.appKey)
     else { return nil }
-    if logger.logLevel <= .info {
+    // A cache hit is logged at debug: the access log audits each app's decision, and an info
+    // line per cached token cost the daemon a journal write per call (issue 41).
+    if logger.logLevel <= .debug {
       var metadata = TesseraFront.callerMetadata(method, caller)
       metadata["front"] = "microsoft"
       metadata["correlation_id"] = "\(correlationID)"
@@ -40,7 +42,7 @@ public struct MicrosoftFront: Sendable {
       metadata["scopes"] = "\(published.reply.scopes)"
       metadata["outcome"] = "ok"
       metadata["cache"] = "hit"
-      logger.info("\(method) succeeded", metadata: metadata)
+      logger.debug("\(method) succeeded", metadata: metadata)
     }
     return published.reply.answer
   }

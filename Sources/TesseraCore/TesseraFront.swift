@@ -60,14 +60,16 @@ public struct TesseraFront: Sendable {
         Key(request), from: broker.fastPath.tessera, minValidity: request.minValidity,
         now: clock.now().timeIntervalSince1970, elapsed: clock.elapsed(), app: caller.appKey)
     else { return nil }
-    if logger.logLevel <= .info {
+    // A cache hit is logged at debug: the access log audits each app's decision, and an info
+    // line per cached token cost the daemon a journal write per call (issue 41).
+    if logger.logLevel <= .debug {
       var metadata = Self.callerMetadata(method, caller)
       metadata["correlation_id"] = "\(request.correlationID)"
       metadata["outcome"] = "ok"
       metadata["cache"] = "hit"
       metadata["client_id"] = "\(clientID.isEmpty ? "(default)" : clientID)"
       metadata["scopes"] = "\(scopes.isEmpty ? "(default)" : scopes.joined(separator: " "))"
-      logger.info("\(method) succeeded", metadata: metadata)
+      logger.debug("\(method) succeeded", metadata: metadata)
     }
     return .template(published.reply, key: TokenInfo.correlationIDKey, value: .string(request.correlationID))
   }

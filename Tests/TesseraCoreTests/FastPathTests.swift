@@ -131,4 +131,46 @@ final class FastPathTests: XCTestCase {
     h.clock.advance(3600 - 300)  // past the refresh time
     XCTAssertNil(handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments(), caller: caller))
   }
+
+  /// What a log handler was given: each line's level and message.
+  struct RecordingLog: LogHandler {
+    let lines: Locked<[(Logger.Level, String)]>
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+      get { metadata[key] }
+      set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) { lines.withLock { $0.append((event.level, "\(event.message)")) } }
+  }
+
+  /// A token answered from the cache costs the daemon no info line (a journal write per call,
+  /// issue 41); at log_level "debug" it is there, marked as a hit.
+  func testACacheHitIsLoggedAtDebugOnly() async throws {
+    let h = await Harness()
+    try await h.signIn()
+    let caller = CallerInfo(busName: ":1.7")
+    let arguments: [BusValue] = [.string(""), .strings([]), .string(""), .dict([:])]
+    for level in [Logger.Level.info, .debug] {
+      let lines = Locked<[(Logger.Level, String)]>([])
+      var logger = Logger(label: "test") { _ in RecordingLog(lines: lines, logLevel: level) }
+      logger.logLevel = level
+      let handler = TesseraFront(broker: h.broker, logger: logger, clock: h.clock)
+      _ = await handler.handle(method: "AcquireTokenSilent", arguments: arguments, caller: caller)
+      XCTAssertEqual(lines.withLock { $0.map(\.1) }, ["AcquireTokenSilent succeeded"], "the full path's line")
+      lines.withLock { $0.removeAll() }
+      for _ in 0..<3 {
+        guard
+          case .success? = handler.answerAtOnce(method: "AcquireTokenSilent", arguments: arguments, caller: caller)?
+            .values
+        else { return XCTFail("a repeat is answered from the cache") }
+      }
+      let hits = lines.withLock { $0 }
+      if level == .info {
+        XCTAssertTrue(hits.isEmpty, "cache hits at info: \(hits.map(\.1))")
+      } else {
+        XCTAssertEqual(hits.map(\.0), [.debug, .debug, .debug])
+      }
+    }
+  }
 }
