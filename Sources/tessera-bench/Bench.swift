@@ -50,6 +50,10 @@ struct Bench: ParsableCommand {
   @Option(
     help: "Tessera Accounts (Desktop/) to measure under Xvfb against the loaded cache: start to first frame, idle RSS.")
   var accountsApp: String?
+  @Option(
+    help:
+      "The start-up floor: a Swift program linked as tessera is (runtime in, libsystemd loaded) that prints one line.")
+  var swiftFloor: String?
   @Flag(help: "One quick round of everything (CI's check that the benchmark still runs).") var smoke = false
   @Option(help: "Also record perf profiles of the direct and bus paths into this directory (see Direct.swift).")
   var profile: String?
@@ -250,6 +254,25 @@ struct Bench: ParsableCommand {
         .init(
           id: "cli_startup", name: "Start-up: `tessera --version`, median wall time", value: cli.version, unit: "ms",
           detail: "`busctl --version` \(fmt(cli.busctlVersion)) ms (\(fmt(cli.version / cli.busctlVersion)) ×)"))
+      // 2c. The closest peer, oidc-agent, and the start-up floor (issue 41).
+      let peer = try measurePeer(tessera: tessera, env: env)
+      report.add(
+        .init(
+          id: "peer_oidc_token", name: "`oidc-token` (oidc-agent), cached token, median wall time",
+          value: peer.oidcToken.p50, unit: "ms",
+          detail: "`tessera token` \(fmt(peer.tessera.p50)) ms in the same rounds (direct socket)"))
+      report.add(
+        .init(
+          id: "peer_token_ratio", name: "`tessera token` / `oidc-token`, cached",
+          value: peer.tessera.p50 / peer.oidcToken.p50,
+          unit: "×", goal: 2.0, lowerIsBetter: true))
+      if let floor = peer.floor {
+        report.add(
+          .init(
+            id: "cli_startup_floor_ratio", name: "`tessera --version` / a static Swift program with libsystemd",
+            value: peer.version.p50 / floor.p50, unit: "×", goal: 1.3, lowerIsBetter: true,
+            detail: "\(fmt(peer.version.p50)) ms against \(fmt(floor.p50)) ms"))
+      }
       for (name, path) in [("tessera", tessera), ("tesserad", tesserad)] {
         let binary = Binary.describe(path)
         report.add(

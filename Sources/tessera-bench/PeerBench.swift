@@ -1,0 +1,112 @@
+import Foundation
+import TesseraInterface
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Tessera against the closest peer (issue 41): oidc-agent 4.2.6 from Debian, set up against the
+/// same test IdP, answering a cached token with `oidc-token`; and `tessera --version` against a
+/// floor: a Swift program linked as tessera is (the Swift runtime in, libsystemd loaded) that
+/// prints one line, which scripts/bench builds.
+extension Bench {
+  struct PeerTimes {
+    var tessera: Stats
+    var oidcToken: Stats
+    var version: Stats
+    var floor: Stats?
+  }
+
+  func measurePeer(tessera: String, env: Environment) throws -> PeerTimes {
+    let agent = try OIDCAgent(env: env)
+    defer { agent.stop() }
+    var commands = [
+      [tessera, "token", "--client-id", "tessera-test"], ["/usr/bin/oidc-token", OIDCAgent.account],
+      [tessera, "--version"],
+    ]
+    if let swiftFloor { commands.append([swiftFloor]) }
+    var times: [[Double]] = commands.map { _ in [] }
+    for run in 0..<(cliRuns + 5) {
+      let elapsed = try commands.map { try timeProcess($0) }
+      if run >= 5 {  // the first runs warm the page cache
+        for index in elapsed.indices { times[index].append(elapsed[index]) }
+      }
+    }
+    let requests = env.idpRequests(since: agent.mark).filter { $0.grantType != nil }.count
+    guard requests == 0 else {
+      throw BenchError("oidc-token asked the IdP \(requests) time(s): it was not answering from its cache")
+    }
+    return PeerTimes(
+      tessera: Stats(times[0]), oidcToken: Stats(times[1]), version: Stats(times[2]),
+      floor: swiftFloor == nil ? nil : Stats(times[3]))
+  }
+}
+
+/// oidc-agent with one account, `bench`, made by its password flow (no browser) with the test
+/// IdP's confidential client `tessera-oidc-agent`; its configuration in the session's directory.
+/// `OIDC_SOCK` is set in this process, so that the `oidc-token` it spawns finds the agent.
+final class OIDCAgent {
+  static let account = "bench"
+  private var pid: pid_t = 0
+  /// The IdP's log line count once the agent has its token: it must ask nothing after.
+  private(set) var mark = 0
+
+  init(env: Environment) throws {
+    guard access("/usr/bin/oidc-agent", X_OK) == 0 else {
+      throw BenchError("oidc-agent is not installed (apt-get install oidc-agent-cli; scripts/bench does)")
+    }
+    let directory = env.sessionDir + "/oidc-agent"
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    setenv("OIDC_CONFIG_DIR", directory, 1)
+    setenv("OIDC_ENCRYPTION_PW", "bench-password", 1)
+    // `oidc-agent` forks the agent and prints where it listens: OIDC_SOCK=...; OIDCD_PID=...;
+    let started = try Self.run(["/usr/bin/oidc-agent", "--no-autoload"], outputFile: directory + "/started")
+    for part in started.split(whereSeparator: { $0 == ";" || $0 == "\n" }) {
+      let pair = part.trimmingCharacters(in: .whitespaces).split(separator: "=", maxSplits: 1)
+      guard pair.count == 2 else { continue }
+      if pair[0] == "OIDC_SOCK" { setenv("OIDC_SOCK", String(pair[1]), 1) }
+      if pair[0] == "OIDCD_PID" { pid = pid_t(pair[1]) ?? 0 }
+    }
+    guard pid > 0, getenv("OIDC_SOCK") != nil else { throw BenchError("oidc-agent did not start: \(started)") }
+    let ca = ProcessInfo.processInfo.environment["TESSERA_IDP_CA"] ?? ""
+    _ = try Self.run([
+      "/usr/bin/oidc-gen", Self.account, "--iss=\(env.authority)/", "--client-id=tessera-oidc-agent",
+      "--client-secret=agent-secret-1", "--flow=password", "--op-username=alice", "--op-password=alice-pw",
+      "--scope=openid profile offline_access read", "--cp=\(ca)", "--pw-env=OIDC_ENCRYPTION_PW",
+      "--confirm-default", "--redirect-uri=http://localhost:4242",
+    ])
+    _ = try Self.run(["/usr/bin/oidc-token", Self.account])  // its first token, from the IdP
+    mark = env.idpLogLines()
+  }
+
+  /// Runs a command to its end; its output and errors, or an error with them. Spawned and waited
+  /// for by its pid, its output in a file: the agent's daemon keeps every descriptor it was
+  /// started with, so neither a pipe nor Foundation's Process (which watches a descriptor the child
+  /// inherits) would see the command end.
+  static func run(_ argv: [String], outputFile: String? = nil) throws -> String {
+    let path =
+      outputFile ?? (NSTemporaryDirectory() + "/tessera-bench-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+    defer { if outputFile == nil { unlink(path) } }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    defer { cArguments.forEach { free($0) } }
+    var pid: pid_t = 0
+    let spawned = posix_spawn(&pid, cArguments[0]!, &actions, nil, &cArguments, environ)
+    guard spawned == 0 else { throw BenchError("cannot run \(argv[0]): error \(spawned)") }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let output = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+    guard status == 0 else { throw BenchError("\(argv[0]) failed (status \(status)): \(output)") }
+    return output
+  }
+
+  func stop() {
+    if pid > 0 { kill(pid, SIGTERM) }
+    unsetenv("OIDC_SOCK")
+  }
+}
