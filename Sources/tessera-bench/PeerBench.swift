@@ -1,5 +1,6 @@
 import Foundation
 import TesseraInterface
+import TesseraTestSupport
 
 #if canImport(Glibc)
   import Glibc
@@ -59,15 +60,21 @@ final class OIDCAgent {
     try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
     setenv("OIDC_CONFIG_DIR", directory, 1)
     setenv("OIDC_ENCRYPTION_PW", "bench-password", 1)
-    // `oidc-agent` forks the agent and prints where it listens: OIDC_SOCK=...; OIDCD_PID=...;
-    let started = try Self.run(["/usr/bin/oidc-agent", "--no-autoload"], outputFile: directory + "/started")
-    for part in started.split(whereSeparator: { $0 == ";" || $0 == "\n" }) {
-      let pair = part.trimmingCharacters(in: .whitespaces).split(separator: "=", maxSplits: 1)
-      guard pair.count == 2 else { continue }
-      if pair[0] == "OIDC_SOCK" { setenv("OIDC_SOCK", String(pair[1]), 1) }
-      if pair[0] == "OIDCD_PID" { pid = pid_t(pair[1]) ?? 0 }
+    // The agent in the foreground, a child of ours, on a socket we name (started the usual way, it
+    // forks a daemon that prints where it listens only after its parent has gone).
+    let socket = directory + "/agent.sock"
+    setenv("OIDC_SOCK", socket, 1)
+    pid = try Self.spawn(
+      ["/usr/bin/oidc-agent", "--console", "--no-autoload", "--socket-path=\(socket)"], output: directory + "/agent.log"
+    )
+    let deadline = Date().addingTimeInterval(30)  // a bound against a hang only
+    while !SoftwareTPM.accepts(socket) {
+      var status: Int32 = 0
+      guard waitpid(pid, &status, WNOHANG) == 0, Date() < deadline else {
+        throw BenchError("oidc-agent did not start; see \(directory)/agent.log")
+      }
+      usleep(10_000)
     }
-    guard pid > 0, getenv("OIDC_SOCK") != nil else { throw BenchError("oidc-agent did not start: \(started)") }
     let ca = ProcessInfo.processInfo.environment["TESSERA_IDP_CA"] ?? ""
     _ = try Self.run([
       "/usr/bin/oidc-gen", Self.account, "--iss=\(env.authority)/", "--client-id=tessera-oidc-agent",
@@ -79,14 +86,22 @@ final class OIDCAgent {
     mark = env.idpLogLines()
   }
 
-  /// Runs a command to its end; its output and errors, or an error with them. Spawned and waited
-  /// for by its pid, its output in a file: the agent's daemon keeps every descriptor it was
-  /// started with, so neither a pipe nor Foundation's Process (which watches a descriptor the child
-  /// inherits) would see the command end.
-  static func run(_ argv: [String], outputFile: String? = nil) throws -> String {
-    let path =
-      outputFile ?? (NSTemporaryDirectory() + "/tessera-bench-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
-    defer { if outputFile == nil { unlink(path) } }
+  /// Runs a command to its end; its output and errors, or an error with them.
+  static func run(_ argv: [String]) throws -> String {
+    let path = NSTemporaryDirectory() + "/tessera-bench-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    defer { unlink(path) }
+    let pid = try spawn(argv, output: path)
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let output = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+    guard status == 0 else { throw BenchError("\(argv[0]) failed (status \(status)): \(output)") }
+    return output
+  }
+
+  /// Starts a command, its output and errors in the file `output`, waited for by its pid (not
+  /// through Foundation's Process, which watches a descriptor the child inherits: a daemon it
+  /// forks would keep it open); its pid.
+  static func spawn(_ argv: [String], output path: String) throws -> pid_t {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -98,15 +113,15 @@ final class OIDCAgent {
     var pid: pid_t = 0
     let spawned = posix_spawn(&pid, cArguments[0]!, &actions, nil, &cArguments, environ)
     guard spawned == 0 else { throw BenchError("cannot run \(argv[0]): error \(spawned)") }
-    var status: Int32 = 0
-    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-    let output = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-    guard status == 0 else { throw BenchError("\(argv[0]) failed (status \(status)): \(output)") }
-    return output
+    return pid
   }
 
   func stop() {
-    if pid > 0 { kill(pid, SIGTERM) }
+    if pid > 0 {
+      kill(pid, SIGTERM)
+      var status: Int32 = 0
+      while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    }
     unsetenv("OIDC_SOCK")
   }
 }

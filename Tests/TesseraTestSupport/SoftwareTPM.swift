@@ -48,7 +48,7 @@ public final class SoftwareTPM: @unchecked Sendable {
 
   public var tcti: String { "swtpm:path=\(directory)/swtpm.sock" }
 
-  static func accepts(_ path: String) -> Bool {
+  public static func accepts(_ path: String) -> Bool {
     let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
     defer { close(fd) }
     var address = sockaddr_un()
