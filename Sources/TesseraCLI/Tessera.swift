@@ -156,6 +156,11 @@ public func runTessera(_ arguments: [String] = CommandLine.arguments) -> Never {
     Tessera.GitCredential.main(takeBusFlag(Array(arguments.dropFirst())))
   } else {
     let rest = takeBusFlag(Array(arguments.dropFirst()))
+    // The hot path: a plain `tessera token` skips the full parser's reflection (TokenLine).
+    if rest.first == "token", let line = TokenLine.parse(rest.dropFirst()) {
+      do { try Tessera.Token.printToken(line) } catch { Tessera.exit(withError: error) }
+      exit(0)
+    }
     if let word = rest.first, let message = unknownCommand(word) {
       printError(message)
       exit(ClientExitStatus.usage.rawValue)

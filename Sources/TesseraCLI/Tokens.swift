@@ -94,17 +94,22 @@ extension Tessera {
 
     func run() throws {
       if reject { return try rejectToken() }
+      try Self.printToken(line)
+    }
+
+    /// The token `line` asks for, printed (the full parser's path and TokenLine's hot path).
+    static func printToken(_ line: TokenLine) throws {
       var options = TesseraTokenOptions()
-      options.authority = request.target.authority
-      options.provider = request.target.provider
-      options.forceRefresh = forceRefresh
-      options.minValidity = request.minValidity
+      options.authority = line.authority
+      options.provider = line.provider
+      options.forceRefresh = line.forceRefresh
+      options.minValidity = line.minValidity
       let token = try withBroker { broker throws(TesseraClientError) in
-        let accountID = try resolveAccount(request.account, broker: broker, authority: request.target.authority)
+        let accountID = try resolveAccount(line.account, broker: broker, authority: line.authority)
         return try broker.acquireTokenSilent(
-          clientID: request.target.clientId, scopes: request.target.scopes, accountID: accountID, options: options)
+          clientID: line.clientID, scopes: line.scopes, accountID: accountID, options: options)
       }
-      if output.json { printJSON(token) } else { print(token.accessToken) }
+      if line.json { printJSON(token) } else { print(token.accessToken) }
     }
 
     /// `--reject`: the token from standard input, dropped when it is the cached one.
