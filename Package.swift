@@ -168,7 +168,9 @@ let package = Package(
         .product(name: "JWTKit", package: "jwt-kit"),
       ],
       path: "Tests/TesseraEngineFakes"),
-    .testTarget(name: "TesseraCoreTests", dependencies: ["TesseraInterface", "TesseraCore", "TesseraEngineFakes"]),
+    .testTarget(
+      name: "TesseraCoreTests",
+      dependencies: ["TesseraInterface", "TesseraCore", "TesseraEngineFakes", "TesseraTestSupport"]),
     // One function per fuzz target (issue 25), each reading one kind of untrusted input with the
     // project's code: Fuzz/ wraps them for libFuzzer, and the replay tests run their seeds and every
     // input that once failed.

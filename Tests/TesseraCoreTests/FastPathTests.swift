@@ -1,21 +1,10 @@
 import Logging
 import TesseraEngineFakes
 import TesseraInterface
+import TesseraTestSupport
 import XCTest
 
 @testable import TesseraCore
-
-/// A small deterministic generator (SplitMix64), so a failure can be replayed.
-struct SeededGenerator: RandomNumberGenerator {
-  var state: UInt64
-  mutating func next() -> UInt64 {
-    state &+= 0x9E37_79B9_7F4A_7C15
-    var z = state
-    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-    return z ^ (z >> 31)
-  }
-}
 
 /// The bus thread's fast path and the token actor's full path must answer every AcquireTokenSilent
 /// alike: the same reply, or the same error. Requests are generated over every option of the one
