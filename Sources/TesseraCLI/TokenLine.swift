@@ -45,7 +45,8 @@ struct TokenLine: Equatable {
       default:
         return nil
       }
-      guard let value, !value.isEmpty else { return nil }  // `--client-id=`: the full parser refuses it
+      // `--client-id=`: the full parser reads a bare option and takes the next word as its value.
+      guard let value, !value.isEmpty else { return nil }
       switch name {
       case "--client-id": line.clientID = value
       case "--authority": line.authority = value

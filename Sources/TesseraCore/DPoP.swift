@@ -113,7 +113,8 @@ public protocol ProofKeySource: Sendable {
 /// derives its public key, which costs as much as a signature.
 public struct SoftwareProofKeys: ProofKeySource {
   public let summary: String
-  private let read = Locked<[String: P256.Signing.PrivateKey]>([:])
+  /// By the blob's bytes (not String equality, which is Unicode's canonical equivalence).
+  private let read = Locked<[[UInt8]: P256.Signing.PrivateKey]>([:])
   private static let readLimit = 64
 
   public init(summary: String = "software keys, kept in the store with the refresh tokens") {
@@ -139,13 +140,14 @@ public struct SoftwareProofKeys: ProofKeySource {
   }
 
   private func key(_ blob: String) -> P256.Signing.PrivateKey? {
-    if let key = read.withLock({ $0[blob] }) { return key }
+    let bytes = Array(blob.utf8)
+    if let key = read.withLock({ $0[bytes] }) { return key }
     guard let raw = Base64URL.decode(blob), let key = try? P256.Signing.PrivateKey(rawRepresentation: raw) else {
       return nil
     }
     read.withLock {
       if $0.count >= Self.readLimit { $0.removeAll() }
-      $0[blob] = key
+      $0[bytes] = key
     }
     return key
   }

@@ -41,6 +41,8 @@ extension Bench {
         tpm = .success(Stats(try proofSamples(source: keys, kind: .tpm, count: quick ? 5 : 100)))
       } catch let error as BenchError {
         tpm = .failure(error)
+      } catch {
+        tpm = .failure(BenchError("swtpm: \(error)"))
       }
     }
     return ProofTimes(software: Stats(software), tpm: tpm)
@@ -69,7 +71,7 @@ extension Bench {
   /// whose tokens are bearer (signed in with dpop = "off") and one whose tokens are bound to a
   /// software key (dpop = "auto"), at the same glewlwyd. Each answer's token type is checked, so a
   /// binding that silently fell away would stop the benchmark rather than flatter it.
-  func measureDPoPRefresh(daemon: Daemon, env: Environment) throws -> (plain: Stats, dpop: Stats) {
+  func measureDPoPRefresh(daemon: Daemon, env: Environment) throws -> (plain: Stats, dpop: Stats, keyKind: String) {
     let glewlwyd = try Glewlwyd(env: env)
     defer { glewlwyd.stop() }
     defer {
@@ -109,6 +111,9 @@ extension Bench {
       throw BenchError("expected a Bearer and a DPoP account, got \(accounts.map(\.binding))")
     }
     let client = try BusClient()
+    // Where tesserad made the key (a TPM it may use, else software): the row says which.
+    let status = try client.call(member: "GetStatus", arguments: [.dict([:])]).first?.dictValue
+    let keyKind = status?["dpop"]?.dictValue?["kind"]?.stringValue ?? "?"
     var samples: [[Double]] = [[], []]
     for round in 0..<(refreshes + 2) {  // two rounds warm up
       for (index, account) in accounts.enumerated() {
@@ -131,7 +136,7 @@ extension Bench {
     for account in accounts {
       _ = try client.call(member: "SignOut", arguments: [.string(account.id), .dict([:])], timeoutSeconds: 60)
     }
-    return (Stats(samples[0]), Stats(samples[1]))
+    return (Stats(samples[0]), Stats(samples[1]), keyKind)
   }
 
   /// The session's config.toml, which scripts/test-session wrote.

@@ -41,7 +41,10 @@ public final class SoftwareTPM: @unchecked Sendable {
     // Ready when its socket answers a connect (bounded against a hang only).
     let deadline = Date().addingTimeInterval(30)
     while !Self.accepts(socket) {
-      guard process.isRunning, Date() < deadline else { throw DidNotStart() }
+      guard process.isRunning, Date() < deadline else {
+        stop()
+        throw DidNotStart()
+      }
       usleep(10_000)
     }
   }

@@ -247,11 +247,14 @@ def test_a_remote_command_gets_proofs_for_its_bound_token_and_another_forward_do
         other = forward(remote, "sh", "-c", GET_PROOF, resource.url, at, name="other")
         assert other.returncode != 0 and "GetProof" not in other.stdout, other.stdout
         assert "other (forwarded over ssh to tessera-remote) was not handed this token" in other.stdout, other.stdout
-        # The one that got it still does, through a raw call as well.
+        # A forward of the name that got it (the app build01@host) still does, through a raw call too.
         again = forward(remote, "sh", "-c", GET_PROOF, resource.url, at)
         assert again.returncode == 0 and again.stdout.startswith('s "'), again.stdout
         assert proof_jkt(again.stdout.strip()[3:-1]) == proof_jkt(proof), again.stdout
-        assert not any(at in r["app"] for r in access_log())
+        # The token and the key stay out of what is recorded and of the remote host's files.
+        assert at not in json.dumps(access_log())
+        assert at not in run_cli("status", "--json", check_rc=0).stdout
+        assert proof not in remote.files_text() and at not in remote.files_text()
     finally:
         resource.close()
 
