@@ -112,7 +112,7 @@ extension Bench {
     }
     let client = try BusClient()
     // Where tesserad made the key (a TPM it may use, else software): the row says which.
-    let status = try client.call(member: "GetStatus", arguments: [.dict([:])]).first?.dictValue
+    let status = try client.call(member: "GetStatus", arguments: []).first?.dictValue
     let keyKind = status?["dpop"]?.dictValue?["kind"]?.stringValue ?? "?"
     var samples: [[Double]] = [[], []]
     for round in 0..<(refreshes + 2) {  // two rounds warm up
