@@ -83,6 +83,12 @@ extension BusServer {
 public protocol CallerProcess: AnyObject, Sendable {
   /// Who the process is; nil when it could not be identified or has ended.
   var app: AppIdentity? { get }
+  /// The program it ran when identified (a hint for the log), read once with the rest.
+  var executable: String? { get }
   /// Looks again; true when `app` changed (the process ended, or exec'd another program).
   func recheck() -> Bool
+}
+
+extension CallerProcess {
+  public var executable: String? { nil }
 }

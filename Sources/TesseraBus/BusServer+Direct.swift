@@ -117,7 +117,6 @@ extension BusServer {
     peers[peerBus] = peer
     peersByName[name] = peer
     var info = CallerInfo(busName: name, pid: credentials.pid, uid: credentials.uid)
-    info.exe = Syscall.executable(of: credentials.pid)
     var process: (any CallerProcess)?
     if let forward {
       info.app = forward.info.identity
@@ -133,6 +132,8 @@ extension BusServer {
     } else if let pidfd {
       close(pidfd)
     }
+    // The program, as identifying the caller read it (one read of /proc/PID/exe per connection).
+    info.exe = process?.executable ?? Syscall.executable(of: credentials.pid)
     callerCache[name] = (info, process)
   }
 

@@ -39,7 +39,9 @@ public enum CallerIdentity {
   }
 
   /// Identifies the process behind `pidfd` (whose pid is `pid`); nil when it ended meanwhile.
-  static func identify(pidfd: Int32, pid: UInt32, label: String?) -> AppIdentity? {
+  /// `program` is what PinnedCaller read of /proc/PID/exe just before (its path and stat), so
+  /// that each /proc file is read once per identification.
+  static func identify(pidfd: Int32, pid: UInt32, label: String?, program: Program?) -> AppIdentity? {
     let proc = "/proc/\(pid)"
     let cgroup = readText(proc + "/cgroup", limit: 64 * 1024) ?? ""
     var identity: AppIdentity?
@@ -61,7 +63,7 @@ public enum CallerIdentity {
       return nil
     } else if let desktop = desktopID(cgroup: cgroup) {
       identity = AppIdentity(kind: .desktop, id: desktop)
-    } else if let exe = executable(proc: proc) {
+    } else if let program, let exe = executable(program) {
       identity = exe
     }
     // Everything above was read while the pidfd's process was alive: not a recycled pid.
@@ -76,11 +78,26 @@ public enum CallerIdentity {
     return poll(&entry, 1, 0) != 0
   }
 
-  /// The device and inode of the program a process runs (changes when it execs another).
-  static func programStamp(proc: String) -> (dev: UInt64, ino: UInt64)? {
+  /// The program a process runs: its path (`/proc/PID/exe`) and its file's device, inode and
+  /// owner. The device and inode change when the process execs another program.
+  struct Program: Equatable {
+    var path: String?
+    var dev: UInt64
+    var ino: UInt64
+    var uid: UInt32
+  }
+
+  /// Its program's file (one stat), and with `path` its path too (one readlink).
+  static func program(proc: String, path: Bool) -> Program? {
     var info = stat()
     guard stat(proc + "/exe", &info) == 0 else { return nil }
-    return (UInt64(info.st_dev), UInt64(info.st_ino))
+    var program = Program(path: nil, dev: UInt64(info.st_dev), ino: UInt64(info.st_ino), uid: info.st_uid)
+    if path {
+      var buffer = [CChar](repeating: 0, count: 4096)
+      let n = readlink(proc + "/exe", &buffer, buffer.count - 1)
+      if n > 0 { program.path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+    }
+    return program
   }
 
   // MARK: Readers
@@ -91,9 +108,16 @@ public enum CallerIdentity {
       let n = readlink(path, &buffer, buffer.count - 1)
       return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
     }
-    guard let theirs = link(proc + "/ns/mnt"), let ours = link("/proc/self/ns/mnt") else { return false }
+    guard let theirs = link(proc + "/ns/mnt"), let ours = ownMountNamespace else { return false }
     return theirs == ours
   }
+
+  /// tesserad's own mount namespace: read once (it never joins another).
+  static let ownMountNamespace: String? = {
+    var buffer = [CChar](repeating: 0, count: 256)
+    let n = readlink("/proc/self/ns/mnt", &buffer, buffer.count - 1)
+    return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+  }()
 
   static func readText(_ path: String, limit: Int) -> String? {
     (try? Syscall.readFile(path, limit: limit, followLinks: false)).map { String(decoding: $0, as: UTF8.self) }
@@ -116,16 +140,11 @@ public enum CallerIdentity {
     return readAll(fd, limit: 64 * 1024)
   }
 
-  static func executable(proc: String) -> AppIdentity? {
-    var buffer = [CChar](repeating: 0, count: 4096)
-    let n = readlink(proc + "/exe", &buffer, buffer.count - 1)
-    guard n > 0 else { return nil }
-    var path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+  static func executable(_ program: Program) -> AppIdentity? {
+    guard var path = program.path else { return nil }
     // A program replaced while it runs shows as "PATH (deleted)": still that path's program.
     if path.hasSuffix(" (deleted)") { path.removeLast(" (deleted)".count) }
-    var info = stat()
-    guard stat(proc + "/exe", &info) == 0 else { return nil }
-    let fileID = info.st_uid == 0 ? nil : "\(info.st_dev):\(info.st_ino)"
+    let fileID = program.uid == 0 ? nil : "\(program.dev):\(program.ino)"
     return AppIdentity(kind: .executable, id: path, fileID: fileID)
   }
 
@@ -222,16 +241,17 @@ public final class PinnedCaller: CallerProcess, @unchecked Sendable {
   private let pidfd: Int32
   private let pid: UInt32
   private let label: String?
-  private var stamp: (dev: UInt64, ino: UInt64)?
+  private var stamp: CallerIdentity.Program?
   private var gone = false
   public private(set) var app: AppIdentity?
+  public var executable: String? { stamp?.path }
 
   init(pidfd: Int32, pid: UInt32, label: String?) {
     self.pidfd = pidfd
     self.pid = pid
     self.label = label
-    stamp = CallerIdentity.programStamp(proc: "/proc/\(pid)")
-    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
+    stamp = CallerIdentity.program(proc: "/proc/\(pid)", path: true)
+    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label, program: stamp)
     if CallerIdentity.hasEnded(pidfd) { gone = true }
   }
 
@@ -245,11 +265,11 @@ public final class PinnedCaller: CallerProcess, @unchecked Sendable {
       app = nil
       return changed
     }
-    let now = CallerIdentity.programStamp(proc: "/proc/\(pid)")
+    let now = CallerIdentity.program(proc: "/proc/\(pid)", path: false)
     if now?.dev == stamp?.dev && now?.ino == stamp?.ino { return false }
-    stamp = now
+    stamp = CallerIdentity.program(proc: "/proc/\(pid)", path: true)
     let before = app
-    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label)
+    app = CallerIdentity.identify(pidfd: pidfd, pid: pid, label: label, program: stamp)
     if CallerIdentity.hasEnded(pidfd) {
       gone = true
       app = nil
