@@ -18,7 +18,7 @@ struct TokenLine: Equatable {
   /// The words after `token`; nil for the full parser.
   static func parse(_ words: ArraySlice<String>) -> TokenLine? {
     var line = TokenLine()
-    var seen: Set<String> = []
+    var seen: [String] = []  // a few names: no hashing (a Set seeds its hash from getrandom)
     var index = words.startIndex
     while index < words.endIndex {
       var name = words[index]
@@ -30,7 +30,8 @@ struct TokenLine: Equatable {
         name = String(name[..<equals])
       }
       // Each option once (--scope: as often as wanted).
-      guard name == "--scope" || seen.insert(name).inserted else { return nil }
+      guard name == "--scope" || !seen.contains(name) else { return nil }
+      seen.append(name)
       switch name {
       case "--json", "--force-refresh":
         guard value == nil else { return nil }
