@@ -92,32 +92,26 @@ public enum CallerIdentity {
     var info = stat()
     guard stat(proc + "/exe", &info) == 0 else { return nil }
     var program = Program(path: nil, dev: UInt64(info.st_dev), ino: UInt64(info.st_ino), uid: info.st_uid)
-    if path {
-      var buffer = [CChar](repeating: 0, count: 4096)
-      let n = readlink(proc + "/exe", &buffer, buffer.count - 1)
-      if n > 0 { program.path = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) }
-    }
+    if path { program.path = readLink(proc + "/exe") }
     return program
   }
 
   // MARK: Readers
 
   static func sameMountNamespace(proc: String) -> Bool {
-    func link(_ path: String) -> String? {
-      var buffer = [CChar](repeating: 0, count: 256)
-      let n = readlink(path, &buffer, buffer.count - 1)
-      return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
-    }
-    guard let theirs = link(proc + "/ns/mnt"), let ours = ownMountNamespace else { return false }
+    guard let theirs = readLink(proc + "/ns/mnt"), let ours = ownMountNamespace else { return false }
     return theirs == ours
   }
 
   /// tesserad's own mount namespace: read once (it never joins another).
-  static let ownMountNamespace: String? = {
-    var buffer = [CChar](repeating: 0, count: 256)
-    let n = readlink("/proc/self/ns/mnt", &buffer, buffer.count - 1)
+  static let ownMountNamespace = readLink("/proc/self/ns/mnt")
+
+  /// Where a link points; nil when it cannot be read.
+  static func readLink(_ path: String) -> String? {
+    var buffer = [CChar](repeating: 0, count: 4096)
+    let n = readlink(path, &buffer, buffer.count - 1)
     return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
-  }()
+  }
 
   static func readText(_ path: String, limit: Int) -> String? {
     (try? Syscall.readFile(path, limit: limit, followLinks: false)).map { String(decoding: $0, as: UTF8.self) }
