@@ -144,8 +144,8 @@ let package = Package(
     .executableTarget(
       name: "tessera-bench",
       dependencies: [
-        "TesseraInterface", "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem", "CSystemd",
-        "TesseraTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        "TesseraInterface", "TesseraCore", "TesseraPlatform", "TesseraBus", "TesseraSystem", "TesseraClient",
+        "CSystemd", "TesseraTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser"),
       ]
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),

@@ -19,7 +19,8 @@ struct BenchCommand: ParsableCommand {
   static let configuration = CommandConfiguration(
     commandName: "tessera-bench",
     abstract: "Measure tesserad (the default), or hold it under a long load (soak).",
-    subcommands: [Bench.self, Soak.self, P2PFloor.self, ProofsCommand.self], defaultSubcommand: Bench.self)
+    subcommands: [Bench.self, Soak.self, P2PFloor.self, ProofsCommand.self, ClientCalls.self],
+    defaultSubcommand: Bench.self)
 }
 
 /// Tessera's benchmark: runs inside scripts/test-session (private bus, unlocked keyring, test IdP)
@@ -54,6 +55,11 @@ struct Bench: ParsableCommand {
     help:
       "The start-up floor: a Swift program linked as tessera is (runtime in, libsystemd loaded) that prints one line.")
   var swiftFloor: String?
+  @Option(
+    help:
+      "scripts/lib/valgrind-sigsuspend.c built as a shared library: lets valgrind 3.19 run tesserad for the instruction counts."
+  )
+  var valgrindPreload: String?
   @Flag(help: "One quick round of everything (CI's check that the benchmark still runs).") var smoke = false
   @Option(help: "Also record perf profiles of the direct and bus paths into this directory (see Direct.swift).")
   var profile: String?
@@ -87,6 +93,8 @@ struct Bench: ParsableCommand {
     let client = try BusClient()
     let signedIn = try Broker.signIn(client, clientID: "tessera-test")
     log("signed in as \(signedIn)")
+    // 5d. Memory that is tesserad's own, idle and signed in: its PSS (reported with the peer's).
+    let pssSignedIn = daemon.pssMB()
 
     // 1. Silent latency against the floor and Ping, interleaved.
     let latency = try measureLatency(client)
@@ -188,6 +196,32 @@ struct Bench: ParsableCommand {
         detail:
           "\(fmt(shape.p50 / directLatency.floor.p50)) × the p2p floor; direct silent / shape floor \(fmt(directLatency.direct.p50 / shape.p50)) ×; CPU per call: server \(fmt(cpu[4][0])) µs, client \(fmt(clientCPU[4])) µs"
       ))
+    // 1d. A new connection's first cached token (connect, authenticate, identify the caller,
+    // answer, close): tesserad against the shape floor's server, and the system calls of each.
+    let fresh = try measureNewConnections(daemonPID: daemon.pid, socketPath: socketPath, shape: shapeServer)
+    report.add(
+      .init(
+        id: "new_connection_cpu", name: "Direct socket: tesserad CPU per new connection and its first cached token",
+        value: fresh.tesserad, unit: "µs",
+        detail:
+          "shape floor server \(fmt(fresh.shape)) µs; client \(fmt(fresh.tesseradClient)) µs against \(fmt(fresh.shapeClient)) µs"
+      ))
+    report.add(
+      .init(
+        id: "new_connection_cpu_ratio", name: "New connection: tesserad / shape floor server, CPU",
+        value: fresh.tesserad / fresh.shape, unit: "×", goal: 2.0, lowerIsBetter: true))
+    switch (fresh.tesseradSyscalls, fresh.shapeSyscalls) {
+    case (.success(let daemonCalls), .success(let floorCalls)):
+      report.add(
+        .init(
+          id: "new_connection_syscalls", name: "Direct socket: tesserad's system calls per new connection",
+          value: daemonCalls.map(\.count).reduce(0, +), unit: "calls",
+          detail:
+            "\(Strace.describe(daemonCalls)); shape floor server \(fmt(floorCalls.map(\.count).reduce(0, +))): \(Strace.describe(floorCalls))"
+        ))
+    case (.failure(let why), _), (_, .failure(let why)):
+      log("system calls per new connection: not counted: \(why)")
+    }
     if let profile {
       try recordProfiles(
         into: profile, count: profileCalls,
@@ -229,6 +263,7 @@ struct Bench: ParsableCommand {
     floorServer.stop()
 
     // 2b. The CLI against busctl, same call.
+    var peer: PeerTimes?
     if let tessera {
       let cli = try measureCLI(tessera: tessera)
       report.add(
@@ -255,7 +290,8 @@ struct Bench: ParsableCommand {
           id: "cli_startup", name: "Start-up: `tessera --version`, median wall time", value: cli.version, unit: "ms",
           detail: "`busctl --version` \(fmt(cli.busctlVersion)) ms (\(fmt(cli.version / cli.busctlVersion)) ×)"))
       // 2c. The closest peer, oidc-agent, and the start-up floor (issue 41).
-      if let peer = measurePeerOrSay(tessera: tessera, env: env) {
+      peer = measurePeerOrSay(tessera: tessera, env: env)
+      if let peer {
         report.add(
           .init(
             id: "peer_oidc_token", name: "`oidc-token` (oidc-agent), cached token, median wall time",
@@ -274,6 +310,16 @@ struct Bench: ParsableCommand {
               detail: "\(fmt(peer.version.p50)) ms against \(fmt(floor.p50)) ms"))
         }
       }
+      if let peer {
+        let agentCalls = (try? peer.agentSyscalls.get()).map { calls in
+          "; system calls \(fmt(calls.map(\.count).reduce(0, +))): \(Strace.describe(calls))"
+        }
+        report.add(
+          .init(
+            id: "peer_agent_cpu", name: "oidc-agent: CPU per `oidc-token` request (a new connection each)",
+            value: peer.agentCPU, unit: "µs",
+            detail: "tesserad per new connection \(fmt(fresh.tesserad)) µs\(agentCalls ?? "")"))
+      }
       for (name, path) in [("tessera", tessera), ("tesserad", tesserad)] {
         let binary = Binary.describe(path)
         report.add(
@@ -282,6 +328,15 @@ struct Bench: ParsableCommand {
             detail: "links \(binary.libraries.count): \(binary.libraries.joined(separator: ", "))"))
       }
     }
+
+    report.add(
+      .init(
+        id: "pss_signed_in", name: "tesserad PSS, idle and signed in", value: pssSignedIn.pss, unit: "MB", goal: 16,
+        lowerIsBetter: true,
+        detail: "anonymous \(fmt(pssSignedIn.anonymous)) MB"
+          + (peer.map {
+            "; oidc-agent holding its token \(fmt($0.agentPSS.pss)) MB, anonymous \(fmt($0.agentPSS.anonymous)) MB"
+          } ?? "")))
 
     // 3. Single-flight on an expired token.
     let requests = try measureSingleFlight(env: env, client: client)
@@ -337,6 +392,39 @@ struct Bench: ParsableCommand {
           detail: "p99 \(fmt(tpm.p99)) µs; a hardware TPM is slower"))
     case .failure(let why):
       log("DPoP proof with a key in the TPM: not measured: \(why)")
+    }
+
+    // 3b. Instructions per call, counted by callgrind (CPU placement cannot move them): tesserad
+    // and the client library, each against the shape floor's.
+    do {
+      let counts = try measureInstructions(daemon: daemon, env: env, silentReply: silentReply)
+      report.add(
+        .init(
+          id: "instructions_silent", name: "Instructions per direct silent call, tesserad", value: counts.tesserad,
+          unit: "instr.", detail: "shape floor server \(fmt(counts.shapeServer)) (callgrind, every thread)"))
+      report.add(
+        .init(
+          id: "instructions_silent_ratio", name: "Instructions per direct silent call: tesserad / shape floor server",
+          value: counts.tesserad / counts.shapeServer, unit: "×", goal: 1.5, lowerIsBetter: true))
+      report.add(
+        .init(
+          id: "instructions_new_connection",
+          name: "Instructions per new connection and its first cached token, tesserad",
+          value: counts.tesseradConnection, unit: "instr.",
+          detail:
+            "shape floor server \(fmt(counts.shapeServerConnection)) (\(fmt(counts.tesseradConnection / counts.shapeServerConnection)) ×)"
+        ))
+      report.add(
+        .init(
+          id: "instructions_client", name: "Instructions per silent call, client library (typed result)",
+          value: counts.typedClient, unit: "instr.",
+          detail: "shape floor client (the bus layer's call, bus values) \(fmt(counts.rawClient))"))
+      report.add(
+        .init(
+          id: "instructions_client_ratio", name: "Instructions per silent call: client library / shape floor client",
+          value: counts.typedClient / counts.rawClient, unit: "×", goal: 1.3, lowerIsBetter: true))
+    } catch {
+      log("instructions per call: not counted: \(error)")
     }
 
     // 6. Start-up from exec and through D-Bus activation, and the keyring's own time.

@@ -170,7 +170,11 @@ final class FloorServer {
   /// Starts it on a fresh socket under `parent`, answering with a body of `replyBytes` bytes
   /// (one string, so `replyBytes - 5` characters: its length and its NUL take the rest); or, with
   /// `shape`, with those values (the shape floor).
-  init(replyBytes: Int, parent: String, shape: [BusValue]? = nil) throws {
+  /// `wrapper` is a program it runs under (valgrind, for the instruction counts).
+  /// `program` is the tessera-bench to run (this one by default).
+  init(replyBytes: Int, parent: String, shape: [BusValue]? = nil, wrapper: [String] = [], program: String? = nil)
+    throws
+  {
     self.replyBytes = replyBytes
     var template = Array((parent + "/bench-floor.XXXXXX").utf8CString)
     guard let made = mkdtemp(&template) else { throw BenchError("mkdtemp under \(parent) failed") }
@@ -185,17 +189,17 @@ final class FloorServer {
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
     posix_spawn_file_actions_adddup2(&actions, pipeEnds[0], 0)
-    let exe = try Syscall.readLink("/proc/self/exe")
+    let exe = try program ?? Syscall.readLink("/proc/self/exe")
     var argv = [exe, "p2p-floor", "--socket", socket, "--length", "\(max(0, replyBytes - 5))"]
     if let shape {
       try FloorShape.write(shape, to: directory + "/reply.json")
       argv += ["--shape", directory + "/reply.json"]
     }
-    var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    var cArguments: [UnsafeMutablePointer<CChar>?] = (wrapper + argv).map { strdup($0) } + [nil]
     defer { cArguments.forEach { free($0) } }
-    let r = posix_spawn(&pid, exe, &actions, nil, &cArguments, environ)
+    let r = posix_spawn(&pid, wrapper.first ?? exe, &actions, nil, &cArguments, environ)
     guard r == 0 else { throw BenchError("cannot start the p2p floor server: error \(r)") }
-    let deadline = monotonic() + 10
+    let deadline = monotonic() + (wrapper.isEmpty ? 10 : 120)
     while (try? connect()) == nil {
       guard monotonic() < deadline else { throw BenchError("the p2p floor server did not listen on \(socket)") }
       usleep(2000)

@@ -16,6 +16,11 @@ extension Bench {
     var oidcToken: Stats
     var version: Stats
     var floor: Stats?
+    /// The agent's processes, per `oidc-token` (a new connection each): CPU (µs), system calls.
+    var agentCPU: Double
+    var agentSyscalls: Result<[(name: String, count: Double)], BenchError>
+    /// The agent's PSS and its anonymous part (MB), its processes summed, holding its token.
+    var agentPSS: (pss: Double, anonymous: Double)
   }
 
   /// measurePeer, or nil when the peer cannot be set up here (said in the log, the rows left out).
@@ -47,9 +52,21 @@ extension Bench {
         "the IdP got \(requests) token request(s) during the cached rounds (oidc-agent's or tesserad's): the rows would not compare two caches"
       )
     }
+    // What each request costs the agent (a new connection per `oidc-token`), as the new
+    // connection rows measure tesserad.
+    let agentProcesses = Processes.tree(agent.pid)
+    let counted = smoke ? 5 : 100
+    let cpuBefore = agentProcesses.map(CPUTime.wholeProcess).reduce(0, +)
+    let oidcToken = ["/usr/bin/oidc-token", OIDCAgent.account]
+    for _ in 0..<counted { _ = try timeProcess(oidcToken) }
+    let agentCPU = (agentProcesses.map(CPUTime.wholeProcess).reduce(0, +) - cpuBefore) * 1e6 / Double(counted)
+    let syscalls = reason {
+      try Strace.count(agentProcesses, per: smoke ? 3 : 20) { _ = try timeProcess(oidcToken) }
+    }
     return PeerTimes(
       tessera: Stats(times[0]), oidcToken: Stats(times[1]), version: Stats(times[2]),
-      floor: swiftFloor == nil ? nil : Stats(times[3]))
+      floor: swiftFloor == nil ? nil : Stats(times[3]), agentCPU: agentCPU, agentSyscalls: syscalls,
+      agentPSS: Daemon.pssMB(of: agentProcesses))
   }
 }
 
@@ -58,7 +75,7 @@ extension Bench {
 /// `OIDC_SOCK` is set in this process, so that the `oidc-token` it spawns finds the agent.
 final class OIDCAgent {
   static let account = "bench"
-  private var pid: pid_t = 0
+  private(set) var pid: pid_t = 0
   /// The IdP's log line count once the agent has its token: it must ask nothing after.
   private(set) var mark = 0
 

@@ -77,6 +77,10 @@ final class Daemon: @unchecked Sendable {
   private(set) var pid: pid_t = 0
   /// More arguments for tesserad (e.g. --config for another access mode).
   var arguments: [String] = []
+  /// A program tesserad runs under, with its arguments (valgrind, for the instruction counts).
+  var wrapper: [String] = []
+  /// How long to wait for its bus names (longer under a wrapper that slows it).
+  var startTimeout = 10.0
 
   init(binary: String, log: String) {
     self.binary = binary
@@ -87,7 +91,7 @@ final class Daemon: @unchecked Sendable {
   func start() throws {
     try launch()
     let client = try BusClient()
-    let deadline = monotonic() + 10
+    let deadline = monotonic() + startTimeout
     // Both fronts: the Microsoft name is taken just after the native one.
     for name in [BrokerInterface.busName, MicrosoftBrokerInterface.busName] {
       while !(try client.nameHasOwner(name)) {
@@ -105,9 +109,10 @@ final class Daemon: @unchecked Sendable {
     posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
     posix_spawn_file_actions_adddup2(&actions, 1, 2)
     var argv: [UnsafeMutablePointer<CChar>?] =
-      ([binary, "--log-level", "notice"] + arguments).map { strdup($0) } + [nil]
+      (wrapper + [binary, "--log-level", "notice"] + arguments).map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
-    let r = posix_spawn(&pid, binary, &actions, nil, &argv, environ)
+    let program = wrapper.first ?? binary
+    let r = posix_spawn(&pid, program, &actions, nil, &argv, environ)
     guard r == 0 else { throw BenchError("cannot start \(binary): \(String(cString: strerror(r)))") }
   }
 
@@ -150,6 +155,28 @@ final class Daemon: @unchecked Sendable {
       let kib = Double(line.split(separator: " ").dropFirst().first ?? "")
     else { return .nan }
     return kib / 1024
+  }
+
+  /// Proportional set size (shared pages divided among the processes mapping them) and its
+  /// anonymous part, in MB (10^6 bytes), from /proc/PID/smaps_rollup.
+  func pssMB() -> (pss: Double, anonymous: Double) { Self.pssMB(of: [pid]) }
+
+  /// The same for processes `pids`, summed.
+  static func pssMB(of pids: [pid_t]) -> (pss: Double, anonymous: Double) {
+    pids.map(pssMB(of:)).reduce((0, 0)) { ($0.0 + $1.0, $0.1 + $1.1) }
+  }
+
+  private static func pssMB(of pid: pid_t) -> (pss: Double, anonymous: Double) {
+    guard let rollup = try? String(contentsOfFile: "/proc/\(pid)/smaps_rollup", encoding: .utf8) else {
+      return (.nan, .nan)
+    }
+    func field(_ name: String) -> Double {
+      guard let line = rollup.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }),
+        let kib = Double(line.split(separator: " ").dropFirst().first ?? "")
+      else { return .nan }
+      return kib * 1024 / 1e6
+    }
+    return (field("Pss"), field("Pss_Anon"))
   }
 
   /// Resident set size, from /proc.
@@ -489,6 +516,17 @@ struct Report: Codable {
         `a{sv}`: the same values, types and nesting, written by the codec tesserad uses) to a request
         with the silent call's arguments, read by the same client code: what the contract's
         messages cost on the direct path with no Tessera server code, measured in the same rounds.
+      - **New connection** rows open a connection, make one silent call answered from the cache
+        and close it, to tesserad and to the shape floor's server, interleaved: the server's CPU
+        for it (its CPU-time clock, every thread), and the system calls it makes (strace attached
+        to it, `-c`, per connection). oidc-agent's figure beside it is its processes' CPU for one
+        `oidc-token`, which opens a new connection to the agent every time.
+      - **Instructions** are counted by callgrind (valgrind), so that CPU placement and other load
+        cannot move them: the server runs under it, its counters zeroed before a run of calls and
+        dumped after (every thread). The client library's count is the difference between two
+        whole runs of `tessera-bench client-calls` that differ only in the number of calls, both
+        against the shape floor's server; its floor is the bus layer's own call, the reply left as
+        bus values.
       - **CLI** compares `tessera --bus token` (the session bus) and `tessera token` (which takes the
         direct socket by itself) with `busctl --user call` of the same `AcquireTokenSilent` (whole
         processes, started alike, their median wall time over interleaved runs); start-up alone is
@@ -500,7 +538,9 @@ struct Report: Codable {
         makes itself with libcurl over a reused connection to the same IdP: the ratio is the broker's
         own overhead (bus, id_token validation, keyring writes of the rotated tokens).
       - **Memory** is `VmRSS` of `tesserad` from /proc: idle after start, with a large cache loaded from
-        the keyring, and its growth over many silent calls.
+        the keyring, and its growth over many silent calls. **PSS** (from /proc/PID/smaps_rollup,
+        in MB of 10^6 bytes) divides shared pages among the processes that map them: what the
+        daemon costs the machine, beside oidc-agent's processes holding their token.
       - **Start-up** is from exec (or from the first call, for D-Bus activation) to the first silent token
         answered from a cold cache, i.e. loaded from the Secret Service. The keyring's own time to hand
         over the items is measured apart and subtracted.
