@@ -156,6 +156,12 @@ public func runTessera(_ arguments: [String] = CommandLine.arguments) -> Never {
     Tessera.GitCredential.main(takeBusFlag(Array(arguments.dropFirst())))
   } else {
     let rest = takeBusFlag(Array(arguments.dropFirst()))
+    // `tessera --version` alone: what the parser would print, without its reflection over the
+    // root command's options (a fifth of the start; BinaryTests checks the two agree).
+    if rest == ["--version"] {
+      print(Tessera.configuration.version)
+      exit(0)
+    }
     // The hot path: a plain `tessera token` skips the full parser's reflection (TokenLine).
     if rest.first == "token", let line = TokenLine.parse(rest.dropFirst()) {
       do { try Tessera.Token.printToken(line) } catch { Tessera.exit(withError: error) }

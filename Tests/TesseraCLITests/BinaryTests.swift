@@ -102,6 +102,10 @@ struct BinaryTests {
     let version = try run(["--version"])
     #expect(version.status == 0)
     #expect(version.stdout == BrokerInterface.version + "\n")
+    // The same through the full parser: `--version` given twice is not the fast path's line.
+    let parsed = try run(["--version", "--version"])
+    #expect(parsed.status == 0)
+    #expect(parsed.stdout == version.stdout)
   }
 
   @Test func aMistypedSubcommandIsAUsageError() throws {
