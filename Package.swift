@@ -149,7 +149,9 @@ let package = Package(
       ]
     ),
     .testTarget(name: "TesseraInterfaceTests", dependencies: ["TesseraInterface"]),
-    .testTarget(name: "TesseraSystemTests", dependencies: ["TesseraSystem", "TesseraInterface"]),
+    .testTarget(
+      name: "TesseraSystemTests",
+      dependencies: ["TesseraSystem", "TesseraInterface", .product(name: "SystemPackage", package: "swift-system")]),
     // The CLI: its pure parts, and the built `tessera` binary run as a user runs it (stdout,
     // stderr, exit status), against a scripted broker on a private dbus-daemon.
     .testTarget(name: "TesseraClientTests", dependencies: ["TesseraClient", "TesseraInterface", "TesseraTestSupport"]),

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import TesseraTestSupport
 import XCTest
 
 @testable import TesseraPlatform
@@ -25,6 +26,33 @@ final class CallerIdentityTests: XCTestCase {
     XCTAssertEqual(id("app-gnome-org.gnome.Terminal\\x2dPreview-11.scope"), "org.gnome.Terminal-Preview")
     XCTAssertNil(id("session-2.scope"))
     XCTAssertNil(id("tessera.service"))
+  }
+
+  /// The unit is read from the cgroup file's bytes; for the text a kernel writes there (no
+  /// combining marks, no CR), that is what a character-wise reading finds: checked against one
+  /// over generated files (other hierarchies' lines, empty and repeated slashes, no 0:: line).
+  func testTheUnitIsWhatACharacterWiseReadingFinds() {
+    func characterWise(_ cgroup: String) -> String? {
+      for line in cgroup.split(separator: "\n") where line.hasPrefix("0::") {
+        return line.split(separator: "/").last.map(String.init)
+      }
+      return nil
+    }
+    var random = SeededGenerator(state: 41)
+    let parts = [
+      "user.slice", "user-1000.slice", "user@1000.service", "app.slice", "app-gnome-org.gnome.Evolution-4242.scope",
+      "app-flatpak-org.example.App-12.scope", "", "session-2.scope", "init.scope", "é.scope", "x\\x2dy",
+    ]
+    for _ in 0..<2000 {
+      var lines: [String] = []
+      for _ in 0..<Int.random(in: 0...4, using: &random) {
+        let prefix = ["0::", "1:name=systemd:", "4:memory:", "0:", "10::"].randomElement(using: &random)!
+        let path = (0..<Int.random(in: 0...5, using: &random)).map { _ in parts.randomElement(using: &random)! }
+        lines.append(prefix + (Bool.random(using: &random) ? "/" : "") + path.joined(separator: "/"))
+      }
+      let text = lines.joined(separator: "\n") + (Bool.random(using: &random) ? "\n" : "")
+      XCTAssertEqual(CallerIdentity.unit(cgroup: text), characterWise(text), text.debugDescription)
+    }
   }
 
   func testSnapLabels() {

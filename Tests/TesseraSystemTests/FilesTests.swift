@@ -1,4 +1,6 @@
+import Foundation
 import Glibc
+import SystemPackage
 import Testing
 
 @testable import TesseraSystem
@@ -45,5 +47,41 @@ import Testing
     }
     #expect(try Syscall.readFile(path, limit: 100) == Array("two".utf8), "the old file stays whole")
     #expect(access(path + ".tmp", F_OK) == 0, "and the other writer's temporary file stays")
+  }
+
+  /// readAll reads into storage it never zeroes, and grows past 64 KiB: every byte comes back,
+  /// whatever the size against its first buffer and against the limit.
+  @Test(arguments: [0, 1, 4095, 65_535, 65_536, 65_537, 200_000])
+  func readAllReturnsEveryByteAndRefusesOneOverTheLimit(size: Int) throws {
+    let root = scratch()
+    defer { _ = system("rm -rf '\(root)'") }
+    let path = root + "/data"
+    let bytes = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
+    try Files.writeDurably(path, bytes, temporary: path + ".tmp")
+    #expect(try Syscall.readFile(path, limit: size) == bytes, "exactly at the limit")
+    #expect(try Syscall.readFile(path, limit: size + 100_000) == bytes, "well under it")
+    if size > 0 {
+      #expect {
+        try Syscall.readFile(path, limit: size - 1)
+      } throws: { error in
+        (error as? SystemCallError)?.errno == .fileTooLarge
+      }
+    }
+  }
+
+  /// From a pipe, in pieces smaller than a read asks for, it still reads to the end.
+  @Test func readAllReadsAPipeWrittenInPiecesToItsEnd() throws {
+    var ends: [Int32] = [-1, -1]
+    #expect(pipe(&ends) == 0)
+    let piece = [UInt8](repeating: 0x61, count: 1000)
+    let writer = ends[1]
+    Thread.detachNewThread {
+      for _ in 0..<100 { _ = piece.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+      close(writer)
+    }
+    let read = try Syscall.readAll(FileDescriptor(rawValue: ends[0]), limit: 1 << 20)
+    close(ends[0])
+    #expect(read.count == 100_000)
+    #expect(read.allSatisfy { $0 == 0x61 })
   }
 }
