@@ -33,7 +33,7 @@ extension BusServer {
     // A session bus serves one user; a bus that lets another user connect (or a peer that passed
     // its connection on) must not reach anyone's tokens through it. Refused before anything else.
     if let refusal = refusalForAnotherUser(caller) { return refuse(message, member, .accessDenied(refusal)) }
-    let call = Call(interface: object.description, member: member, arguments: arguments, caller: caller)
+    let call = Call(exported: object.box, member: member, arguments: arguments, caller: caller)
     switch answerAtOnce?(call) {
     case .reply(let result)?:
       send(reply: result, to: message)
@@ -112,6 +112,8 @@ extension BusServer {
 final class ExportedObject: @unchecked Sendable {
   // Invariant: `server` is set once, before the bus thread starts; the rest is immutable.
   let description: InterfaceDescription
+  /// The same, for the calls made on it (BusServer.Call).
+  let box: BusServer.InterfaceBox
   let vtable: UnsafeMutablePointer<sd_bus_vtable>
   /// C strings for the signature filter, which sees every message.
   let path: UnsafePointer<CChar>
@@ -122,6 +124,7 @@ final class ExportedObject: @unchecked Sendable {
 
   init(description: InterfaceDescription) {
     self.description = description
+    box = BusServer.InterfaceBox(description)
     let count = 2 + description.methods.count + description.properties.count + description.signals.count
     let table = UnsafeMutablePointer<sd_bus_vtable>.allocate(capacity: count)
     func keep(_ s: String) -> UnsafePointer<CChar> { UnsafePointer(strdup(s)!) }

@@ -217,7 +217,7 @@ public struct TesseraFront: Sendable {
       metadata["proof_for"] = "\(Broker.origin(SafeText.clip(a.string(1), limit: 300)))"
       let proof = try await broker.proof(
         method: a.string(0), url: a.string(1), accessToken: a.string(2),
-        nonce: RequestParser.string(a.dict(3), RequestOptions.nonce), caller: caller)
+        nonce: RequestParser.string(a.dict(3), RequestOptions.nonce.key), caller: caller)
       return [.string(proof)]
     case .cancel:
       metadata["correlation_id"] = "\(a.string(0))"

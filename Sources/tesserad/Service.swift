@@ -23,7 +23,7 @@ final class RequestRouter: Sendable {
 
   func answerAtOnce(_ call: BusServer.Call) -> FastAnswer? {
     guard let fronts = target.withLock({ $0 }) else { return nil }
-    if call.interface.name == MicrosoftBrokerInterface.interfaceName {
+    if call.interfaceName == MicrosoftBrokerInterface.interfaceName {
       return fronts.microsoft.answerAtOnce(method: call.member, arguments: call.arguments, caller: call.caller).map {
         .reply(.success([.string($0)]))
       }
@@ -39,7 +39,7 @@ final class RequestRouter: Sendable {
   func dispatch(_ call: BusServer.Call, _ token: BusServer.ReplyToken) {
     guard let fronts = target.withLock({ $0 }) else { return }
     Task {
-      if call.interface.name == MicrosoftBrokerInterface.interfaceName {
+      if call.interfaceName == MicrosoftBrokerInterface.interfaceName {
         let answer = await fronts.microsoft.handle(method: call.member, arguments: call.arguments, caller: call.caller)
         fronts.server.reply(token, .success([.string(answer)]))
       } else {
