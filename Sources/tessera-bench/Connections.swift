@@ -128,9 +128,13 @@ enum Strace {
     }
     kill(tracer, SIGINT)
     while waitpid(tracer, &status, 0) < 0 && errno == EINTR {}
-    return try parse(String(contentsOfFile: output, encoding: .utf8)).map {
-      ($0.name, Double($0.calls) / Double(times))
+    // strace writes its table on SIGINT and then ends by that signal (or exits 0); anything
+    // else, or an empty table, is no count.
+    let rows = parse((try? String(contentsOfFile: output, encoding: .utf8)) ?? "")
+    guard status == 0 || status & 0x7f == SIGINT, !rows.isEmpty else {
+      throw BenchError("strace ended with wait status \(status) and \(rows.count) rows: no count")
     }
+    return rows.map { ($0.name, Double($0.calls) / Double(times)) }
   }
 
   /// The calls as a list for the report: "getsockopt 11, setsockopt 4, …" (per connection).

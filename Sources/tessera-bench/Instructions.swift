@@ -18,10 +18,19 @@ enum Callgrind {
   static let valgrind = "/usr/bin/valgrind"
   static let control = "/usr/bin/callgrind_control"
 
-  /// Why instructions cannot be counted here, or nil when they can.
-  static func unavailable() -> String? {
+  /// Why instructions cannot be counted here, or nil when they can. callgrind_control reaches a
+  /// process blocked in a system call through ptrace (vgdb): where Yama allows it only to root,
+  /// another user's run would wait for nothing.
+  static func unavailable(preload: String?) -> String? {
     for tool in [valgrind, control] where access(tool, X_OK) != 0 {
       return "\(tool) is missing (Debian's valgrind package)"
+    }
+    if preload == nil { return "no --valgrind-preload (scripts/bench builds it): valgrind 3.19 cannot run tesserad" }
+    let scope =
+      (try? String(contentsOfFile: "/proc/sys/kernel/yama/ptrace_scope", encoding: .utf8))
+      .flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
+    if scope >= 1 && geteuid() != 0 {
+      return "ptrace is limited (kernel.yama.ptrace_scope=\(scope)) and this is not root"
     }
     return nil
   }
@@ -62,7 +71,7 @@ enum Callgrind {
   {
     unlink(outFile)
     let wrapped = wrapper(outFile: outFile, preload: preload) + argv
-    try run(wrapped[0], Array(wrapped.dropFirst()), environment: environment)
+    try run(wrapped[0], Array(wrapped.dropFirst()), environment: environment, timeout: 600)
     return try totals(in: outFile)
   }
 
@@ -84,7 +93,9 @@ enum Callgrind {
   }
 
   /// Runs a program to its end; its output goes to the benchmark's standard error.
-  private static func run(_ program: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+  private static func run(
+    _ program: String, _ arguments: [String], environment: [String: String] = [:], timeout: Double = 120
+  ) throws {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -100,8 +111,17 @@ enum Callgrind {
     var pid: pid_t = 0
     let r = posix_spawn(&pid, program, &actions, nil, &argv, &envp)
     guard r == 0 else { throw BenchError("cannot start \(program): \(String(cString: strerror(r)))") }
+    // Bounded: vgdb waits for a process it cannot wake (ptrace refused in a container).
     var status: Int32 = 0
-    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let deadline = monotonic() + timeout
+    while waitpid(pid, &status, WNOHANG) == 0 {
+      guard monotonic() < deadline else {
+        kill(pid, SIGKILL)
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        throw BenchError("\(([program] + arguments).joined(separator: " ")) did not end within \(Int(timeout)) s")
+      }
+      usleep(2000)
+    }
     guard status == 0 else {
       throw BenchError("\(([program] + arguments).joined(separator: " ")) failed (wait status \(status))")
     }
@@ -164,7 +184,7 @@ extension Bench {
   /// connection; and the client library against the shape floor's client, both calling the shape
   /// floor's server, so the two read the same reply bytes.
   func measureInstructions(daemon: Daemon, env: Environment, silentReply: [BusValue]) throws -> InstructionCounts {
-    if let why = Callgrind.unavailable() { throw BenchError(why) }
+    if let why = Callgrind.unavailable(preload: valgrindPreload) { throw BenchError(why) }
     let calls = smoke ? 50 : 2000
     let connections = smoke ? 5 : 100
     let directory = env.sessionDir + "/callgrind"
@@ -197,16 +217,17 @@ extension Bench {
     let tesseradCopy = try Callgrind.strippedCopy(of: daemon.binary, in: directory)
     let benchCopy = try Callgrind.strippedCopy(of: try Syscall.readLink("/proc/self/exe"), in: directory)
 
-    // tesserad, restarted under callgrind.
+    // tesserad, restarted under callgrind; the plain one is back after, whatever happens.
     daemon.stop()
+    defer { if daemon.pid == 0 { try? daemon.start() } }
     let measured = Daemon(binary: tesseradCopy, log: daemon.log)
     measured.arguments = daemon.arguments
     measured.wrapper = Callgrind.wrapper(outFile: directory + "/tesserad.out", preload: valgrindPreload)
     measured.startTimeout = 180
-    try measured.start()
     let tesserad: (Double, Double)
     do {
       defer { measured.stop() }
+      try measured.start()
       tesserad = try perCall(
         pid: measured.pid, outFile: directory + "/tesserad.out", connect: { try Direct.connect(socketPath) },
         call: silent)

@@ -95,7 +95,17 @@ final class Daemon: @unchecked Sendable {
     // Both fronts: the Microsoft name is taken just after the native one.
     for name in [BrokerInterface.busName, MicrosoftBrokerInterface.busName] {
       while !(try client.nameHasOwner(name)) {
-        guard monotonic() < deadline else { throw BenchError("tesserad did not take \(name); see \(log)") }
+        var status: Int32 = 0
+        if waitpid(pid, &status, WNOHANG) == pid {
+          pid = 0
+          throw BenchError("tesserad exited (wait status \(status)) before taking \(name); see \(log)")
+        }
+        guard monotonic() < deadline else {
+          kill(pid, SIGKILL)
+          while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+          pid = 0
+          throw BenchError("tesserad did not take \(name) within \(Int(startTimeout)) s; see \(log)")
+        }
         usleep(1000)
       }
     }
@@ -466,6 +476,12 @@ struct Report: Codable {
   }
 
   mutating func add(_ result: Measurement) {
+    // A figure that could not be read (a process gone, /proc refused) is left out, said in the
+    // log: JSON has no NaN, and a row of NaN would say nothing.
+    guard result.value.isFinite else {
+      log("\(result.name): not measured (no finite value)")
+      return
+    }
     results.append(result)
     log("\(result.name): \(fmt(result.value)) \(result.unit)")
   }
