@@ -310,6 +310,9 @@ struct Bench: ParsableCommand {
               detail: "\(fmt(peer.version.p50)) ms against \(fmt(floor.p50)) ms"))
         }
       }
+      if case .failure(let why)? = peer?.agentInstructions {
+        log("oidc-agent's instructions per request: not counted: \(why)")
+      }
       if let peer {
         let agentCalls = (try? peer.agentSyscalls.get()).map { calls in
           "; system calls \(fmt(calls.map(\.count).reduce(0, +))): \(Strace.describe(calls))"
@@ -413,6 +416,9 @@ struct Bench: ParsableCommand {
           value: counts.tesseradConnection, unit: "instr.",
           detail:
             "shape floor server \(fmt(counts.shapeServerConnection)) (\(fmt(counts.tesseradConnection / counts.shapeServerConnection)) ×)"
+            + ((try? peer?.agentInstructions.get()).map {
+              "; oidc-agent per `oidc-token` (a new connection each) \(fmt($0))"
+            } ?? "")
         ))
       report.add(
         .init(

@@ -21,6 +21,8 @@ extension Bench {
     var agentSyscalls: Result<[(name: String, count: Double)], BenchError>
     /// The agent's PSS and its anonymous part (MB), its processes summed, holding its token.
     var agentPSS: (pss: Double, anonymous: Double)
+    /// The instructions its processes execute per `oidc-token` (callgrind), or why not counted.
+    var agentInstructions: Result<Double, BenchError>
   }
 
   /// measurePeer, or nil when the peer cannot be set up here (said in the log, the rows left out).
@@ -63,10 +65,50 @@ extension Bench {
     let syscalls = reason {
       try Strace.count(agentProcesses, per: smoke ? 3 : 20) { _ = try timeProcess(oidcToken) }
     }
+    let pss = Daemon.pssMB(of: agentProcesses)
+    agent.stop()
     return PeerTimes(
       tessera: Stats(times[0]), oidcToken: Stats(times[1]), version: Stats(times[2]),
       floor: swiftFloor == nil ? nil : Stats(times[3]), agentCPU: agentCPU, agentSyscalls: syscalls,
-      agentPSS: Daemon.pssMB(of: agentProcesses))
+      agentPSS: pss, agentInstructions: reason { try measureAgentInstructions(env: env) })
+  }
+
+  /// The instructions oidc-agent's processes execute per `oidc-token` answered from its cache.
+  /// The agent it forks cannot be reached by callgrind_control, so two agents run whole under
+  /// callgrind, set up alike, one answering `requests` more requests than the other: the
+  /// difference of their totals (each process's, written as it ends) is what those requests cost.
+  func measureAgentInstructions(env: Environment) throws -> Double {
+    guard access(Callgrind.valgrind, X_OK) == 0 else { throw BenchError("valgrind is not installed") }
+    let oidcToken = ["/usr/bin/oidc-token", OIDCAgent.account]
+    let requests = smoke ? 3 : 50
+    var totals: [Double] = []
+    for (index, count) in [0, requests].enumerated() {
+      let directory = env.sessionDir + "/callgrind-agent-\(index)"
+      try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+      let agent = try OIDCAgent(
+        env: env, directoryName: "oidc-agent-callgrind-\(index)",
+        wrapper: Callgrind.wrapper(outFile: directory + "/agent.%p", preload: nil))
+      let processes = Processes.tree(agent.pid)
+      do {
+        defer { agent.stop() }
+        for _ in 0..<(3 + count) { _ = try timeProcess(oidcToken) }
+      }
+      // Each process writes its totals as it ends (the forked one after its parent).
+      let deadline = monotonic() + 60
+      var total = 0.0
+      for pid in processes {
+        while true {
+          if let value = try? Callgrind.totals(in: directory + "/agent.\(pid)") {
+            total += Double(value)
+            break
+          }
+          guard monotonic() < deadline else { throw BenchError("oidc-agent \(pid) wrote no counts within 60 s") }
+          usleep(10_000)
+        }
+      }
+      totals.append(total)
+    }
+    return (totals[1] - totals[0]) / Double(requests)
   }
 }
 
@@ -76,14 +118,17 @@ extension Bench {
 final class OIDCAgent {
   static let account = "bench"
   private(set) var pid: pid_t = 0
+  private var stopped = false
   /// The IdP's log line count once the agent has its token: it must ask nothing after.
   private(set) var mark = 0
 
-  init(env: Environment) throws {
+  /// `wrapper` is a program the agent runs under (valgrind); `directoryName` its folder in the
+  /// session's directory (each agent needs its own).
+  init(env: Environment, directoryName: String = "oidc-agent", wrapper: [String] = []) throws {
     guard access("/usr/bin/oidc-agent", X_OK) == 0 else {
       throw BenchError("oidc-agent is not installed (apt-get install oidc-agent-cli; scripts/bench does)")
     }
-    let directory = env.sessionDir + "/oidc-agent"
+    let directory = env.sessionDir + "/" + directoryName
     try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
     setenv("OIDC_CONFIG_DIR", directory, 1)
     setenv("OIDC_ENCRYPTION_PW", "bench-password", 1)
@@ -92,7 +137,8 @@ final class OIDCAgent {
     let socket = directory + "/agent.sock"
     setenv("OIDC_SOCK", socket, 1)
     pid = try Self.spawn(
-      ["/usr/bin/oidc-agent", "--console", "--no-autoload", "--socket-path=\(socket)"], output: directory + "/agent.log"
+      wrapper + ["/usr/bin/oidc-agent", "--console", "--no-autoload", "--socket-path=\(socket)"],
+      output: directory + "/agent.log"
     )
     var started = false
     defer { if !started { stop() } }
@@ -155,6 +201,8 @@ final class OIDCAgent {
   }
 
   func stop() {
+    guard !stopped else { return }
+    stopped = true
     if pid > 0 {
       kill(pid, SIGTERM)
       var status: Int32 = 0

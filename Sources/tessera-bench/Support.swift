@@ -542,7 +542,8 @@ struct Report: Codable {
         dumped after (every thread). The client library's count is the difference between two
         whole runs of `tessera-bench client-calls` that differ only in the number of calls, both
         against the shape floor's server; its floor is the bus layer's own call, the reply left as
-        bus values.
+        bus values. oidc-agent's figure per `oidc-token` is the difference between two agents run
+        whole under callgrind, set up alike, one answering more requests than the other.
       - **CLI** compares `tessera --bus token` (the session bus) and `tessera token` (which takes the
         direct socket by itself) with `busctl --user call` of the same `AcquireTokenSilent` (whole
         processes, started alike, their median wall time over interleaved runs); start-up alone is
