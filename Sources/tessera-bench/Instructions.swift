@@ -47,17 +47,18 @@ enum Callgrind {
   /// that Swift's clang writes, and gives up); its symbols stay.
   static func strippedCopy(of binary: String, in directory: String) throws -> String {
     let copy = directory + "/" + (binary as NSString).lastPathComponent
-    try run("/usr/bin/strip", ["--strip-debug", "-o", copy, binary])
+    _ = try Child.run(["/usr/bin/strip", "--strip-debug", "-o", copy, binary])
     return copy
   }
 
   /// The instructions `process` executes while `work` runs: its counters are zeroed before and
   /// dumped after (every thread's, through callgrind_control).
   static func count(process pid: pid_t, outFile: String, work: () throws -> Void) throws -> UInt64 {
-    try run(control, ["-z", "\(pid)"])
+    // Each bounded (Child.run): vgdb waits for a process it cannot wake (ptrace refused).
+    _ = try Child.run([control, "-z", "\(pid)"])
     try work()
     let before = dumps(of: outFile)
-    try run(control, ["-d", "\(pid)"])
+    _ = try Child.run([control, "-d", "\(pid)"])
     let part = { (file: String) in Int(file.split(separator: ".").last ?? "") ?? 0 }
     guard let newest = dumps(of: outFile).subtracting(before).max(by: { part($0) < part($1) }) else {
       throw BenchError("callgrind made no dump for process \(pid) next to \(outFile)")
@@ -70,8 +71,7 @@ enum Callgrind {
     -> UInt64
   {
     unlink(outFile)
-    let wrapped = wrapper(outFile: outFile, preload: preload) + argv
-    try run(wrapped[0], Array(wrapped.dropFirst()), environment: environment, timeout: 600)
+    _ = try Child.run(wrapper(outFile: outFile, preload: preload) + argv, environment: environment, timeout: 600)
     return try totals(in: outFile)
   }
 
@@ -90,41 +90,6 @@ enum Callgrind {
       let value = UInt64(line.dropFirst("totals:".count).trimmingCharacters(in: .whitespaces))
     else { throw BenchError("no totals in callgrind's output \(file)") }
     return value
-  }
-
-  /// Runs a program to its end; its output goes to the benchmark's standard error.
-  private static func run(
-    _ program: String, _ arguments: [String], environment: [String: String] = [:], timeout: Double = 120
-  ) throws {
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-    var merged = ProcessInfo.processInfo.environment
-    for (key, value) in environment { merged[key] = value }
-    var argv: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
-    var envp: [UnsafeMutablePointer<CChar>?] = merged.map { strdup("\($0)=\($1)") } + [nil]
-    defer {
-      argv.forEach { free($0) }
-      envp.forEach { free($0) }
-    }
-    var pid: pid_t = 0
-    let r = posix_spawn(&pid, program, &actions, nil, &argv, &envp)
-    guard r == 0 else { throw BenchError("cannot start \(program): \(String(cString: strerror(r)))") }
-    // Bounded: vgdb waits for a process it cannot wake (ptrace refused in a container).
-    var status: Int32 = 0
-    let deadline = monotonic() + timeout
-    while waitpid(pid, &status, WNOHANG) == 0 {
-      guard monotonic() < deadline else {
-        kill(pid, SIGKILL)
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        throw BenchError("\(([program] + arguments).joined(separator: " ")) did not end within \(Int(timeout)) s")
-      }
-      usleep(2000)
-    }
-    guard status == 0 else {
-      throw BenchError("\(([program] + arguments).joined(separator: " ")) failed (wait status \(status))")
-    }
   }
 }
 

@@ -136,7 +136,7 @@ final class OIDCAgent {
     // forks a daemon that prints where it listens only after its parent has gone).
     let socket = directory + "/agent.sock"
     setenv("OIDC_SOCK", socket, 1)
-    pid = try Self.spawn(
+    pid = try Child.spawn(
       wrapper + ["/usr/bin/oidc-agent", "--console", "--no-autoload", "--socket-path=\(socket)"],
       output: directory + "/agent.log"
     )
@@ -151,53 +151,15 @@ final class OIDCAgent {
       usleep(10_000)
     }
     let ca = ProcessInfo.processInfo.environment["TESSERA_IDP_CA"] ?? ""
-    _ = try Self.run([
+    _ = try Child.run([
       "/usr/bin/oidc-gen", Self.account, "--iss=\(env.authority)/", "--client-id=tessera-oidc-agent",
       "--client-secret=agent-secret-1", "--flow=password", "--op-username=alice", "--op-password=alice-pw",
       "--scope=openid profile offline_access read", "--cp=\(ca)", "--pw-env=OIDC_ENCRYPTION_PW",
       "--confirm-default", "--redirect-uri=http://localhost:4242",
     ])
-    _ = try Self.run(["/usr/bin/oidc-token", Self.account])  // its first token, from the IdP
+    _ = try Child.run(["/usr/bin/oidc-token", Self.account])  // its first token, from the IdP
     mark = env.idpLogLines()
     started = true
-  }
-
-  /// Runs a command to its end; its output and errors, or an error with them.
-  static func run(_ argv: [String]) throws -> String {
-    let path = NSTemporaryDirectory() + "/tessera-bench-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-    defer { unlink(path) }
-    let pid = try spawn(argv, output: path)
-    var status: Int32 = 0
-    let deadline = Date().addingTimeInterval(120)  // a bound against a hang only
-    while waitpid(pid, &status, WNOHANG) == 0 {
-      guard Date() < deadline else {
-        kill(pid, SIGKILL)
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        throw BenchError("\(argv[0]) did not end within 120 s")
-      }
-      usleep(5000)
-    }
-    let output = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-    guard status == 0 else { throw BenchError("\(argv[0]) failed (status \(status)): \(output)") }
-    return output
-  }
-
-  /// Starts a command, its output and errors in the file `output`, waited for by its pid (not
-  /// through Foundation's Process, which watches a descriptor the child inherits: a daemon it
-  /// forks would keep it open); its pid.
-  static func spawn(_ argv: [String], output path: String) throws -> pid_t {
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-    posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-    defer { cArguments.forEach { free($0) } }
-    var pid: pid_t = 0
-    let spawned = posix_spawn(&pid, cArguments[0]!, &actions, nil, &cArguments, environ)
-    guard spawned == 0 else { throw BenchError("cannot run \(argv[0]): error \(spawned)") }
-    return pid
   }
 
   func stop() {

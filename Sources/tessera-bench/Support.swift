@@ -680,3 +680,50 @@ final class Spawned {
     close(output)
   }
 }
+
+/// A child process of the benchmark's, waited for by its pid (not through Foundation's Process,
+/// which watches a descriptor the child inherits: a daemon it forks would keep it open).
+enum Child {
+  /// Runs a command to its end (at most `timeout` seconds: a bound against a hang only); its
+  /// output and errors, or an error with them. `environment` is added to the benchmark's own.
+  static func run(_ argv: [String], environment: [String: String] = [:], timeout: Double = 120) throws -> String {
+    let path = NSTemporaryDirectory() + "/tessera-bench-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    defer { unlink(path) }
+    let pid = try spawn(argv, output: path, environment: environment)
+    var status: Int32 = 0
+    let deadline = monotonic() + timeout
+    while waitpid(pid, &status, WNOHANG) == 0 {
+      guard monotonic() < deadline else {
+        kill(pid, SIGKILL)
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        throw BenchError("\(argv.joined(separator: " ")) did not end within \(Int(timeout)) s")
+      }
+      usleep(2000)
+    }
+    let output = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+    guard status == 0 else { throw BenchError("\(argv[0]) failed (wait status \(status)): \(output)") }
+    return output
+  }
+
+  /// Starts a command, its output and errors in the file `output`; its pid.
+  static func spawn(_ argv: [String], output path: String, environment: [String: String] = [:]) throws -> pid_t {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    var merged = ProcessInfo.processInfo.environment
+    for (key, value) in environment { merged[key] = value }
+    var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+    var envp: [UnsafeMutablePointer<CChar>?] = merged.map { strdup("\($0)=\($1)") } + [nil]
+    defer {
+      cArguments.forEach { free($0) }
+      envp.forEach { free($0) }
+    }
+    var pid: pid_t = 0
+    let spawned = posix_spawn(&pid, cArguments[0]!, &actions, nil, &cArguments, &envp)
+    guard spawned == 0 else { throw BenchError("cannot run \(argv[0]): \(String(cString: strerror(spawned)))") }
+    return pid
+  }
+}
